@@ -1,0 +1,214 @@
+"""Run configuration for hierarchical device simulation, validated before anything starts.
+
+A configuration is a flat dataclass of plain values (str, int, float, bool, None) so that it
+travels unchanged through NVFlare's job configuration (JSON) to every process. Every field maps
+to one command-line flag: field ``device_selection_size`` is flag ``--device-selection-size``.
+Validation errors name that flag and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+DATASETS = ("synthetic", "cifar10", "cifar100")
+MODELS = ("cnn", "resnet18", "resnet18_nonorm")
+PARTITIONS = ("iid", "dirichlet")
+DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "cifar100": 100}
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed; the message names the flag and what is allowed."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field_name = field_name
+        super().__init__(f"{flag_name(field_name)}: {message}")
+
+
+def flag_name(field_name: str) -> str:
+    """Command-line flag of a configuration field, e.g. ``num_rounds`` -> ``--num-rounds``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class SimulationConfig:
+    """Everything that defines a synchronous hierarchical FedAvg run.
+
+    Units: learning rates are plain multipliers; sizes are counts; timeouts are seconds.
+    """
+
+    dataset: str = field(default="synthetic", metadata=_help(f"dataset, one of {', '.join(DATASETS)}"))
+    data_root: str | None = field(
+        default=None, metadata=_help("folder holding the CIFAR python-format data (required for cifar*)")
+    )
+    download: bool = field(default=False, metadata=_help("download CIFAR into --data-root when missing"))
+    data_seed: int = field(default=0, metadata=_help("seed of the synthetic dataset's images"))
+    synthetic_train_size: int = field(default=20000, metadata=_help("synthetic training images"))
+    synthetic_test_size: int = field(default=2000, metadata=_help("synthetic test images"))
+    num_leaf_nodes: int = field(default=2, metadata=_help("leaf nodes (NVFlare clients) under the server"))
+    devices_per_leaf: int = field(default=50, metadata=_help("simulated devices owned by each leaf"))
+    device_selection_size: int = field(
+        default=20, metadata=_help("devices sampled per round, over all leaves")
+    )
+    samples_per_device: int = field(default=100, metadata=_help("training samples in each device's shard"))
+    partition: str = field(
+        default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}")
+    )
+    alpha: float = field(
+        default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet")
+    )
+    num_rounds: int = field(default=10, metadata=_help("synchronous rounds"))
+    local_epochs: int = field(
+        default=1, metadata=_help("local epochs per device (ignored with --local-iterations)")
+    )
+    local_iterations: int | None = field(
+        default=None, metadata=_help("fixed local SGD steps per device; overrides --local-epochs")
+    )
+    batch_size: int = field(default=10, metadata=_help("local batch size"))
+    lr: float = field(default=0.05, metadata=_help("local SGD learning rate"))
+    momentum: float = field(default=0.9, metadata=_help("local SGD momentum in [0, 1)"))
+    global_lr: float = field(default=1.0, metadata=_help("server learning rate applied to the mean delta"))
+    model: str = field(default="cnn", metadata=_help(f"model, one of {', '.join(MODELS)}"))
+    num_workers: int | None = field(
+        default=None,
+        metadata=_help("device-training threads per leaf (default: sized from CPU cores and VRAM)"),
+    )
+    eval_frequency: int = field(default=1, metadata=_help("evaluate the global model every N rounds"))
+    eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
+    seed: int = field(
+        default=0, metadata=_help("seed of model init, device sampling, partitions and training")
+    )
+    round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
+    output_dir: str | None = field(
+        default=None,
+        metadata=_help("where results.json and final_model.pt go (default: the server's run dir)"),
+    )
+
+    @property
+    def num_devices(self) -> int:
+        """Devices in the whole population."""
+        return self.num_leaf_nodes * self.devices_per_leaf
+
+    @property
+    def num_classes(self) -> int:
+        return DATASET_CLASSES[self.dataset]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SimulationConfig:
+        """Build and validate; unknown keys and wrongly typed values raise ConfigError."""
+        if not isinstance(values, dict):
+            raise ConfigError(
+                "config", f"expected a mapping of field names to values, got {type(values).__name__}"
+            )
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                str(unknown[0]), f"unknown setting {unknown}; allowed settings: {', '.join(sorted(known))}"
+            )
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> SimulationConfig:
+        """Check every field; raise ConfigError naming the first bad flag. Returns self."""
+        _check_types(self)
+        _check_choice("dataset", self.dataset, DATASETS)
+        _check_choice("model", self.model, MODELS)
+        _check_choice("partition", self.partition, PARTITIONS)
+        for name in (
+            "num_leaf_nodes",
+            "devices_per_leaf",
+            "device_selection_size",
+            "samples_per_device",
+            "local_epochs",
+            "batch_size",
+            "eval_frequency",
+            "eval_batch_size",
+            "synthetic_train_size",
+            "synthetic_test_size",
+        ):
+            _check_min(name, getattr(self, name), 1)
+        _check_min("num_rounds", self.num_rounds, 0)
+        _check_min("seed", self.seed, 0)
+        _check_min("data_seed", self.data_seed, 0)
+        if self.local_iterations is not None:
+            _check_min("local_iterations", self.local_iterations, 1)
+        if self.num_workers is not None:
+            _check_min("num_workers", self.num_workers, 1)
+        if self.device_selection_size > self.num_devices:
+            raise ConfigError(
+                "device_selection_size",
+                f"{self.device_selection_size} is larger than the population of {self.num_devices} devices "
+                f"(--num-leaf-nodes {self.num_leaf_nodes} x --devices-per-leaf {self.devices_per_leaf}); "
+                f"allowed: 1..{self.num_devices}",
+            )
+        _check_positive_finite("lr", self.lr)
+        _check_positive_finite("global_lr", self.global_lr)
+        _check_positive_finite("round_timeout", self.round_timeout)
+        _check_positive_finite("alpha", self.alpha)
+        if not (0.0 <= self.momentum < 1.0):
+            raise ConfigError("momentum", f"{self.momentum} is outside the allowed range [0, 1)")
+        if self.dataset != "synthetic":
+            if not self.data_root:
+                raise ConfigError(
+                    "data_root",
+                    f"--dataset {self.dataset} needs --data-root (a folder for the CIFAR python-format "
+                    "data); for an offline run use --dataset synthetic",
+                )
+            if not self.download and not os.path.isdir(self.data_root):
+                raise ConfigError(
+                    "data_root",
+                    f"folder {self.data_root!r} does not exist; create it and pass --download, "
+                    "or use --dataset synthetic for an offline run",
+                )
+        return self
+
+
+def _check_types(config: SimulationConfig) -> None:
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        allowed = f.type if isinstance(f.type, str) else str(f.type)
+        optional = "None" in allowed
+        if value is None:
+            if not optional:
+                raise ConfigError(f.name, f"a value is required (type {allowed})")
+            continue
+        base = allowed.replace("| None", "").strip()
+        if base == "bool":
+            ok = isinstance(value, bool)
+        elif base == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif base == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif base == "str":
+            ok = isinstance(value, str)
+        else:
+            ok = True
+        if not ok:
+            raise ConfigError(f.name, f"{value!r} has type {type(value).__name__}; expected {allowed}")
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, f"{value!r} is not one of the allowed values: {', '.join(allowed)}")
+
+
+def _check_min(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(name, f"{value} is below the minimum of {minimum}")
+
+
+def _check_positive_finite(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(name, f"{value} is not allowed; it must be a finite number > 0")

@@ -1,0 +1,34 @@
+"""Datasets (CIFAR-10/100 readers, a synthetic image set) and per-device partitioning."""
+
+from devsim.data.cifar import CIFAR_SPECS, download_cifar, load_cifar
+from devsim.data.datasets import (
+    DATASET_NAMES,
+    DatasetUnavailableError,
+    ImageDataset,
+    load_dataset,
+)
+from devsim.data.partition import (
+    PARTITION_KINDS,
+    DirichletPartitioner,
+    IIDPartitioner,
+    Partitioner,
+    make_partitioner,
+)
+from devsim.data.synthetic import make_synthetic, write_cifar_format
+
+__all__ = [
+    "CIFAR_SPECS",
+    "DATASET_NAMES",
+    "PARTITION_KINDS",
+    "DatasetUnavailableError",
+    "DirichletPartitioner",
+    "IIDPartitioner",
+    "ImageDataset",
+    "Partitioner",
+    "download_cifar",
+    "load_cifar",
+    "load_dataset",
+    "make_partitioner",
+    "make_synthetic",
+    "write_cifar_format",
+]

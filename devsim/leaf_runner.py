@@ -1,0 +1,129 @@
+"""One leaf's synchronous round: train its assigned devices in a persistent thread pool and sum.
+
+Each worker thread owns one device worker (its own model and optimizer) for the whole job.
+Devices are split over workers statically (worker ``w`` takes every ``W``-th device of the sorted
+list) and each worker accumulates ``num_samples * delta`` in a private buffer; the buffers are
+summed in worker order. The result is therefore bit-identical however the threads interleave.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from devsim.codec import numpy_to_tensors, tensors_to_numpy
+from devsim.training import DeviceMetrics
+
+
+class DeviceWorker(Protocol):
+    """What the leaf needs from a device task processor to run it in a worker thread."""
+
+    keys: list[str]
+    torch_device: torch.device
+
+    def train_device(
+        self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]
+    ) -> DeviceMetrics:
+        """Train ``device_id`` from the global weights; the trained state stays in the worker."""
+
+    def accumulate_delta(
+        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
+    ) -> None:
+        """``accumulator += weight * (trained - global)``."""
+
+
+@dataclass
+class LeafRoundResult:
+    """Sum of sample-weighted deltas of a leaf's devices, their total weight, metrics and timings (s)."""
+
+    delta_sum: dict[str, np.ndarray]
+    total_weight: float
+    device_metrics: list[DeviceMetrics]
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_payload(self) -> dict:
+        """Wire form: NumPy arrays and plain numbers only (no lists of floats)."""
+        m = self.device_metrics
+        return {
+            "delta_sum": self.delta_sum,
+            "total_weight": float(self.total_weight),
+            "device_metrics": {
+                "device_id": np.array([x.device_id for x in m], dtype=np.int64),
+                "num_samples": np.array([x.num_samples for x in m], dtype=np.int64),
+                "steps": np.array([x.steps for x in m], dtype=np.int64),
+                "loss": np.array([x.loss for x in m], dtype=np.float32),
+                "accuracy": np.array([x.accuracy for x in m], dtype=np.float32),
+                "compute_seconds": np.array([x.compute_seconds for x in m], dtype=np.float64),
+            },
+            "timing": dict(self.timing),
+        }
+
+
+class LeafRoundRunner:
+    """Runs rounds for one leaf over a fixed set of device workers (one thread per worker)."""
+
+    def __init__(self, workers: list[DeviceWorker]):
+        if not workers:
+            raise ValueError("a leaf needs at least one device worker")
+        self.workers = workers
+        self.keys = workers[0].keys
+        self.torch_device = workers[0].torch_device
+        self._pool = ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="device-worker")
+
+    def run_round(
+        self, round_num: int, global_weights: dict[str, np.ndarray], device_ids: list[int]
+    ) -> LeafRoundResult:
+        """Train ``device_ids`` (any order; sorted internally) from ``global_weights``."""
+        started = time.perf_counter()
+        devices = sorted(int(d) for d in device_ids)
+        if not devices:
+            raise ValueError("run_round needs at least one device id")
+        global_tensors = numpy_to_tensors(global_weights, self.keys, self.torch_device)
+        num_workers = min(len(self.workers), len(devices))
+        chunks = [devices[w::num_workers] for w in range(num_workers)]
+        futures = [
+            self._pool.submit(_train_chunk, self.workers[w], chunks[w], round_num, global_tensors)
+            for w in range(num_workers)
+        ]
+        partials = [f.result() for f in futures]
+        compute_done = time.perf_counter()
+        accumulator = partials[0][0]
+        for partial_acc, _ in partials[1:]:
+            torch._foreach_add_(accumulator, partial_acc)
+        metrics = sorted((m for _, ms in partials for m in ms), key=lambda m: m.device_id)
+        delta_sum = tensors_to_numpy(self.keys, accumulator)
+        finished = time.perf_counter()
+        compute = [m.compute_seconds for m in metrics]
+        return LeafRoundResult(
+            delta_sum=delta_sum,
+            total_weight=float(sum(m.num_samples for m in metrics)),
+            device_metrics=metrics,
+            timing={
+                "leaf_wall": finished - started,
+                "leaf_train_wall": compute_done - started,
+                "leaf_aggregate": finished - compute_done,
+                "device_compute_sum": float(sum(compute)),
+                "device_compute_max": float(max(compute)),
+                "num_workers": float(num_workers),
+            },
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _train_chunk(
+    worker: DeviceWorker, device_ids: list[int], round_num: int, global_tensors: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
+    accumulator = [torch.zeros_like(t) for t in global_tensors]
+    metrics = []
+    for device_id in device_ids:
+        m = worker.train_device(device_id, round_num, global_tensors)
+        worker.accumulate_delta(accumulator, global_tensors, float(m.num_samples))
+        metrics.append(m)
+    return accumulator, metrics

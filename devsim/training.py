@@ -1,0 +1,140 @@
+"""Local training of one simulated device, reusing one model and optimizer per worker.
+
+A :class:`LocalTrainer` belongs to one worker thread. For every device it is handed, it copies
+the global weights into its model (no model is rebuilt), resets the optimizer state (a device
+starts from fresh momentum, as in FedAvg), runs local SGD on the device's shard, and can then add
+its sample-weighted delta ``weight * (local - global)`` into an accumulator. All tensors stay on
+the trainer's compute device; nothing is synchronised with the host inside the step loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from devsim.codec import float_state_keys
+
+
+@dataclass(frozen=True)
+class LocalTrainingSpec:
+    """Hyper-parameters of a device's local training.
+
+    ``iterations`` (when set) fixes the number of SGD steps, cycling through the shard in
+    reshuffled epochs; otherwise ``epochs`` full passes are made, the last batch possibly short.
+    """
+
+    epochs: int = 1
+    iterations: int | None = None
+    batch_size: int = 10
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    def steps_for(self, num_samples: int) -> int:
+        """SGD steps a device with ``num_samples`` samples takes."""
+        if self.iterations is not None:
+            return self.iterations
+        return self.epochs * math.ceil(num_samples / self.batch_size)
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    """What one device's local training reports. Loss and accuracy are means over its steps."""
+
+    device_id: int
+    num_samples: int
+    steps: int
+    loss: float
+    accuracy: float
+    compute_seconds: float
+
+
+class LocalTrainer:
+    """A worker's model and SGD optimizer, reused for every device the worker trains."""
+
+    def __init__(self, model: nn.Module, spec: LocalTrainingSpec, device: torch.device):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.keys = float_state_keys(self.model)
+        state = self.model.state_dict()
+        self.state_tensors: list[torch.Tensor] = [state[k] for k in self.keys]
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
+
+    def load(self, global_tensors: list[torch.Tensor]) -> None:
+        """Overwrite the model's floating-point state with the global weights (same order as ``keys``)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.state_tensors, global_tensors)
+
+    def train(
+        self,
+        device_id: int,
+        global_tensors: list[torch.Tensor],
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        generator: torch.Generator,
+    ) -> DeviceMetrics:
+        """Train on one shard starting from ``global_tensors``.
+
+        Args:
+            device_id: logical device id (for the metrics only).
+            global_tensors: global weights on ``self.device``, ordered like ``self.keys``; not modified.
+            images: float32 (n, C, H, W) normalised inputs on ``self.device``.
+            labels: int64 (n,) class labels on ``self.device``.
+            generator: CPU generator that fixes the batch order.
+        """
+        started = time.perf_counter()
+        self.load(global_tensors)
+        self.optimizer.state.clear()
+        self.model.train()
+        num_samples = int(labels.shape[0])
+        steps = self.spec.steps_for(num_samples)
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        seen = 0
+        for batch_index in self._batches(num_samples, steps, generator):
+            batch_index = batch_index.to(self.device, non_blocking=True)
+            inputs, targets = images[batch_index], labels[batch_index]
+            logits = self.model(inputs)
+            loss = F.cross_entropy(logits, targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            loss_sum += loss.detach()
+            correct += (logits.detach().argmax(dim=1) == targets).sum()
+            seen += int(targets.shape[0])
+        return DeviceMetrics(
+            device_id=int(device_id),
+            num_samples=num_samples,
+            steps=steps,
+            loss=float(loss_sum) / max(steps, 1),
+            accuracy=float(correct) / max(seen, 1),
+            compute_seconds=time.perf_counter() - started,
+        )
+
+    def _batches(self, num_samples: int, steps: int, generator: torch.Generator):
+        """Yield ``steps`` index tensors, reshuffling at each pass over the shard."""
+        batch_size = self.spec.batch_size
+        produced = 0
+        while produced < steps:
+            order = torch.randperm(num_samples, generator=generator)
+            for start in range(0, num_samples, batch_size):
+                if produced == steps:
+                    return
+                yield order[start : start + batch_size]
+                produced += 1
+
+    def accumulate_delta(
+        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
+    ):
+        """``accumulator += weight * (local - global)``, entry by entry, in place."""
+        with torch.no_grad():
+            delta = torch._foreach_sub(self.state_tensors, global_tensors)
+            torch._foreach_add_(accumulator, delta, alpha=float(weight))

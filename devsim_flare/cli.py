@@ -1,0 +1,145 @@
+"""Command-line plumbing shared by the job scripts in ``jobs/``.
+
+Flags are generated from :class:`~devsim.config.SimulationConfig` (one flag per field, help and
+default shown), plus the run flags: environment, workspace, startup kit, log level, and
+NVFlare's own ``--export`` / ``--export-dir`` convention (consumed by NVFlare's recipe module at
+import time, documented here so ``--help`` lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+from devsim.data.cifar import download_cifar
+
+from devsim.config import ConfigError, SimulationConfig, flag_name
+from devsim.data import DatasetUnavailableError, load_dataset
+from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
+
+_PARSERS = {"int": int, "float": float, "str": str}
+
+
+def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
+    """Parser with one flag per configuration field (defaults from ``defaults``) and the run flags."""
+    defaults = defaults or SimulationConfig()
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    group = parser.add_argument_group("simulation")
+    for f in dataclasses.fields(SimulationConfig):
+        base = str(f.type).replace("| None", "").strip()
+        default = getattr(defaults, f.name)
+        if base == "bool":
+            group.add_argument(
+                flag_name(f.name),
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f.metadata["help"],
+            )
+        else:
+            group.add_argument(
+                flag_name(f.name), type=_PARSERS[base], default=default, help=f.metadata["help"]
+            )
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--env",
+        choices=ENVIRONMENTS,
+        default="sim",
+        help="sim: NVFlare simulator on this machine; poc: real processes on this machine; "
+        "prod: a provisioned deployment (needs --startup-kit)",
+    )
+    run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
+    run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
+    run.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", help="NVFlare console log level")
+    run.add_argument(
+        "--job-timeout",
+        type=float,
+        default=24 * 3600.0,
+        help="seconds to wait for a poc/prod job before aborting it",
+    )
+    run.add_argument(
+        "--export",
+        action="store_true",
+        help="write the job folder instead of running it (for `nvflare simulator DIR`)",
+    )
+    run.add_argument("--export-dir", default="fl_job", help="folder the job is exported to with --export")
+    return parser
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SimulationConfig:
+    """Validated configuration from parsed flags; bad values end the program with the flag named."""
+    names = {f.name for f in dataclasses.fields(SimulationConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    if values.get("data_root"):
+        values["data_root"] = os.path.abspath(values["data_root"])
+    try:
+        return SimulationConfig.from_dict(values)
+    except ConfigError as error:
+        parser.error(str(error))
+        raise
+
+
+def prepare_data(parser: argparse.ArgumentParser, config: SimulationConfig) -> None:
+    """Download CIFAR once here when asked, then check the test split reads, before any process starts."""
+    if config.dataset == "synthetic":
+        return
+    try:
+        if config.download:
+            download_cifar(config.data_root, config.dataset)
+        load_dataset(config.dataset, config.data_root, train=False)
+    except DatasetUnavailableError as error:
+        parser.error(str(error))
+
+
+def default_output_dir(workspace: str, method: str) -> str:
+    """A fresh, absolute run folder under ``<workspace>/runs``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(os.path.join(workspace, "runs", f"{method}-{stamp}-{os.getpid()}"))
+
+
+def export_requested() -> bool:
+    """Whether NVFlare's recipe module consumed ``--export`` from the command line at import."""
+    from nvflare.recipe import spec
+
+    return bool(spec._peek_recipe_args()[0])
+
+
+def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> int:
+    """Export or run ``recipe`` in the chosen environment; prints where results are. Returns an exit code."""
+    workspace = os.path.abspath(args.workspace)
+    env = build_env(
+        args.env,
+        config.num_leaf_nodes,
+        os.path.join(workspace, "nvflare"),
+        startup_kit=args.startup_kit,
+        log_level=args.log_level,
+    )
+    started = time.perf_counter()
+    run = recipe.execute(env)
+    if args.env != "sim":
+        result = run.get_result(timeout=args.job_timeout)
+        status = run.get_status()
+        print(f"job status: {status}; server result folder: {result}")
+        if result is None:
+            return 1
+    summary_path = os.path.join(config.output_dir or "", "results.json")
+    if config.output_dir and os.path.isfile(summary_path):
+        from devsim.results import load_results
+
+        summary = load_results(config.output_dir)["summary"]
+        if not summary:
+            print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
+            return 1
+        print(
+            f"final accuracy {summary['final_accuracy']:.4f} after {summary['rounds']} rounds "
+            f"({time.perf_counter() - started:.1f}s wall); results: {summary_path}"
+        )
+        return 0
+    if args.env == "sim":
+        print(f"no results file at {summary_path}; see the NVFlare logs under {workspace}", file=sys.stderr)
+        return 1
+    return 0

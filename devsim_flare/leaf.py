@@ -1,0 +1,82 @@
+"""The leaf node: an NVFlare client (Collab object) that trains the devices it is assigned.
+
+A leaf loads its training data once, builds a fixed pool of device workers sized from CPU cores
+and free VRAM (printed at start, overridable), and for every round receives the global model
+once plus its device list, trains those devices in its pool, and replies with the sum of
+sample-weighted deltas, the total weight and per-device metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import numpy as np
+import torch
+from nvflare.collab import collab
+
+from devsim.leaf_runner import LeafRoundRunner
+from devsim.workers import plan_workers
+
+DEFAULT_PROCESSOR = "processors.cifar10_fedavg_task_processor.Cifar10FedAvgTaskProcessor"
+
+
+def _import_class(path: str):
+    module_name, _, class_name = path.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+class LeafNode:
+    """Client-side Collab object; constructor arguments are plain values (they go into job JSON)."""
+
+    def __init__(
+        self,
+        settings: dict,
+        num_workers: int | None = None,
+        leaves_on_host: int = 1,
+        processor: str = DEFAULT_PROCESSOR,
+    ):
+        self.settings = settings
+        self.num_workers = num_workers
+        self.leaves_on_host = leaves_on_host
+        self.processor = processor
+        self._runner: LeafRoundRunner | None = None
+
+    @collab.init
+    def start(self) -> None:
+        """Load data, size and build the worker pool (runs once when the job starts on this site)."""
+        processor_cls = _import_class(self.processor)
+        first = processor_cls.from_settings(self.settings)
+        first.setup()
+        plan = plan_workers(
+            device=str(first.torch_device),
+            num_params=first.num_params,
+            batch_size=int(self.settings.get("batch_size", 32)),
+            leaves_on_host=self.leaves_on_host,
+            override=self.num_workers,
+        )
+        torch.set_num_threads(plan.threads_per_worker)
+        workers = [first]
+        for _ in range(plan.num_workers - 1):
+            worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
+            worker.setup()
+            workers.append(worker)
+        self._runner = LeafRoundRunner(workers)
+        print(f"[{collab.site_name}] {plan.reason}", flush=True)
+
+    @collab.publish
+    def train_round(self, round_num: int, weights: dict, assignments: dict) -> dict:
+        """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``."""
+        received_at = time.time()
+        device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
+        result = self._runner.run_round(round_num, weights, device_ids)
+        payload = result.to_payload()
+        payload["timing"]["leaf_received_at"] = received_at
+        payload["timing"]["leaf_replied_at"] = time.time()
+        return payload
+
+    @collab.final
+    def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None

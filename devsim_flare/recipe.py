@@ -1,0 +1,121 @@
+"""Build the NVFlare job for a run (a Collab recipe) and the environment to run it in.
+
+A recipe puts :class:`~devsim_flare.server.FedAvgServer` on the server and one
+:class:`~devsim_flare.leaf.LeafNode` on every client site. Environments: ``sim`` (NVFlare's
+simulator, one process per leaf on this machine), ``poc`` (real server and client processes on
+this machine), ``prod`` (a provisioned deployment, given its admin startup kit).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+from nvflare.apis.job_def import ALL_SITES
+from nvflare.collab import CollabRecipe
+from nvflare.recipe import PocEnv, ProdEnv, SimEnv
+
+from devsim.config import ConfigError, SimulationConfig
+from devsim_flare.leaf import LeafNode
+from devsim_flare.server import FedAvgServer
+
+ENVIRONMENTS = ("sim", "poc", "prod")
+SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class DevsimRecipe(CollabRecipe):
+    """A Collab recipe whose job folder carries this project's packages whole.
+
+    NVFlare copies only the modules it finds by scanning imports, without package ``__init__``
+    files, which would shadow an installed copy with a partial one. Shipping every source file
+    of the packages keeps the job self-contained: a site needs only NVFlare, PyTorch and NumPy.
+    """
+
+    def finalize(self):
+        if self._finalized:
+            return self._job
+        job = super().finalize()
+        targets = self.configured_sites() or [ALL_SITES]
+        for source, dest_dir in package_sources():
+            job.add_file_to_server(source, dest_dir=dest_dir, app_folder_type="custom")
+            for target in targets:
+                job.add_file_to(source, target=target, dest_dir=dest_dir, app_folder_type="custom")
+        return job
+
+
+def package_sources() -> list[tuple[str, str]]:
+    """(source file, destination folder inside ``custom/``) for every .py file of the shipped packages."""
+    entries = []
+    for package in SHIPPED_PACKAGES:
+        package_dir = os.path.join(_REPO_ROOT, package)
+        for folder, dirs, files in os.walk(package_dir):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            relative = os.path.relpath(folder, _REPO_ROOT)
+            entries.extend((os.path.join(folder, f), relative) for f in sorted(files) if f.endswith(".py"))
+    return entries
+
+
+def build_fedavg_recipe(config: SimulationConfig, job_name: str = "devsim_fedavg", leaves_on_host: int = 1):
+    """A CollabRecipe for synchronous hierarchical FedAvg with ``config.num_leaf_nodes`` leaves.
+
+    ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
+    ``sim`` and ``poc``; 1 in production), used to size each leaf's worker pool.
+    """
+    settings = config.to_dict()
+    server = FedAvgServer(settings=settings)
+    leaf = LeafNode(settings=settings, num_workers=config.num_workers, leaves_on_host=leaves_on_host)
+    return DevsimRecipe(
+        job_name=job_name,
+        server=server,
+        client=leaf,
+        min_clients=config.num_leaf_nodes,
+        sync_task_timeout=max(60.0, config.round_timeout),
+        max_call_threads_for_server=max(8, 2 * config.num_leaf_nodes),
+        max_call_threads_for_client=4,
+    )
+
+
+LOG_LEVELS = ("WARNING", "INFO", "DEBUG")
+
+
+def console_log_config(level: str, folder: str) -> str:
+    """Path of an NVFlare log configuration (written into ``folder``) whose console shows ``level`` and up.
+
+    Log files in the workspace keep NVFlare's usual detail; only the console is quietened, so the
+    round lines printed by the server stand out at the default level.
+    """
+    if level not in LOG_LEVELS:
+        raise ConfigError("log_level", f"{level!r} is not one of the allowed values: {', '.join(LOG_LEVELS)}")
+    from nvflare.fuel.utils.log_utils import concise_log_dict
+
+    config = copy.deepcopy(concise_log_dict)
+    config["handlers"]["consoleHandler"]["level"] = level
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"console_log_{level.lower()}.json")
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(config, stream, indent=1)
+    return path
+
+
+def build_env(
+    kind: str, num_leaf_nodes: int, workspace: str, startup_kit: str | None = None, log_level: str = "WARNING"
+):
+    """The execution environment named ``kind`` (one of ``sim``, ``poc``, ``prod``)."""
+    if kind == "sim":
+        return SimEnv(
+            num_clients=num_leaf_nodes, workspace_root=workspace, log_config=console_log_config(log_level, workspace)
+        )
+    if kind == "poc":
+        os.environ.setdefault("NVFLARE_POC_WORKSPACE", os.path.join(workspace, "poc"))
+        return PocEnv(num_clients=num_leaf_nodes)
+    if kind == "prod":
+        if not startup_kit:
+            raise ConfigError(
+                "startup_kit", "--env prod needs --startup-kit (the admin's startup kit folder)"
+            )
+        if not os.path.isdir(startup_kit):
+            raise ConfigError("startup_kit", f"folder {startup_kit!r} does not exist")
+        return ProdEnv(startup_kit_location=startup_kit)
+    raise ConfigError("env", f"{kind!r} is not one of the allowed values: {', '.join(ENVIRONMENTS)}")

@@ -1,0 +1,236 @@
+"""Device task processor for FedAvg on CIFAR-10/100 or the synthetic image set.
+
+One processor instance is one *worker*: it owns a model and an optimizer that are reused for
+every device it trains. The training data is loaded once per process and shared by all
+processors in it (see :func:`shared_data_source`). Model, global weights and data are placed on
+the GPU when one is present.
+
+Two ways in:
+- :meth:`train_device` / :meth:`accumulate_delta`: the fast path used by this project's leaf
+  node, which keeps everything on the compute device and sums deltas in place.
+- :meth:`process_task`: NVFlare's edge ``DeviceTaskProcessor`` interface, so the same
+  processor runs inside NVFlare's own edge device simulation; it returns a NumPy delta.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from typing import Any
+
+import torch
+from devsim.data.partition import make_partitioner
+from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
+from nvflare.edge.web.models.job_response import JobResponse
+from nvflare.edge.web.models.task_response import TaskResponse
+
+from devsim.codec import numpy_to_tensors, tensors_to_numpy
+from devsim.config import DATASET_CLASSES
+from devsim.data import load_dataset
+from devsim.device_data import DeviceDataSource
+from devsim.seeding import derive_seed
+from devsim.training import DeviceMetrics, LocalTrainer, LocalTrainingSpec
+from processors.models import build_model
+
+_SHARED_LOCK = threading.Lock()
+_SHARED_SOURCES: dict[tuple, DeviceDataSource] = {}
+
+
+def default_torch_device() -> torch.device:
+    """``cuda`` (the first visible GPU) when one is present, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def shared_data_source(
+    *,
+    dataset: str,
+    data_root: str | None,
+    data_seed: int,
+    synthetic_train_size: int,
+    synthetic_test_size: int,
+    partition: str,
+    alpha: float,
+    samples_per_device: int,
+    seed: int,
+    device: torch.device,
+) -> DeviceDataSource:
+    """The process-wide data source for these settings, loaded on first use only.
+
+    The cache holds one entry per distinct setting (one per job in practice), never per device.
+    """
+    key = (
+        dataset,
+        data_root,
+        data_seed,
+        synthetic_train_size,
+        synthetic_test_size,
+        partition,
+        alpha,
+        samples_per_device,
+        seed,
+        str(device),
+    )
+    with _SHARED_LOCK:
+        source = _SHARED_SOURCES.get(key)
+        if source is None:
+            train = load_dataset(
+                dataset,
+                data_root,
+                train=True,
+                seed=data_seed,
+                synthetic_train_size=synthetic_train_size,
+                synthetic_test_size=synthetic_test_size,
+            )
+            partitioner = make_partitioner(
+                partition, train.labels, train.num_classes, samples_per_device, seed, alpha=alpha
+            )
+            _SHARED_SOURCES.clear()
+            source = DeviceDataSource(train, partitioner, device)
+            _SHARED_SOURCES[key] = source
+        return source
+
+
+class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
+    """Local SGD for one simulated device at a time; constructor takes plain values only."""
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        data_root: str | None = None,
+        data_seed: int = 0,
+        synthetic_train_size: int = 20000,
+        synthetic_test_size: int = 2000,
+        model: str = "cnn",
+        partition: str = "dirichlet",
+        alpha: float = 0.5,
+        samples_per_device: int = 100,
+        local_epochs: int = 1,
+        local_iterations: int | None = None,
+        batch_size: int = 10,
+        lr: float = 0.05,
+        momentum: float = 0.9,
+        seed: int = 0,
+        compute_device: str | None = None,
+    ):
+        super().__init__()
+        self.dataset = dataset
+        self.data_root = data_root
+        self.data_seed = data_seed
+        self.synthetic_train_size = synthetic_train_size
+        self.synthetic_test_size = synthetic_test_size
+        self.model = model
+        self.partition = partition
+        self.alpha = alpha
+        self.samples_per_device = samples_per_device
+        self.local_epochs = local_epochs
+        self.local_iterations = local_iterations
+        self.batch_size = batch_size
+        self.lr = lr
+        self.momentum = momentum
+        self.seed = seed
+        self.compute_device = compute_device
+        self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
+        self._data: DeviceDataSource | None = None
+        self._trainer: LocalTrainer | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: dict[str, Any], compute_device: str | None = None
+    ) -> Cifar10FedAvgTaskProcessor:
+        """Build from a run configuration dict, ignoring keys the processor does not take."""
+        names = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
+        return cls(
+            **{k: settings[k] for k in names if k in settings and k != "compute_device"},
+            compute_device=compute_device,
+        )
+
+    @property
+    def keys(self) -> list[str]:
+        return self._ready().keys
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel() for t in self._ready().state_tensors)
+
+    def setup(self, job: JobResponse | None = None) -> None:
+        """Load the shared data (first processor in the process only) and build this worker's model."""
+        if self._trainer is not None:
+            return
+        self._data = shared_data_source(
+            dataset=self.dataset,
+            data_root=self.data_root,
+            data_seed=self.data_seed,
+            synthetic_train_size=self.synthetic_train_size,
+            synthetic_test_size=self.synthetic_test_size,
+            partition=self.partition,
+            alpha=self.alpha,
+            samples_per_device=self.samples_per_device,
+            seed=self.seed,
+            device=self.torch_device,
+        )
+        spec = LocalTrainingSpec(
+            epochs=self.local_epochs,
+            iterations=self.local_iterations,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            momentum=self.momentum,
+        )
+        net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset])
+        self._trainer = LocalTrainer(net, spec, self.torch_device)
+
+    def shutdown(self) -> None:
+        """Drop this worker's model; the shared data stays for other workers in the process."""
+        self._trainer = None
+        self._data = None
+
+    def train_device(
+        self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]
+    ) -> DeviceMetrics:
+        """Train ``device_id`` for ``round_num`` from ``global_tensors`` (on this worker's device).
+
+        The batch order depends only on ``(seed, round_num, device_id)``.
+        """
+        trainer = self._ready()
+        images, labels = self._data.shard(device_id)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "train", round_num, device_id))
+        return trainer.train(device_id, global_tensors, images, labels, generator)
+
+    def accumulate_delta(
+        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
+    ):
+        self._ready().accumulate_delta(accumulator, global_tensors, weight)
+
+    def process_task(self, task: TaskResponse) -> dict:
+        """NVFlare edge entry point.
+
+        ``task.task_data`` holds ``weights`` (dict of float32 arrays) and optionally ``round``;
+        the device id comes from the simulated device. Returns ``delta`` (float32 arrays),
+        ``num_samples`` and ``metrics``.
+        """
+        self.setup()
+        data = task.task_data or {}
+        if "weights" not in data:
+            raise ValueError("task_data must contain 'weights' (a dict of float32 arrays)")
+        round_num = int(data.get("round", 0))
+        device_id = _device_number(self.device.device_id if self.device else 0)
+        trainer = self._ready()
+        global_tensors = numpy_to_tensors(data["weights"], trainer.keys, self.torch_device)
+        metrics = self.train_device(device_id, round_num, global_tensors)
+        delta = [torch.zeros_like(t) for t in global_tensors]
+        trainer.accumulate_delta(delta, global_tensors, 1.0)
+        return {
+            "delta": tensors_to_numpy(trainer.keys, delta),
+            "num_samples": metrics.num_samples,
+            "metrics": {"loss": metrics.loss, "accuracy": metrics.accuracy, "steps": metrics.steps},
+        }
+
+    def _ready(self) -> LocalTrainer:
+        if self._trainer is None:
+            self.setup()
+        return self._trainer
+
+
+def _device_number(device_id: int | str) -> int:
+    """Integer id for a device: digits are used as is, other names are hashed (stable across processes)."""
+    text = str(device_id)
+    return int(text) if text.isdigit() else zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF

@@ -1,0 +1,202 @@
+"""PyTorch models for 32x32x3 image inputs (CIFAR-10 / CIFAR-100).
+
+All models take a float tensor of shape ``(B, 3, 32, 32)`` and return unnormalised logits of shape
+``(B, num_classes)``.
+
+Every model class carries a ``classifier_name`` class attribute: the module name of its final
+``nn.Linear``. :func:`last_layer_names` turns that into the two ``state_dict`` keys
+(``<name>.weight`` of shape ``(num_classes, in_features)`` and ``<name>.bias`` of shape
+``(num_classes,)``), which cluster aggregation uses to compare or average only the classifier head.
+
+Parameter counts (10 classes): ``cnn`` 62,006; ``resnet18`` 11,173,962; ``resnet18_nonorm`` 11,169,162.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MODEL_NAMES",
+    "NORM_TYPES",
+    "BasicBlock",
+    "Cifar10ConvNet",
+    "ResNet18",
+    "build_model",
+    "count_parameters",
+    "last_layer_names",
+]
+
+MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18", "resnet18_nonorm")
+NORM_TYPES: tuple[str, ...] = ("batch", "group", "none")
+
+_GROUP_NORM_MAX_GROUPS = 32
+
+
+class Cifar10ConvNet(nn.Module):
+    """Small CNN from NVFlare's edge examples (62,006 parameters for 10 classes).
+
+    Layout (shapes per sample): input (3, 32, 32) -> conv1 5x5 stride 2 -> (6, 14, 14) -> ReLU
+    -> conv2 5x5 stride 2 -> (16, 5, 5) -> ReLU -> flatten (400) -> fc1 (120) -> ReLU -> fc2 (84)
+    -> ReLU -> fc3 (num_classes).
+    """
+
+    classifier_name = "fc3"
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.conv1 = nn.Conv2d(3, 6, kernel_size=5, stride=2)
+        self.conv2 = nn.Conv2d(6, 16, kernel_size=5, stride=2)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map images ``(B, 3, 32, 32)`` to logits ``(B, num_classes)``."""
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        x = torch.flatten(x, 1)
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def _make_norm(norm: str, channels: int) -> nn.Module:
+    """Return the normalisation layer for ``channels`` feature maps.
+
+    ``"batch"`` -> BatchNorm2d; ``"group"`` -> GroupNorm with ``min(32, channels)`` groups;
+    ``"none"`` -> Identity.
+    """
+    if norm == "batch":
+        return nn.BatchNorm2d(channels)
+    if norm == "group":
+        return nn.GroupNorm(min(_GROUP_NORM_MAX_GROUPS, channels), channels)
+    if norm == "none":
+        return nn.Identity()
+    raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+
+
+def _conv(in_channels: int, out_channels: int, kernel_size: int, stride: int, norm: str) -> nn.Conv2d:
+    """Conv2d with 'same'-style padding; bias only when there is no normalisation layer after it."""
+    return nn.Conv2d(
+        in_channels,
+        out_channels,
+        kernel_size=kernel_size,
+        stride=stride,
+        padding=kernel_size // 2,
+        bias=norm == "none",
+    )
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with a residual connection.
+
+    Maps ``(B, in_channels, H, W)`` to ``(B, out_channels, H / stride, W / stride)``. When the shape
+    changes the shortcut is a 1x1 strided conv followed by the norm layer.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, norm: str = "batch") -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.stride = stride
+        self.norm = norm
+        self.conv1 = _conv(in_channels, out_channels, 3, stride, norm)
+        self.bn1 = _make_norm(norm, out_channels)
+        self.conv2 = _conv(out_channels, out_channels, 3, 1, norm)
+        self.bn2 = _make_norm(norm, out_channels)
+        self.relu = nn.ReLU()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut: nn.Module = nn.Sequential(
+                _conv(in_channels, out_channels, 1, stride, norm), _make_norm(norm, out_channels)
+            )
+        else:
+            self.shortcut = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the block to ``x`` of shape ``(B, in_channels, H, W)``."""
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR-style ResNet-18 (11,173,962 parameters for 10 classes with batch norm).
+
+    3x3 stem conv (64 channels, stride 1, no max-pool), four stages of two BasicBlocks with
+    64/128/256/512 channels and strides 1/2/2/2 (spatial 32 -> 32 -> 16 -> 8 -> 4), global average
+    pooling and a linear classifier ``fc``.
+
+    ``norm`` selects the normalisation layer: ``"batch"`` (BatchNorm2d), ``"group"`` (GroupNorm with
+    ``min(32, channels)`` groups; no running statistics, which suits federated averaging on non-IID
+    data) or ``"none"`` (Identity; convolutions then keep their bias).
+    """
+
+    classifier_name = "fc"
+
+    def __init__(self, num_classes: int = 10, norm: str = "batch") -> None:
+        super().__init__()
+        if norm not in NORM_TYPES:
+            raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+        self.num_classes = num_classes
+        self.norm = norm
+        self.conv1 = _conv(3, 64, 3, 1, norm)
+        self.bn1 = _make_norm(norm, 64)
+        self.relu = nn.ReLU()
+        self.layer1 = self._make_stage(64, 64, 1)
+        self.layer2 = self._make_stage(64, 128, 2)
+        self.layer3 = self._make_stage(128, 256, 2)
+        self.layer4 = self._make_stage(256, 512, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def _make_stage(self, in_channels: int, out_channels: int, stride: int) -> nn.Sequential:
+        """Two BasicBlocks; only the first one changes channels / resolution."""
+        return nn.Sequential(
+            BasicBlock(in_channels, out_channels, stride, self.norm),
+            BasicBlock(out_channels, out_channels, 1, self.norm),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map images ``(B, 3, 32, 32)`` to logits ``(B, num_classes)``."""
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.fc(x)
+
+
+def last_layer_names(model: nn.Module) -> list[str]:
+    """Return the ``state_dict`` keys ``[weight, bias]`` of the model's final linear layer.
+
+    Uses the model's ``classifier_name`` attribute; raises ValueError if it is missing or does not
+    name an ``nn.Linear`` submodule.
+    """
+    name = getattr(model, "classifier_name", None)
+    if not isinstance(name, str):
+        raise ValueError(f"model {type(model).__name__} has no 'classifier_name' attribute")
+    layer = model.get_submodule(name)
+    if not isinstance(layer, nn.Linear):
+        raise ValueError(f"classifier_name {name!r} of {type(model).__name__} is not an nn.Linear")
+    return [f"{name}.weight", f"{name}.bias"]
+
+
+def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    """Build a freshly initialised model by name (one of :data:`MODEL_NAMES`).
+
+    ``"cnn"`` -> :class:`Cifar10ConvNet`; ``"resnet18"`` -> :class:`ResNet18` with batch norm;
+    ``"resnet18_nonorm"`` -> :class:`ResNet18` without normalisation.
+    """
+    if name == "cnn":
+        return Cifar10ConvNet(num_classes=num_classes)
+    if name == "resnet18":
+        return ResNet18(num_classes=num_classes, norm="batch")
+    if name == "resnet18_nonorm":
+        return ResNet18(num_classes=num_classes, norm="none")
+    raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of scalar parameters (buffers such as BatchNorm running stats excluded)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,89 @@
+"""Shared helpers for tests that run jobs in NVFlare's simulator or POC mode."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Small, fast, still clearly learnable: 2 leaves x 20 devices, 10 selected, 5 rounds.
+SMALL_RUN = [
+    "--num-leaf-nodes",
+    "2",
+    "--devices-per-leaf",
+    "20",
+    "--device-selection-size",
+    "10",
+    "--samples-per-device",
+    "100",
+    "--synthetic-train-size",
+    "4000",
+    "--synthetic-test-size",
+    "1000",
+    "--num-rounds",
+    "5",
+    "--batch-size",
+    "10",
+    "--lr",
+    "0.05",
+    "--seed",
+    "11",
+]
+
+
+def isolated_env(tmp_path) -> dict[str, str]:
+    """Environment whose HOME and NVFlare POC workspace live under ``tmp_path``."""
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    env["NVFLARE_POC_WORKSPACE"] = str(tmp_path / "poc")
+    env["PYTHONUNBUFFERED"] = "1"
+    os.makedirs(env["HOME"], exist_ok=True)
+    return env
+
+
+def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``jobs/<script>`` in a subprocess with an isolated HOME; fail with its output on error."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "jobs", script), *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{script} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def find_results(root) -> dict:
+    """The single results.json under ``root``."""
+    paths = glob.glob(os.path.join(str(root), "**", "results.json"), recursive=True)
+    assert len(paths) == 1, f"expected one results.json under {root}, found {paths}"
+    with open(paths[0], encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes (other than this one) that contain ``text``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as stream:
+                cmdline = stream.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
