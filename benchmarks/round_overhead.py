@@ -80,9 +80,7 @@ def simulated_round_seconds(args, workdir: str) -> list[float]:
 def tight_loop_seconds(args) -> tuple[float, int]:
     """Seconds to train the same number of samples and steps in one process; returns (seconds, steps)."""
     selected = args.leaves * args.devices_per_leaf
-    data = load_dataset(
-        "synthetic", None, train=True, synthetic_train_size=max(20000, selected * args.samples)
-    )
+    data = load_dataset("synthetic", None, train=True, synthetic_train_size=max(20000, selected * args.samples))
     normalise = Normaliser(data.mean, data.std, torch.device("cpu"))
     images = normalise(torch.from_numpy(data.images[: selected * args.samples]))
     labels = torch.from_numpy(data.labels[: selected * args.samples])
@@ -107,9 +105,7 @@ def tight_loop_seconds(args) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=50, help="all are selected every round")
     parser.add_argument("--samples", type=int, default=100, help="samples per device")

@@ -21,14 +21,10 @@ def float_state_keys(model: nn.Module) -> list[str]:
 def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
     """Copy of the model's floating-point state as float32 arrays on the CPU."""
     state = model.state_dict()
-    return {
-        name: state[name].detach().to("cpu", torch.float32).numpy().copy() for name in float_state_keys(model)
-    }
+    return {name: state[name].detach().to("cpu", torch.float32).numpy().copy() for name in float_state_keys(model)}
 
 
-def numpy_to_tensors(
-    weights: dict[str, np.ndarray], keys: list[str], device: torch.device
-) -> list[torch.Tensor]:
+def numpy_to_tensors(weights: dict[str, np.ndarray], keys: list[str], device: torch.device) -> list[torch.Tensor]:
     """Tensors for ``keys`` (in that order) on ``device``; raises KeyError naming a missing key."""
     missing = [k for k in keys if k not in weights]
     if missing:

@@ -54,20 +54,12 @@ class SimulationConfig:
     synthetic_test_size: int = field(default=2000, metadata=_help("synthetic test images"))
     num_leaf_nodes: int = field(default=2, metadata=_help("leaf nodes (NVFlare clients) under the server"))
     devices_per_leaf: int = field(default=50, metadata=_help("simulated devices owned by each leaf"))
-    device_selection_size: int = field(
-        default=20, metadata=_help("devices sampled per round, over all leaves")
-    )
+    device_selection_size: int = field(default=20, metadata=_help("devices sampled per round, over all leaves"))
     samples_per_device: int = field(default=100, metadata=_help("training samples in each device's shard"))
-    partition: str = field(
-        default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}")
-    )
-    alpha: float = field(
-        default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet")
-    )
+    partition: str = field(default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}"))
+    alpha: float = field(default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet"))
     num_rounds: int = field(default=10, metadata=_help("synchronous rounds"))
-    local_epochs: int = field(
-        default=1, metadata=_help("local epochs per device (ignored with --local-iterations)")
-    )
+    local_epochs: int = field(default=1, metadata=_help("local epochs per device (ignored with --local-iterations)"))
     local_iterations: int | None = field(
         default=None, metadata=_help("fixed local SGD steps per device; overrides --local-epochs")
     )
@@ -82,9 +74,7 @@ class SimulationConfig:
     )
     eval_frequency: int = field(default=1, metadata=_help("evaluate the global model every N rounds"))
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
-    seed: int = field(
-        default=0, metadata=_help("seed of model init, device sampling, partitions and training")
-    )
+    seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
     output_dir: str | None = field(
         default=None,
@@ -107,9 +97,7 @@ class SimulationConfig:
     def from_dict(cls, values: dict[str, Any]) -> SimulationConfig:
         """Build and validate; unknown keys and wrongly typed values raise ConfigError."""
         if not isinstance(values, dict):
-            raise ConfigError(
-                "config", f"expected a mapping of field names to values, got {type(values).__name__}"
-            )
+            raise ConfigError("config", f"expected a mapping of field names to values, got {type(values).__name__}")
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:

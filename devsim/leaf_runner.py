@@ -26,9 +26,7 @@ class DeviceWorker(Protocol):
     keys: list[str]
     torch_device: torch.device
 
-    def train_device(
-        self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]
-    ) -> DeviceMetrics:
+    def train_device(self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
         """Train ``device_id`` from the global weights; the trained state stays in the worker."""
 
     def accumulate_delta(

@@ -131,9 +131,7 @@ class LocalTrainer:
                 yield order[start : start + batch_size]
                 produced += 1
 
-    def accumulate_delta(
-        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
-    ):
+    def accumulate_delta(self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float):
         """``accumulator += weight * (local - global)``, entry by entry, in place."""
         with torch.no_grad():
             delta = torch._foreach_sub(self.state_tensors, global_tensors)

@@ -14,10 +14,9 @@ import os
 import sys
 import time
 
-from devsim.data.cifar import download_cifar
-
 from devsim.config import ConfigError, SimulationConfig, flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
+from devsim.data.cifar import download_cifar
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
 
 _PARSERS = {"int": int, "float": float, "str": str}
@@ -26,9 +25,7 @@ _PARSERS = {"int": int, "float": float, "str": str}
 def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
     """Parser with one flag per configuration field (defaults from ``defaults``) and the run flags."""
     defaults = defaults or SimulationConfig()
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("simulation")
     for f in dataclasses.fields(SimulationConfig):
         base = str(f.type).replace("| None", "").strip()
@@ -41,9 +38,7 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
                 help=f.metadata["help"],
             )
         else:
-            group.add_argument(
-                flag_name(f.name), type=_PARSERS[base], default=default, help=f.metadata["help"]
-            )
+            group.add_argument(flag_name(f.name), type=_PARSERS[base], default=default, help=f.metadata["help"])
     run = parser.add_argument_group("run")
     run.add_argument(
         "--env",

@@ -112,9 +112,7 @@ def build_env(
         return PocEnv(num_clients=num_leaf_nodes)
     if kind == "prod":
         if not startup_kit:
-            raise ConfigError(
-                "startup_kit", "--env prod needs --startup-kit (the admin's startup kit folder)"
-            )
+            raise ConfigError("startup_kit", "--env prod needs --startup-kit (the admin's startup kit folder)")
         if not os.path.isdir(startup_kit):
             raise ConfigError("startup_kit", f"folder {startup_kit!r} does not exist")
         return ProdEnv(startup_kit_location=startup_kit)

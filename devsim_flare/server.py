@@ -125,11 +125,7 @@ class FedAvgServer:
     def _output_dir(self, config: SimulationConfig) -> str:
         run_dir = collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())
         if config.output_dir:
-            return (
-                config.output_dir
-                if os.path.isabs(config.output_dir)
-                else os.path.join(run_dir, config.output_dir)
-            )
+            return config.output_dir if os.path.isabs(config.output_dir) else os.path.join(run_dir, config.output_dir)
         return os.path.join(run_dir, "devsim")
 
     @staticmethod
@@ -141,9 +137,7 @@ class FedAvgServer:
         failures = getattr(results, "failures", {}) or {}
         missing = [n for n in names if n not in payloads]
         if failures or missing:
-            reasons = "; ".join(
-                f"{n}: {failures.get(n, 'no result')}" for n in sorted(set(missing) | set(failures))
-            )
+            reasons = "; ".join(f"{n}: {failures.get(n, 'no result')}" for n in sorted(set(missing) | set(failures)))
             raise LeafRoundError(
                 f"round {round_num + 1}: {len(missing)} of {len(names)} leaves gave no result "
                 f"(timeout {config.round_timeout:g}s, --round-timeout): {reasons}"

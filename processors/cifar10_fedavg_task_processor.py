@@ -19,7 +19,6 @@ import zlib
 from typing import Any
 
 import torch
-from devsim.data.partition import make_partitioner
 from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
@@ -27,6 +26,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
 from devsim.config import DATASET_CLASSES
 from devsim.data import load_dataset
+from devsim.data.partition import make_partitioner
 from devsim.device_data import DeviceDataSource
 from devsim.seeding import derive_seed
 from devsim.training import DeviceMetrics, LocalTrainer, LocalTrainingSpec
@@ -134,9 +134,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self._trainer: LocalTrainer | None = None
 
     @classmethod
-    def from_settings(
-        cls, settings: dict[str, Any], compute_device: str | None = None
-    ) -> Cifar10FedAvgTaskProcessor:
+    def from_settings(cls, settings: dict[str, Any], compute_device: str | None = None) -> Cifar10FedAvgTaskProcessor:
         """Build from a run configuration dict, ignoring keys the processor does not take."""
         names = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
         return cls(
@@ -183,9 +181,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self._trainer = None
         self._data = None
 
-    def train_device(
-        self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]
-    ) -> DeviceMetrics:
+    def train_device(self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
         """Train ``device_id`` for ``round_num`` from ``global_tensors`` (on this worker's device).
 
         The batch order depends only on ``(seed, round_num, device_id)``.
@@ -195,9 +191,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "train", round_num, device_id))
         return trainer.train(device_id, global_tensors, images, labels, generator)
 
-    def accumulate_delta(
-        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
-    ):
+    def accumulate_delta(self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float):
         self._ready().accumulate_delta(accumulator, global_tensors, weight)
 
     def process_task(self, task: TaskResponse) -> dict:

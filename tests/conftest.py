@@ -59,8 +59,7 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
     )
     if proc.returncode != 0:
         pytest.fail(
-            f"{script} exited {proc.returncode}\n"
-            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+            f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
         )
     return proc
 

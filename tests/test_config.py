@@ -52,9 +52,7 @@ def test_round_trip_through_dict():
     assert SimulationConfig.from_dict(config.to_dict()) == config
 
 
-_values = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=8)
-)
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=8))
 
 
 @settings(max_examples=300, deadline=None)

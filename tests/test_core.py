@@ -60,10 +60,7 @@ def test_natural_sort():
 
 def test_derived_seeds_differ_by_purpose_and_ids():
     assert derive_seed(0, "train", 1, 2) == derive_seed(0, "train", 1, 2)
-    assert (
-        len({derive_seed(0, "train", 1, 2), derive_seed(0, "select", 1, 2), derive_seed(0, "train", 2, 1)})
-        == 3
-    )
+    assert len({derive_seed(0, "train", 1, 2), derive_seed(0, "select", 1, 2), derive_seed(0, "train", 2, 1)}) == 3
 
 
 def test_codec_round_trip_is_float32_numpy():

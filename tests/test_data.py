@@ -298,9 +298,7 @@ def test_dirichlet_small_pools_and_absent_classes() -> None:
     for device in range(30):
         histogram = part.device_label_histogram(device)
         assert histogram[2] == 0 and histogram.sum() == 100
-        np.testing.assert_array_equal(
-            histogram, np.bincount(labels[part.device_indices(device)], minlength=3)
-        )
+        np.testing.assert_array_equal(histogram, np.bincount(labels[part.device_indices(device)], minlength=3))
 
 
 def test_partition_argument_errors() -> None:

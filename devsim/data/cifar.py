@@ -192,8 +192,7 @@ def _read_batch(path: str, spec: CifarSpec) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(entry[spec.label_key])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != _PIXELS:
         raise DatasetUnavailableError(
-            f"corrupt CIFAR batch file {path}: data must be uint8 (n, {_PIXELS}), "
-            f"got {data.dtype} {data.shape}"
+            f"corrupt CIFAR batch file {path}: data must be uint8 (n, {_PIXELS}), got {data.dtype} {data.shape}"
         )
     if labels.shape != (data.shape[0],) or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
         raise DatasetUnavailableError(
@@ -202,9 +201,7 @@ def _read_batch(path: str, spec: CifarSpec) -> tuple[np.ndarray, np.ndarray]:
         )
     labels = labels.astype(np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise DatasetUnavailableError(
-            f"corrupt CIFAR batch file {path}: labels outside [0, {spec.num_classes})"
-        )
+        raise DatasetUnavailableError(f"corrupt CIFAR batch file {path}: labels outside [0, {spec.num_classes})")
     return data.reshape(-1, *IMAGE_SHAPE), labels
 
 
@@ -234,9 +231,7 @@ def download_cifar(root: str, name: str) -> str:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         work = tempfile.mkdtemp(prefix=f".{spec.name}-download-", dir=os.path.dirname(folder))
     except OSError as exc:
-        raise DatasetUnavailableError(
-            f"cannot write to {folder}: {exc}. " + _how_to_get(spec, folder)
-        ) from exc
+        raise DatasetUnavailableError(f"cannot write to {folder}: {exc}. " + _how_to_get(spec, folder)) from exc
     try:
         _download_and_extract(spec, work, folder)
     finally:
@@ -278,9 +273,7 @@ def _download_to(spec: CifarSpec, path: str, folder: str) -> str:
                 md5.update(chunk)
                 out.write(chunk)
     except (urllib.error.URLError, OSError) as exc:
-        raise DatasetUnavailableError(
-            f"download of {spec.url} failed: {exc}. " + _how_to_get(spec, folder)
-        ) from exc
+        raise DatasetUnavailableError(f"download of {spec.url} failed: {exc}. " + _how_to_get(spec, folder)) from exc
     return md5.hexdigest()
 
 
@@ -307,9 +300,7 @@ def _safe_extract(archive: str, dest: str, spec: CifarSpec, folder: str) -> None
             else:
                 tar.extractall(dest, members=members)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DatasetUnavailableError(
-            f"cannot extract {spec.url}: {exc!r}. " + _how_to_get(spec, folder)
-        ) from exc
+        raise DatasetUnavailableError(f"cannot extract {spec.url}: {exc!r}. " + _how_to_get(spec, folder)) from exc
 
 
 def _check_members(members: Iterable[tarfile.TarInfo], spec: CifarSpec) -> None:
@@ -327,9 +318,7 @@ def _check_members(members: Iterable[tarfile.TarInfo], spec: CifarSpec) -> None:
             or not (member.isfile() or member.isdir())
         )
         if unsafe:
-            raise DatasetUnavailableError(
-                f"refusing to extract unsafe archive member {name!r} from {spec.url}"
-            )
+            raise DatasetUnavailableError(f"refusing to extract unsafe archive member {name!r} from {spec.url}")
 
 
 def _move_into_place(source: str, folder: str) -> None:

@@ -45,18 +45,14 @@ class Partitioner(ABC):
     def __init__(self, labels: np.ndarray, num_classes: int, samples_per_device: int, seed: int) -> None:
         labels = np.asarray(labels)
         if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(
-                f"labels must be a non-empty 1-D integer array, got {labels.dtype} {labels.shape}"
-            )
+            raise ValueError(f"labels must be a non-empty 1-D integer array, got {labels.dtype} {labels.shape}")
         self.num_classes = _check_int("num_classes", num_classes, 1)
         if labels.min() < 0 or labels.max() >= self.num_classes:
             raise ValueError(f"labels must lie in [0, {self.num_classes})")
         self.labels = labels.astype(np.int64, copy=False)
         self.samples_per_device = _check_int("samples_per_device", samples_per_device, 1)
         if self.samples_per_device > labels.size:
-            raise ValueError(
-                f"samples_per_device ({samples_per_device}) exceeds the training set size ({labels.size})"
-            )
+            raise ValueError(f"samples_per_device ({samples_per_device}) exceeds the training set size ({labels.size})")
         self.seed = _check_int("seed", seed, 0)
 
     @property
@@ -134,9 +130,7 @@ class DirichletPartitioner(Partitioner):
         seed: Non-negative seed.
     """
 
-    def __init__(
-        self, labels: np.ndarray, num_classes: int, samples_per_device: int, alpha: float, seed: int
-    ) -> None:
+    def __init__(self, labels: np.ndarray, num_classes: int, samples_per_device: int, alpha: float, seed: int) -> None:
         self.alpha = _check_alpha(alpha)
         super().__init__(labels, num_classes, samples_per_device, seed)
         self._concentration = np.full(self.num_classes, self.alpha)

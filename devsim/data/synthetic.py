@@ -210,8 +210,7 @@ def write_cifar_format(root: str, train: ImageDataset, test: ImageDataset) -> st
     """
     if train.num_classes != 10 or test.num_classes != 10:
         raise ValueError(
-            f"the CIFAR-10 format holds 10 classes, got {train.num_classes} (train) "
-            f"and {test.num_classes} (test)"
+            f"the CIFAR-10 format holds 10 classes, got {train.num_classes} (train) and {test.num_classes} (test)"
         )
     folder = os.path.join(root, CIFAR_SPECS["cifar10"].folder)
     os.makedirs(folder, exist_ok=True)
