@@ -2,7 +2,7 @@
 
 python jobs/pt_job_fedavg.py                          # offline demo, NVFlare simulator
 python jobs/pt_job_fedavg.py --dataset cifar10 --data-root data --download
-python jobs/pt_job_fedavg.py --export --export-dir fl_job   # then: nvflare simulator fl_job -n 2 -t 2
+python jobs/pt_job_fedavg.py --export --export-dir fl_job   # then: nvflare simulator fl_job/devsim_fedavg -n 2 -t 2
 python jobs/pt_job_fedavg.py --env poc                 # real server + leaf processes on this machine
 """
 

@@ -12,28 +12,12 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Small, fast, still clearly learnable: 2 leaves x 20 devices, 10 selected, 5 rounds.
+# Small, fast, still clearly learnable: 2 leaves x 20 devices, 16 selected, 6 rounds (~0.8 accuracy).
 SMALL_RUN = [
-    "--num-leaf-nodes",
-    "2",
-    "--devices-per-leaf",
-    "20",
-    "--device-selection-size",
-    "10",
-    "--samples-per-device",
-    "100",
-    "--synthetic-train-size",
-    "4000",
-    "--synthetic-test-size",
-    "1000",
-    "--num-rounds",
-    "5",
-    "--batch-size",
-    "10",
-    "--lr",
-    "0.05",
-    "--seed",
-    "11",
+    *("--num-leaf-nodes", "2", "--devices-per-leaf", "20", "--device-selection-size", "16"),
+    *("--samples-per-device", "100", "--partition", "iid", "--local-epochs", "2"),
+    *("--synthetic-train-size", "4000", "--synthetic-test-size", "1000"),
+    *("--num-rounds", "6", "--batch-size", "10", "--lr", "0.05", "--seed", "11"),
 ]
 
 

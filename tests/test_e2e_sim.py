@@ -25,10 +25,10 @@ def test_sim_run_learns_and_prints_rounds(sim_run):
     tmp, proc = sim_run
     results = find_results(tmp / "ws" / "runs")
     accuracies = [r["accuracy"] for r in results["rounds"]]
-    assert len(accuracies) == 5
+    assert len(accuracies) == 6
     assert accuracies[-1] > CHANCE + 0.3, accuracies
     assert accuracies[-1] > accuracies[0]
-    assert proc.stdout.count("round ") >= 5 and "final accuracy" in proc.stdout
+    assert proc.stdout.count("round ") >= 6 and "final accuracy" in proc.stdout
     assert results["summary"]["final_model"].endswith("final_model.pt")
 
 
@@ -45,6 +45,7 @@ def test_same_seed_gives_identical_final_weights(sim_run, tmp_path):
 def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     job_dir = tmp_path / "job"
     proc = run_job("pt_job_fedavg.py", [*SMALL_RUN, "--export", "--export-dir", str(job_dir)], tmp_path)
+    job_dir = job_dir / "devsim_fedavg"
     assert (job_dir / "meta.json").is_file(), proc.stdout
     sim = subprocess.run(
         [
