@@ -70,15 +70,26 @@ class SimulationConfig:
     model: str = field(default="cnn", metadata=_help(f"model, one of {', '.join(MODELS)}"))
     num_workers: int | None = field(
         default=None,
-        metadata=_help("device-training threads per leaf (default: sized from CPU cores and VRAM)"),
+        metadata=_help("device-training threads per leaf; unset: sized from CPU cores and free VRAM"),
     )
     eval_frequency: int = field(default=1, metadata=_help("evaluate the global model every N rounds"))
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
+    checkpoint_frequency: int = field(
+        default=5, metadata=_help("save a checkpoint every N rounds (and at the end); 0 saves only at the end")
+    )
+    stop_after_round: int | None = field(
+        default=None,
+        metadata=_help("save a checkpoint and stop after this round (continue later with --resume RUN_DIR)"),
+    )
+    resume_from: str | None = field(
+        default=None,
+        metadata={"help": "run folder whose checkpoint the server continues from (set by --resume)", "internal": True},
+    )
     output_dir: str | None = field(
         default=None,
-        metadata=_help("where results.json and final_model.pt go (default: the server's run dir)"),
+        metadata=_help("where results.json and final_model.pt go; unset: a folder in the server's run dir"),
     )
 
     @property
@@ -130,8 +141,11 @@ class SimulationConfig:
         _check_min("num_rounds", self.num_rounds, 0)
         _check_min("seed", self.seed, 0)
         _check_min("data_seed", self.data_seed, 0)
+        _check_min("checkpoint_frequency", self.checkpoint_frequency, 0)
         if self.local_iterations is not None:
             _check_min("local_iterations", self.local_iterations, 1)
+        if self.stop_after_round is not None:
+            _check_min("stop_after_round", self.stop_after_round, 1)
         if self.num_workers is not None:
             _check_min("num_workers", self.num_workers, 1)
         if self.device_selection_size > self.num_devices:

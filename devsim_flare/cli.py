@@ -28,6 +28,8 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("simulation")
     for f in dataclasses.fields(SimulationConfig):
+        if f.metadata.get("internal"):
+            continue
         base = str(f.type).replace("| None", "").strip()
         default = getattr(defaults, f.name)
         if base == "bool":
@@ -57,6 +59,12 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         help="seconds to wait for a poc/prod job before aborting it",
     )
     run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last checkpoint, with the configuration it was started with",
+    )
+    run.add_argument(
         "--export",
         action="store_true",
         help="write the job folder instead of running it (for `nvflare simulator DIR`)",
@@ -66,9 +74,15 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SimulationConfig:
-    """Validated configuration from parsed flags; bad values end the program with the flag named."""
+    """Validated configuration from parsed flags (or, with ``--resume``, from the run folder).
+
+    Bad values end the program with the flag named.
+    """
     names = {f.name for f in dataclasses.fields(SimulationConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
+    if args.resume:
+        values = _resumed_values(parser, args.resume)
+    else:
+        values = {k: v for k, v in vars(args).items() if k in names}
     if values.get("data_root"):
         values["data_root"] = os.path.abspath(values["data_root"])
     try:
@@ -76,6 +90,18 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     except ConfigError as error:
         parser.error(str(error))
         raise
+
+
+def _resumed_values(parser: argparse.ArgumentParser, run_dir: str) -> dict:
+    from devsim.checkpoint import CHECKPOINT_NAME
+    from devsim.results import load_results
+
+    run_dir = os.path.abspath(run_dir)
+    if not os.path.isfile(os.path.join(run_dir, CHECKPOINT_NAME)):
+        parser.error(f"--resume: no {CHECKPOINT_NAME} in {run_dir}")
+    values = dict(load_results(run_dir)["config"])
+    values.update(resume_from=run_dir, output_dir=run_dir, stop_after_round=None)
+    return values
 
 
 def prepare_data(parser: argparse.ArgumentParser, config: SimulationConfig) -> None:
@@ -126,6 +152,9 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         from devsim.results import load_results
 
         summary = load_results(config.output_dir)["summary"]
+        if not summary and config.stop_after_round:
+            print(f"stopped after round {config.stop_after_round}; continue with --resume {config.output_dir}")
+            return 0
         if not summary:
             print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
             return 1

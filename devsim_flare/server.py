@@ -1,7 +1,8 @@
-"""The server: samples devices, sends each leaf the model once with its device list, aggregates.
+"""The server of synchronous runs: samples devices, sends each leaf its model once with its device
+list, aggregates the leaves' delta sums, evaluates, records, checkpoints.
 
-Runs as the Collab ``main`` of the NVFlare server. One line is printed per round; the results
-file and the final model are written to the run's output folder.
+Runs as the Collab ``main`` of the NVFlare server. One line is printed per round; results,
+checkpoints and the final model go to the run's output folder.
 """
 
 from __future__ import annotations
@@ -13,43 +14,82 @@ import numpy as np
 import torch
 from nvflare.collab import collab
 
+from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import SimulationConfig
 from devsim.data import load_dataset
-from devsim.evaluation import Evaluator
+from devsim.evaluation import EvalResult, Evaluator
 from devsim.population import DevicePopulation, natural_sort
 from devsim.results import RunRecorder
 from devsim.seeding import derive_seed
 from devsim.strategies import FedAvg, LeafUpdate
+from devsim_flare.leaf_calls import LeafCallError, LeafCalls
 from processors.cifar10_fedavg_task_processor import default_torch_device
 from processors.models import build_model
+
+Weights = dict[str, np.ndarray]
 
 
 class LeafRoundError(RuntimeError):
     """A leaf did not deliver its round result."""
 
 
-class FedAvgServer:
-    """Server-side Collab object for synchronous hierarchical FedAvg."""
+class SyncServer:
+    """Server-side Collab object for synchronous hierarchical rounds (FedAvg by default).
+
+    Subclasses change what each leaf receives (:meth:`leaf_models`) and how replies become the
+    next models (:meth:`aggregate`); everything else (sampling, calls, evaluation, results,
+    checkpoints, resume) is shared.
+    """
+
+    method = "fedavg"
 
     def __init__(self, settings: dict):
         self.settings = settings
 
+    def setup_strategy(self, config: SimulationConfig) -> None:
+        self.strategy = FedAvg(global_lr=config.global_lr)
+
+    def leaf_models(self, leaves: list[str]) -> dict[str, Weights]:
+        """The model each leaf trains from this round."""
+        return {leaf: self.weights for leaf in leaves}
+
+    def aggregate(self, round_num: int, payloads: dict[str, dict], assignments: dict[str, np.ndarray]) -> dict:
+        """Fold the leaves' replies into the model(s); returns extra fields for the round record."""
+        updates = [
+            LeafUpdate(leaf, payloads[leaf]["delta_sum"], payloads[leaf]["total_weight"], len(assignments[leaf]))
+            for leaf in self.leaves
+            if leaf in payloads
+        ]
+        self.weights = self.strategy.aggregate(self.weights, updates)
+        return {}
+
+    def strategy_state(self) -> dict:
+        return {}
+
+    def load_strategy_state(self, state: dict) -> None:
+        """Restore what :meth:`strategy_state` saved."""
+
+    def evaluate(self) -> EvalResult:
+        load_numpy_into_model(self.model, self.weights)
+        return self.evaluator.evaluate(self.model)
+
     @collab.main
     def run(self) -> None:
         config = SimulationConfig.from_dict(self.settings)
-        leaves = natural_sort([client.name for client in collab.clients])
-        if len(leaves) != config.num_leaf_nodes:
+        self.config = config
+        self.leaves = natural_sort([client.name for client in collab.clients])
+        if len(self.leaves) != config.num_leaf_nodes:
             raise RuntimeError(
-                f"{len(leaves)} leaf sites are connected ({', '.join(leaves)}) but --num-leaf-nodes is "
+                f"{len(self.leaves)} leaf sites are connected ({', '.join(self.leaves)}) but --num-leaf-nodes is "
                 f"{config.num_leaf_nodes}"
             )
         output_dir = self._output_dir(config)
         device = default_torch_device()
         torch.manual_seed(derive_seed(config.seed, "model-init"))
-        model = build_model(config.model, num_classes=config.num_classes).to(device)
-        weights = model_to_numpy(model)
-        evaluator = Evaluator(
+        self.model = build_model(config.model, num_classes=config.num_classes).to(device)
+        self.weights = model_to_numpy(self.model)
+        self.evaluator = Evaluator(
             load_dataset(
                 config.dataset,
                 config.data_root,
@@ -62,55 +102,59 @@ class FedAvgServer:
             batch_size=config.eval_batch_size,
         )
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
-        strategy = FedAvg(global_lr=config.global_lr)
-        recorder = RunRecorder(output_dir, config.to_dict(), method=strategy.name)
+        self.setup_strategy(config)
+        recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
+        start_round = self._resume(config, recorder) if config.resume_from else 0
+        calls = LeafCalls(call_timeout=config.round_timeout)
         print(
-            f"[server] FedAvg: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
-            f"{config.device_selection_size} selected per round, {config.num_rounds} rounds, "
+            f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
+            f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
             f"model {config.model}, dataset {config.dataset}; results in {output_dir}",
             flush=True,
         )
         run_started = time.perf_counter()
         evaluation = None
-        for round_num in range(config.num_rounds):
+        for round_num in range(start_round, config.num_rounds):
             round_started = time.perf_counter()
             selected = population.select(round_num, config.device_selection_size)
             assignments = {
-                leaves[leaf]: np.asarray(devices, dtype=np.int64)
+                self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
                 for leaf, devices in population.group_by_leaf(selected).items()
             }
-            payloads = self._call_leaves(config, round_num, weights, assignments)
-            updates = [
-                LeafUpdate(leaf, p["delta_sum"], p["total_weight"], len(assignments[leaf]))
-                for leaf, p in sorted(payloads.items(), key=lambda item: leaves.index(item[0]))
-            ]
+            models = self.leaf_models(list(assignments))
+            payloads = self._call_leaves(calls, round_num, models, assignments)
             aggregate_started = time.perf_counter()
-            weights = strategy.aggregate(weights, updates)
-            train_seconds = time.perf_counter() - round_started
-            record = {
-                "round": round_num + 1,
-                "devices": int(len(selected)),
-                "train_seconds": train_seconds,
-                "server_aggregate_seconds": time.perf_counter() - aggregate_started,
-                "device_train_loss": _mean_metric(payloads, "loss"),
-                "device_train_accuracy": _mean_metric(payloads, "accuracy"),
-            }
+            record = {"round": round_num + 1, "devices": int(len(selected))}
+            record.update(self.aggregate(round_num, payloads, assignments))
+            record.update(
+                train_seconds=time.perf_counter() - round_started,
+                server_aggregate_seconds=time.perf_counter() - aggregate_started,
+                device_train_loss=_mean_metric(payloads, "loss"),
+                device_train_accuracy=_mean_metric(payloads, "accuracy"),
+            )
             if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
                 eval_started = time.perf_counter()
-                load_numpy_into_model(model, weights)
-                evaluation = evaluator.evaluate(model)
+                evaluation = self.evaluate()
                 record.update(
-                    accuracy=evaluation.accuracy,
-                    loss=evaluation.loss,
-                    eval_seconds=time.perf_counter() - eval_started,
+                    accuracy=evaluation.accuracy, loss=evaluation.loss, eval_seconds=time.perf_counter() - eval_started
                 )
             record["round_seconds"] = time.perf_counter() - round_started
             recorder.add_round(record)
             print(_round_line(record, config.num_rounds), flush=True)
+            done = round_num + 1
+            stopping = done == config.stop_after_round and done < config.num_rounds
+            if (
+                stopping
+                or done == config.num_rounds
+                or (config.checkpoint_frequency and done % config.checkpoint_frequency == 0)
+            ):
+                self._checkpoint(output_dir, done, recorder)
+            if stopping:
+                print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
+                return
 
-        load_numpy_into_model(model, weights)
         final_path = os.path.join(output_dir, "final_model.pt")
-        torch.save({k: torch.from_numpy(v) for k, v in weights.items()}, final_path)
+        torch.save(weights_to_tensors(self.weights), final_path)
         recorder.finish(
             {
                 "final_accuracy": evaluation.accuracy if evaluation else None,
@@ -122,27 +166,67 @@ class FedAvgServer:
         )
         print(f"[server] done; final model {final_path}", flush=True)
 
+    def _checkpoint(self, output_dir: str, rounds_done: int, recorder: RunRecorder) -> None:
+        save_checkpoint(
+            output_dir,
+            {
+                "rounds_done": rounds_done,
+                "weights": self.weights,
+                "strategy": self.strategy_state(),
+                "records": recorder.data["rounds"],
+                "config": self.config.to_dict(),
+            },
+        )
+
+    def _resume(self, config: SimulationConfig, recorder: RunRecorder) -> int:
+        state = load_checkpoint(config.resume_from)
+        self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["weights"].items()}
+        self.load_strategy_state(state["strategy"])
+        recorder.data["rounds"] = list(state["records"])
+        print(f"[server] resumed from {config.resume_from} after round {state['rounds_done']}", flush=True)
+        return int(state["rounds_done"])
+
     def _output_dir(self, config: SimulationConfig) -> str:
         run_dir = collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())
         if config.output_dir:
             return config.output_dir if os.path.isabs(config.output_dir) else os.path.join(run_dir, config.output_dir)
         return os.path.join(run_dir, "devsim")
 
-    @staticmethod
-    def _call_leaves(config: SimulationConfig, round_num: int, weights, assignments) -> dict[str, dict]:
-        names = list(assignments)
-        group = collab.get_clients(names)(timeout=config.round_timeout)
-        results = group.train_round(round_num=round_num, weights=weights, assignments=assignments)
-        payloads = {name: payload for name, payload in results}
-        failures = getattr(results, "failures", {}) or {}
-        missing = [n for n in names if n not in payloads]
-        if failures or missing:
-            reasons = "; ".join(f"{n}: {failures.get(n, 'no result')}" for n in sorted(set(missing) | set(failures)))
+    def _call_leaves(
+        self, calls: LeafCalls, round_num: int, models: dict[str, Weights], assignments: dict[str, np.ndarray]
+    ) -> dict[str, dict]:
+        for leaf, device_ids in assignments.items():
+            calls.submit(
+                leaf,
+                "train_round",
+                tag=leaf,
+                round_num=round_num,
+                weights=models[leaf],
+                assignments={leaf: device_ids},
+            )
+        payloads, errors = {}, {}
+        try:
+            while calls.pending:
+                outcome = calls.next()
+                if outcome.error is not None:
+                    errors[outcome.leaf] = outcome.error
+                else:
+                    payloads[outcome.leaf] = outcome.result
+        except LeafCallError as error:
             raise LeafRoundError(
-                f"round {round_num + 1}: {len(missing)} of {len(names)} leaves gave no result "
-                f"(timeout {config.round_timeout:g}s, --round-timeout): {reasons}"
+                f"round {round_num + 1}: {error} (--round-timeout {self.config.round_timeout:g}s)"
+            ) from error
+        if errors:
+            reasons = "; ".join(f"{leaf}: {errors[leaf]}" for leaf in sorted(errors))
+            raise LeafRoundError(
+                f"round {round_num + 1}: {len(errors)} of {len(assignments)} leaves gave no result "
+                f"(--round-timeout {self.config.round_timeout:g}s): {reasons}"
             )
         return payloads
+
+
+class FedAvgServer(SyncServer):
+    """Synchronous hierarchical FedAvg."""
 
 
 def _mean_metric(payloads: dict[str, dict], name: str) -> float:

@@ -27,7 +27,7 @@ from devsim_flare.recipe import build_fedavg_recipe  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
-    if args.output_dir is None and args.env != "prod" and not export_requested():
+    if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
         args.output_dir = default_output_dir(args.workspace, "fedavg")
     config = config_from_args(parser, args)
     prepare_data(parser, config)

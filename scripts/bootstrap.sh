@@ -13,12 +13,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "[bootstrap] installing torch==2.13.0" >&2
-  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  "$venv/bin/python" -m pip install -qq "torch==2.13.0"
 fi
 stamp="$venv/.devsim-install-stamp"
 want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[bootstrap] installing the project and its dependencies" >&2
-  "$venv/bin/python" -m pip install --quiet -e "$root[dev]"
+  "$venv/bin/python" -m pip install -qq -e "$root[dev]"
   echo "$want" > "$stamp"
 fi

@@ -89,3 +89,20 @@ def test_bad_flag_is_refused_before_anything_starts(tmp_path):
     assert proc.returncode == 2
     assert "--device-selection-size" in proc.stderr and "allowed: 1..100" in proc.stderr
     assert not (tmp_path / "ws").exists()
+
+
+def test_stop_and_resume_gives_identical_final_weights(sim_run, tmp_path):
+    first_tmp, _ = sim_run
+    run_dir = tmp_path / "run"
+    common = [*SMALL_RUN, "--workspace", str(tmp_path / "ws")]
+    stopped = run_job("pt_job_fedavg.py", [*common, "--output-dir", str(run_dir), "--stop-after-round", "3"], tmp_path)
+    assert "continue with --resume" in stopped.stdout
+    assert not (run_dir / "final_model.pt").exists() and (run_dir / "checkpoint.pt").exists()
+    resumed = run_job("pt_job_fedavg.py", ["--resume", str(run_dir), "--workspace", str(tmp_path / "ws")], tmp_path)
+    assert "resumed from" in resumed.stdout
+    results = find_results(run_dir)
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3, 4, 5, 6]
+    uninterrupted = torch.load(find_results(first_tmp / "ws" / "runs")["summary"]["final_model"])
+    resumed_weights = torch.load(run_dir / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], resumed_weights[key]), key
