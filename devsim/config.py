@@ -58,7 +58,7 @@ class SimulationConfig:
     samples_per_device: int = field(default=100, metadata=_help("training samples in each device's shard"))
     partition: str = field(default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}"))
     alpha: float = field(default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet"))
-    num_rounds: int = field(default=10, metadata=_help("synchronous rounds"))
+    num_rounds: int = field(default=20, metadata=_help("synchronous rounds"))
     local_epochs: int = field(default=1, metadata=_help("local epochs per device (ignored with --local-iterations)"))
     local_iterations: int | None = field(
         default=None, metadata=_help("fixed local SGD steps per device; overrides --local-epochs")
@@ -73,6 +73,7 @@ class SimulationConfig:
         metadata=_help("device-training threads per leaf; unset: sized from CPU cores and free VRAM"),
     )
     eval_frequency: int = field(default=1, metadata=_help("evaluate the global model every N rounds"))
+    log_every: int = field(default=1, metadata=_help("print a progress line every N rounds (and the last)"))
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
@@ -133,6 +134,7 @@ class SimulationConfig:
             "local_epochs",
             "batch_size",
             "eval_frequency",
+            "log_every",
             "eval_batch_size",
             "synthetic_train_size",
             "synthetic_test_size",

@@ -12,10 +12,11 @@ class ProgressLine:
 
     Call ``line`` after every completed step (round or version), even those that do not print,
     so the EMA sees every step. ``unit`` is the word printed ("round", or "version" for async runs).
-    ``alpha`` in (0, 1] is the EMA weight of the newest step duration.
+    ``alpha`` in (0, 1] is the EMA weight of the newest step duration. ``start`` is the number of
+    steps already done before timing began (a resumed run); elapsed time counts from then.
     """
 
-    def __init__(self, total_rounds: int, every: int = 1, unit: str = "round", alpha: float = 0.3):
+    def __init__(self, total_rounds: int, every: int = 1, unit: str = "round", alpha: float = 0.3, start: int = 0):
         if total_rounds < 1:
             raise ValueError(f"total_rounds must be >= 1, got {total_rounds}")
         if every < 1:
@@ -27,7 +28,7 @@ class ProgressLine:
         self.unit = unit
         self.alpha = float(alpha)
         self.step_seconds: float | None = None
-        self._last_done = 0
+        self._last_done = int(start)
         self._last_elapsed = 0.0
 
     def update(self, round_done: int, elapsed_s: float) -> None:

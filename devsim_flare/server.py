@@ -19,10 +19,13 @@ from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import SimulationConfig
 from devsim.data import load_dataset
 from devsim.evaluation import EvalResult, Evaluator
+from devsim.metrics import MetricsWriter
 from devsim.population import DevicePopulation, natural_sort
+from devsim.progress import ProgressLine
 from devsim.results import RunRecorder
 from devsim.seeding import derive_seed
 from devsim.strategies import FedAvg, LeafUpdate
+from devsim.timing import RoundTiming, ServerStamps, summarize
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
 from processors.cifar10_fedavg_task_processor import default_torch_device
 from processors.models import build_model
@@ -112,46 +115,61 @@ class SyncServer:
             f"model {config.model}, dataset {config.dataset}; results in {output_dir}",
             flush=True,
         )
-        run_started = time.perf_counter()
+        run_started = time.time()
         evaluation = None
-        for round_num in range(start_round, config.num_rounds):
-            round_started = time.perf_counter()
-            selected = population.select(round_num, config.device_selection_size)
-            assignments = {
-                self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
-                for leaf, devices in population.group_by_leaf(selected).items()
-            }
-            models = self.leaf_models(list(assignments))
-            payloads = self._call_leaves(calls, round_num, models, assignments)
-            aggregate_started = time.perf_counter()
-            record = {"round": round_num + 1, "devices": int(len(selected))}
-            record.update(self.aggregate(round_num, payloads, assignments))
-            record.update(
-                train_seconds=time.perf_counter() - round_started,
-                server_aggregate_seconds=time.perf_counter() - aggregate_started,
-                device_train_loss=_mean_metric(payloads, "loss"),
-                device_train_accuracy=_mean_metric(payloads, "accuracy"),
-            )
-            if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
-                eval_started = time.perf_counter()
-                evaluation = self.evaluate()
+        progress = ProgressLine(config.num_rounds, every=config.log_every, start=start_round)
+        metrics = MetricsWriter(output_dir)
+        timings: list[RoundTiming] = []
+        try:
+            for round_num in range(start_round, config.num_rounds):
+                round_started = time.time()
+                selected = population.select(round_num, config.device_selection_size)
+                assignments = {
+                    self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
+                    for leaf, devices in population.group_by_leaf(selected).items()
+                }
+                models = self.leaf_models(list(assignments))
+                dispatched = time.time()
+                payloads = self._call_leaves(calls, round_num, models, assignments)
+                results_in = time.time()
+                record = {"round": round_num + 1, "devices": int(len(selected))}
+                record.update(self.aggregate(round_num, payloads, assignments))
+                aggregated = time.time()
                 record.update(
-                    accuracy=evaluation.accuracy, loss=evaluation.loss, eval_seconds=time.perf_counter() - eval_started
+                    train_seconds=aggregated - round_started,
+                    device_train_loss=_mean_metric(payloads, "loss"),
+                    device_train_accuracy=_mean_metric(payloads, "accuracy"),
                 )
-            record["round_seconds"] = time.perf_counter() - round_started
-            recorder.add_round(record)
-            print(_round_line(record, config.num_rounds), flush=True)
-            done = round_num + 1
-            stopping = done == config.stop_after_round and done < config.num_rounds
-            if (
-                stopping
-                or done == config.num_rounds
-                or (config.checkpoint_frequency and done % config.checkpoint_frequency == 0)
-            ):
-                self._checkpoint(output_dir, done, recorder)
-            if stopping:
-                print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
-                return
+                if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
+                    evaluation = self.evaluate()
+                    record.update(accuracy=evaluation.accuracy, loss=evaluation.loss)
+                round_ended = time.time()
+                timing = RoundTiming.from_round(
+                    ServerStamps(round_started, dispatched, results_in, aggregated, round_ended),
+                    {leaf: payload["timing"] for leaf, payload in payloads.items()},
+                )
+                timings.append(timing)
+                record.update(round_seconds=timing.wall, timing=timing.to_dict())
+                recorder.add_round(record)
+                metrics.after_round(round_num + 1, record)
+                line = progress.line(round_num + 1, round_ended - run_started, _round_summary(record))
+                if line:
+                    print(line, flush=True)
+                done = round_num + 1
+                stopping = done == config.stop_after_round and done < config.num_rounds
+                if (
+                    stopping
+                    or done == config.num_rounds
+                    or (config.checkpoint_frequency and done % config.checkpoint_frequency == 0)
+                ):
+                    self._checkpoint(output_dir, done, recorder)
+                if stopping:
+                    print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
+                    return
+        finally:
+            metrics.close()
+        if timings:
+            print(summarize(timings, unit="round"), flush=True)
 
         final_path = os.path.join(output_dir, "final_model.pt")
         torch.save(weights_to_tensors(self.weights), final_path)
@@ -160,7 +178,7 @@ class SyncServer:
                 "final_accuracy": evaluation.accuracy if evaluation else None,
                 "final_loss": evaluation.loss if evaluation else None,
                 "rounds": config.num_rounds,
-                "wall_seconds": time.perf_counter() - run_started,
+                "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
             }
         )
@@ -235,11 +253,11 @@ def _mean_metric(payloads: dict[str, dict], name: str) -> float:
     return float(np.average(np.concatenate(values), weights=np.concatenate(weights)))
 
 
-def _round_line(record: dict, num_rounds: int) -> str:
-    line = f"round {record['round']:>4}/{num_rounds}"
-    if "accuracy" in record:
-        line += f"  accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}"
-    else:
-        line += f"  train-loss {record['device_train_loss']:.4f}"
-    line += f"  {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"
-    return line
+def _round_summary(record: dict) -> str:
+    """The figures of a round line after the progress prefix: accuracy, loss, seconds."""
+    text = (
+        f"accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}"
+        if "accuracy" in record
+        else (f"train-loss {record['device_train_loss']:.4f}")
+    )
+    return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"
