@@ -17,6 +17,8 @@ from typing import Any
 DATASETS = ("synthetic", "cifar10", "cifar100")
 MODELS = ("cnn", "resnet18", "resnet18_nonorm")
 PARTITIONS = ("iid", "dirichlet")
+OPTIMIZERS = ("sgd", "adam")
+STALENESS_WEIGHTINGS = ("none", "polynomial")
 DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -54,35 +56,47 @@ class SimulationConfig:
     synthetic_test_size: int = field(default=2000, metadata=_help("synthetic test images"))
     num_leaf_nodes: int = field(default=2, metadata=_help("leaf nodes (NVFlare clients) under the server"))
     devices_per_leaf: int = field(default=50, metadata=_help("simulated devices owned by each leaf"))
-    device_selection_size: int = field(default=20, metadata=_help("devices sampled per round, over all leaves"))
+    device_selection_size: int = field(
+        default=20, metadata={"help": "devices sampled per round, over all leaves", "sync_only": True}
+    )
     samples_per_device: int = field(default=100, metadata=_help("training samples in each device's shard"))
     partition: str = field(default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}"))
     alpha: float = field(default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet"))
-    num_rounds: int = field(default=20, metadata=_help("synchronous rounds"))
+    num_rounds: int = field(default=20, metadata={"help": "synchronous rounds", "sync_only": True})
     local_epochs: int = field(default=1, metadata=_help("local epochs per device (ignored with --local-iterations)"))
     local_iterations: int | None = field(
         default=None, metadata=_help("fixed local SGD steps per device; overrides --local-epochs")
     )
     batch_size: int = field(default=10, metadata=_help("local batch size"))
-    lr: float = field(default=0.05, metadata=_help("local SGD learning rate"))
-    momentum: float = field(default=0.9, metadata=_help("local SGD momentum in [0, 1)"))
+    optimizer: str = field(default="sgd", metadata=_help(f"local optimizer, one of {', '.join(OPTIMIZERS)}"))
+    lr: float = field(default=0.05, metadata=_help("local learning rate"))
+    momentum: float = field(default=0.9, metadata=_help("local SGD momentum in [0, 1) (--optimizer sgd)"))
+    augment: bool = field(default=False, metadata=_help("random crop (4 px reflect padding) and flip locally"))
     global_lr: float = field(default=1.0, metadata=_help("server learning rate applied to the mean delta"))
     model: str = field(default="cnn", metadata=_help(f"model, one of {', '.join(MODELS)}"))
     num_workers: int | None = field(
         default=None,
         metadata=_help("device-training threads per leaf; unset: sized from CPU cores and free VRAM"),
     )
-    eval_frequency: int = field(default=1, metadata=_help("evaluate the global model every N rounds"))
-    log_every: int = field(default=1, metadata=_help("print a progress line every N rounds (and the last)"))
+    eval_frequency: int = field(
+        default=1, metadata=_help("evaluate the global model every N rounds (async: every N model versions)")
+    )
+    log_every: int = field(
+        default=1, metadata=_help("print a progress line every N rounds or evaluations (and the last)")
+    )
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
     checkpoint_frequency: int = field(
-        default=5, metadata=_help("save a checkpoint every N rounds (and at the end); 0 saves only at the end")
+        default=5,
+        metadata=_help("save a checkpoint every N rounds or evaluations (and at the end); 0: only at the end"),
     )
     stop_after_round: int | None = field(
         default=None,
-        metadata=_help("save a checkpoint and stop after this round (continue later with --resume RUN_DIR)"),
+        metadata={
+            "help": "save a checkpoint and stop after this round (continue later with --resume RUN_DIR)",
+            "sync_only": True,
+        },
     )
     resume_from: str | None = field(
         default=None,
@@ -126,6 +140,7 @@ class SimulationConfig:
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("model", self.model, MODELS)
         _check_choice("partition", self.partition, PARTITIONS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         for name in (
             "num_leaf_nodes",
             "devices_per_leaf",
@@ -216,3 +231,56 @@ def _check_min(name: str, value: int, minimum: int) -> None:
 def _check_positive_finite(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(name, f"{value} is not allowed; it must be a finite number > 0")
+
+
+@dataclass
+class AsyncConfig(SimulationConfig):
+    """An asynchronous run (FedBuff, FedRevive) on the seeded virtual clock: the K/B/O scheduler.
+
+    ``concurrency`` (K) device jobs are in flight, a new global version follows every
+    ``buffer_size`` (B) accepted updates, and new jobs are dispatched once ``min_open_slots`` (O)
+    slots are free. Times are simulated seconds.
+    """
+
+    concurrency: int = field(default=20, metadata=_help("K: device jobs in flight"))
+    buffer_size: int = field(default=2, metadata=_help("B: accepted updates per new global version"))
+    min_open_slots: int = field(default=1, metadata=_help("O: dispatch new jobs once this many slots are open"))
+    max_versions: int | None = field(default=100, metadata=_help("stop after this many global versions"))
+    max_sim_time: float | None = field(default=None, metadata=_help("stop at this simulated time (seconds)"))
+    delay_schedule: str = field(
+        default="paper_default",
+        metadata=_help("device delay preset in app_configs/device_profiles (or a JSON file path)"),
+    )
+    staleness_weighting: str = field(
+        default="none", metadata=_help(f"FedBuff staleness weighting, one of {', '.join(STALENESS_WEIGHTINGS)}")
+    )
+    staleness_exponent: float = field(default=0.5, metadata=_help("a in (1 + staleness)^-a for polynomial weighting"))
+
+    def validate(self) -> AsyncConfig:
+        super().validate()
+        _check_choice("staleness_weighting", self.staleness_weighting, STALENESS_WEIGHTINGS)
+        _check_min("concurrency", self.concurrency, 1)
+        _check_min("buffer_size", self.buffer_size, 1)
+        if self.concurrency > self.num_devices:
+            raise ConfigError(
+                "concurrency", f"{self.concurrency} is larger than the population; allowed: 1..{self.num_devices}"
+            )
+        if not 1 <= self.min_open_slots <= self.concurrency:
+            raise ConfigError(
+                "min_open_slots", f"{self.min_open_slots} is not allowed; allowed: 1..{self.concurrency} (K)"
+            )
+        if self.max_versions is None and self.max_sim_time is None:
+            raise ConfigError("max_versions", "set --max-versions or --max-sim-time (or both)")
+        if self.max_versions is not None:
+            _check_min("max_versions", self.max_versions, 1)
+        if self.max_sim_time is not None:
+            _check_positive_finite("max_sim_time", self.max_sim_time)
+        if not (math.isfinite(self.staleness_exponent) and self.staleness_exponent >= 0):
+            raise ConfigError("staleness_exponent", f"{self.staleness_exponent} is not allowed; it must be >= 0")
+        from devsim.asyncfl import load_schedule
+
+        try:
+            load_schedule(self.delay_schedule)
+        except (ValueError, OSError) as error:
+            raise ConfigError("delay_schedule", str(error)) from error
+        return self

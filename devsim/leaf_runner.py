@@ -8,6 +8,7 @@ summed in worker order. The result is therefore bit-identical however the thread
 
 from __future__ import annotations
 
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,15 @@ class DeviceWorker(Protocol):
         self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
     ) -> None:
         """``accumulator += weight * (trained - global)``."""
+
+    def train_with_seed(self, device_id: int, train_seed: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
+        """Train ``device_id`` with batch order fixed by ``train_seed`` (asynchronous jobs)."""
+
+    def delta(self, global_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``trained - global`` of the device trained last."""
+
+    def label_histogram(self, device_id: int) -> np.ndarray:
+        """Samples per class in the device's shard."""
 
 
 @dataclass
@@ -72,6 +82,9 @@ class LeafRoundRunner:
         self.keys = workers[0].keys
         self.torch_device = workers[0].torch_device
         self._pool = ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="device-worker")
+        self._idle: queue.SimpleQueue[DeviceWorker] = queue.SimpleQueue()
+        for worker in workers:
+            self._idle.put(worker)
 
     def run_round(
         self, round_num: int, global_weights: dict[str, np.ndarray], device_ids: list[int]
@@ -110,6 +123,61 @@ class LeafRoundRunner:
                 "num_workers": float(num_workers),
             },
         )
+
+    def run_jobs(
+        self,
+        global_weights: dict[str, np.ndarray],
+        job_ids: list[int],
+        device_ids: list[int],
+        train_seeds: list[int],
+        with_histograms: bool = False,
+    ) -> dict:
+        """Train independent device jobs from one base model; each job's delta is returned on its own.
+
+        Safe to call from several threads at once (calls for different model versions overlap in
+        asynchronous runs): a job takes whichever worker is idle. Results depend only on each job's
+        ``(device_id, train_seed)`` and the base weights. Returns the wire payload: ``job_id``,
+        ``deltas`` (per entry, float32 stacked over jobs: shape (n, *entry_shape)), per-job metrics,
+        optional ``label_hist`` (n, num_classes) and timing.
+        """
+        started = time.perf_counter()
+        global_tensors = numpy_to_tensors(global_weights, self.keys, self.torch_device)
+        futures = [
+            self._pool.submit(self._train_job, global_tensors, int(d), int(s), with_histograms)
+            for d, s in zip(device_ids, train_seeds, strict=True)
+        ]
+        outputs = [f.result() for f in futures]
+        trained = time.perf_counter()
+        payload = {
+            "job_id": np.asarray(job_ids, dtype=np.int64),
+            "deltas": {k: np.stack([o[0][k] for o in outputs]) for k in self.keys},
+            "num_samples": np.array([o[1].num_samples for o in outputs], dtype=np.int64),
+            "loss": np.array([o[1].loss for o in outputs], dtype=np.float32),
+            "accuracy": np.array([o[1].accuracy for o in outputs], dtype=np.float32),
+            "compute_seconds": np.array([o[1].compute_seconds for o in outputs], dtype=np.float64),
+        }
+        if with_histograms:
+            payload["label_hist"] = np.stack([o[2] for o in outputs])
+        finished = time.perf_counter()
+        compute = payload["compute_seconds"]
+        payload["timing"] = {
+            "leaf_wall": finished - started,
+            "leaf_train_wall": trained - started,
+            "leaf_aggregate": finished - trained,
+            "device_compute_sum": float(compute.sum()),
+            "device_compute_max": float(compute.max()),
+        }
+        return payload
+
+    def _train_job(self, global_tensors: list[torch.Tensor], device_id: int, train_seed: int, with_histogram: bool):
+        worker = self._idle.get()
+        try:
+            metrics = worker.train_with_seed(device_id, train_seed, global_tensors)
+            delta = tensors_to_numpy(self.keys, worker.delta(global_tensors))
+            histogram = worker.label_histogram(device_id) if with_histogram else None
+            return delta, metrics, histogram
+        finally:
+            self._idle.put(worker)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

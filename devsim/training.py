@@ -24,8 +24,11 @@ from devsim.codec import float_state_keys
 class LocalTrainingSpec:
     """Hyper-parameters of a device's local training.
 
-    ``iterations`` (when set) fixes the number of SGD steps, cycling through the shard in
-    reshuffled epochs; otherwise ``epochs`` full passes are made, the last batch possibly short.
+    ``iterations`` (when set) fixes the number of steps, cycling through the shard in reshuffled
+    epochs; otherwise ``epochs`` full passes are made, the last batch possibly short. ``optimizer``
+    is "sgd" (with ``momentum``) or "adam"; either starts from fresh state for every device.
+    ``augment`` applies a random 32x32 crop of the 4-pixel reflect-padded image and a random
+    horizontal flip to every training batch.
     """
 
     epochs: int = 1
@@ -34,6 +37,8 @@ class LocalTrainingSpec:
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    augment: bool = False
 
     def steps_for(self, num_samples: int) -> int:
         """SGD steps a device with ``num_samples`` samples takes."""
@@ -64,9 +69,14 @@ class LocalTrainer:
         self.keys = float_state_keys(self.model)
         state = self.model.state_dict()
         self.state_tensors: list[torch.Tensor] = [state[k] for k in self.keys]
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
-        )
+        if spec.optimizer == "adam":
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        elif spec.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(
+                self.model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+            )
+        else:
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {spec.optimizer!r}")
 
     def load(self, global_tensors: list[torch.Tensor]) -> None:
         """Overwrite the model's floating-point state with the global weights (same order as ``keys``)."""
@@ -102,6 +112,8 @@ class LocalTrainer:
         for batch_index in self._batches(num_samples, steps, generator):
             batch_index = batch_index.to(self.device, non_blocking=True)
             inputs, targets = images[batch_index], labels[batch_index]
+            if self.spec.augment:
+                inputs = crop_and_flip(inputs, generator)
             logits = self.model(inputs)
             loss = F.cross_entropy(logits, targets)
             self.optimizer.zero_grad(set_to_none=True)
@@ -136,3 +148,23 @@ class LocalTrainer:
         with torch.no_grad():
             delta = torch._foreach_sub(self.state_tensors, global_tensors)
             torch._foreach_add_(accumulator, delta, alpha=float(weight))
+
+
+def crop_and_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Random crop of the reflect-padded batch back to its size, then a random horizontal flip.
+
+    Args:
+        images: float (b, C, H, W) on any device; a new tensor of the same shape is returned.
+        generator: CPU generator for the per-sample offsets and flips (so results are seeded).
+        padding: pixels of reflect padding on each side before cropping.
+    """
+    b, _, height, width = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding), mode="reflect")
+    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator).to(images.device)
+    flips = (torch.rand(b, generator=generator) < 0.5).to(images.device)
+    rows = offsets[0][:, None] + torch.arange(height, device=images.device)[None, :]
+    cols = offsets[1][:, None] + torch.arange(width, device=images.device)[None, :]
+    cols = torch.where(flips[:, None], cols.flip(1), cols)
+    batch_index = torch.arange(b, device=images.device)[:, None, None, None]
+    channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
+    return padded[batch_index, channel_index, rows[:, None, :, None], cols[:, None, None, :]]

@@ -23,12 +23,18 @@ _PARSERS = {"int": int, "float": float, "str": str}
 
 
 def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
-    """Parser with one flag per configuration field (defaults from ``defaults``) and the run flags."""
+    """Parser with one flag per field of ``type(defaults)`` (default values from it) and the run flags.
+
+    Asynchronous configurations leave out the fields that only synchronous rounds use.
+    """
     defaults = defaults or SimulationConfig()
+    config_cls = type(defaults)
+    asynchronous = config_cls is not SimulationConfig
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("simulation")
-    for f in dataclasses.fields(SimulationConfig):
-        if f.metadata.get("internal"):
+    parser.set_defaults(config_cls=config_cls)
+    for f in dataclasses.fields(config_cls):
+        if f.metadata.get("internal") or (asynchronous and f.metadata.get("sync_only")):
             continue
         base = str(f.type).replace("| None", "").strip()
         default = getattr(defaults, f.name)
@@ -78,7 +84,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
     Bad values end the program with the flag named.
     """
-    names = {f.name for f in dataclasses.fields(SimulationConfig)}
+    config_cls = args.config_cls
+    names = {f.name for f in dataclasses.fields(config_cls)}
     if args.resume:
         values = _resumed_values(parser, args.resume)
     else:
@@ -86,7 +93,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if values.get("data_root"):
         values["data_root"] = os.path.abspath(values["data_root"])
     try:
-        return SimulationConfig.from_dict(values)
+        return config_cls.from_dict(values)
     except ConfigError as error:
         parser.error(str(error))
         raise
@@ -158,8 +165,13 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         if not summary:
             print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
             return 1
+        progress = (
+            f"{summary['rounds']} rounds"
+            if "rounds" in summary
+            else f"{summary['versions']} versions, simulated time {summary['simulated_time']:.1f}s"
+        )
         print(
-            f"final accuracy {summary['final_accuracy']:.4f} after {summary['rounds']} rounds "
+            f"final accuracy {summary['final_accuracy']:.4f} after {progress} "
             f"({time.perf_counter() - started:.1f}s wall); results: {summary_path}"
         )
         return 0
@@ -167,3 +179,18 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         print(f"no results file at {summary_path}; see the NVFlare logs under {workspace}", file=sys.stderr)
         return 1
     return 0
+
+
+def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
+    """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
+    from devsim_flare.recipe import build_recipe
+
+    parser = build_parser(description, defaults)
+    args = parser.parse_args(argv)
+    if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
+        args.output_dir = default_output_dir(args.workspace, server_cls.method)
+    config = config_from_args(parser, args)
+    prepare_data(parser, config)
+    leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
+    recipe = build_recipe(config, server_cls, job_name=f"devsim_{server_cls.method}", leaves_on_host=leaves_on_host)
+    return run_recipe(recipe, args, config)

@@ -75,6 +75,34 @@ class LeafNode:
         payload["timing"]["leaf_replied_at"] = time.time()
         return payload
 
+    @collab.publish
+    def train_jobs(
+        self,
+        version: int,
+        weights: dict,
+        job_ids: np.ndarray,
+        device_ids: np.ndarray,
+        train_seeds: np.ndarray,
+        with_histograms: bool = False,
+    ) -> dict:
+        """Train asynchronous device jobs that all start from global ``version`` (``weights``).
+
+        Returns each job's own delta (stacked per model entry) with its metrics; see
+        :meth:`devsim.leaf_runner.LeafRoundRunner.run_jobs`.
+        """
+        received_at = time.time()
+        payload = self._runner.run_jobs(
+            weights,
+            np.asarray(job_ids).tolist(),
+            np.asarray(device_ids).tolist(),
+            np.asarray(train_seeds).tolist(),
+            with_histograms=with_histograms,
+        )
+        payload["version"] = int(version)
+        payload["timing"]["leaf_received_at"] = received_at
+        payload["timing"]["leaf_replied_at"] = time.time()
+        return payload
+
     @collab.final
     def stop(self) -> None:
         if self._runner is not None:

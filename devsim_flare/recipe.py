@@ -18,10 +18,10 @@ from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
 from devsim_flare.leaf import LeafNode
-from devsim_flare.server import FedAvgServer
 
 ENVIRONMENTS = ("sim", "poc", "prod")
 SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
+SHIPPED_DATA = ("app_configs",)
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -46,26 +46,28 @@ class DevsimRecipe(CollabRecipe):
 
 
 def package_sources() -> list[tuple[str, str]]:
-    """(source file, destination folder inside ``custom/``) for every .py file of the shipped packages."""
+    """(source file, destination folder inside ``custom/``): every .py file of the shipped packages and
+    the presets (JSON) under ``app_configs``, which the code finds relative to the package root."""
     entries = []
-    for package in SHIPPED_PACKAGES:
-        package_dir = os.path.join(_REPO_ROOT, package)
-        for folder, dirs, files in os.walk(package_dir):
+    for top, suffix in [(p, ".py") for p in SHIPPED_PACKAGES] + [(d, ".json") for d in SHIPPED_DATA]:
+        for folder, dirs, files in os.walk(os.path.join(_REPO_ROOT, top)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             relative = os.path.relpath(folder, _REPO_ROOT)
-            entries.extend((os.path.join(folder, f), relative) for f in sorted(files) if f.endswith(".py"))
+            entries.extend((os.path.join(folder, f), relative) for f in sorted(files) if f.endswith(suffix))
     return entries
 
 
-def build_fedavg_recipe(config: SimulationConfig, job_name: str = "devsim_fedavg", leaves_on_host: int = 1):
-    """A CollabRecipe for synchronous hierarchical FedAvg with ``config.num_leaf_nodes`` leaves.
+def build_recipe(config: SimulationConfig, server_cls: type, job_name: str, leaves_on_host: int = 1):
+    """A Collab recipe with ``server_cls`` on the server and a leaf node on each of the leaf sites.
 
     ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
     ``sim`` and ``poc``; 1 in production), used to size each leaf's worker pool.
     """
     settings = config.to_dict()
-    server = FedAvgServer(settings=settings)
-    leaf = LeafNode(settings=settings, num_workers=config.num_workers, leaves_on_host=leaves_on_host)
+    server = server_cls(settings=settings)
+    leaf = LeafNode(
+        settings=settings, num_workers=config.num_workers, leaves_on_host=leaves_on_host, processor=server_cls.processor
+    )
     return DevsimRecipe(
         job_name=job_name,
         server=server,

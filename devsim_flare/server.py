@@ -17,18 +17,17 @@ from nvflare.collab import collab
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import SimulationConfig
-from devsim.data import load_dataset
-from devsim.evaluation import EvalResult, Evaluator
+from devsim.evaluation import EvalResult
 from devsim.metrics import MetricsWriter
-from devsim.population import DevicePopulation, natural_sort
+from devsim.population import DevicePopulation
 from devsim.progress import ProgressLine
 from devsim.results import RunRecorder
-from devsim.seeding import derive_seed
 from devsim.strategies import FedAvg, LeafUpdate
 from devsim.timing import RoundTiming, ServerStamps, summarize
+from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
+from devsim_flare.server_common import central_evaluator, connected_leaves, initial_model, output_dir_for
 from processors.cifar10_fedavg_task_processor import default_torch_device
-from processors.models import build_model
 
 Weights = dict[str, np.ndarray]
 
@@ -46,6 +45,7 @@ class SyncServer:
     """
 
     method = "fedavg"
+    processor = DEFAULT_PROCESSOR
 
     def __init__(self, settings: dict):
         self.settings = settings
@@ -81,29 +81,12 @@ class SyncServer:
     def run(self) -> None:
         config = SimulationConfig.from_dict(self.settings)
         self.config = config
-        self.leaves = natural_sort([client.name for client in collab.clients])
-        if len(self.leaves) != config.num_leaf_nodes:
-            raise RuntimeError(
-                f"{len(self.leaves)} leaf sites are connected ({', '.join(self.leaves)}) but --num-leaf-nodes is "
-                f"{config.num_leaf_nodes}"
-            )
-        output_dir = self._output_dir(config)
+        self.leaves = connected_leaves(config)
+        output_dir = output_dir_for(config)
         device = default_torch_device()
-        torch.manual_seed(derive_seed(config.seed, "model-init"))
-        self.model = build_model(config.model, num_classes=config.num_classes).to(device)
+        self.model = initial_model(config, device)
         self.weights = model_to_numpy(self.model)
-        self.evaluator = Evaluator(
-            load_dataset(
-                config.dataset,
-                config.data_root,
-                train=False,
-                seed=config.data_seed,
-                synthetic_train_size=config.synthetic_train_size,
-                synthetic_test_size=config.synthetic_test_size,
-            ),
-            device,
-            batch_size=config.eval_batch_size,
-        )
+        self.evaluator = central_evaluator(config, device)
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
         self.setup_strategy(config)
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
@@ -203,12 +186,6 @@ class SyncServer:
         recorder.data["rounds"] = list(state["records"])
         print(f"[server] resumed from {config.resume_from} after round {state['rounds_done']}", flush=True)
         return int(state["rounds_done"])
-
-    def _output_dir(self, config: SimulationConfig) -> str:
-        run_dir = collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())
-        if config.output_dir:
-            return config.output_dir if os.path.isabs(config.output_dir) else os.path.join(run_dir, config.output_dir)
-        return os.path.join(run_dir, "devsim")
 
     def _call_leaves(
         self, calls: LeafCalls, round_num: int, models: dict[str, Weights], assignments: dict[str, np.ndarray]

@@ -13,28 +13,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim_flare.cli import (  # noqa: E402  (the repo root must be importable first)
-    build_parser,
-    config_from_args,
-    default_output_dir,
-    export_requested,
-    prepare_data,
-    run_recipe,
-)
-from devsim_flare.recipe import build_fedavg_recipe  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
-        args.output_dir = default_output_dir(args.workspace, "fedavg")
-    config = config_from_args(parser, args)
-    prepare_data(parser, config)
-    leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
-    recipe = build_fedavg_recipe(config, job_name="devsim_fedavg", leaves_on_host=leaves_on_host)
-    return run_recipe(recipe, args, config)
-
+from devsim.config import SimulationConfig  # noqa: E402  (the repo root must be importable first)
+from devsim_flare.cli import job_main  # noqa: E402
+from devsim_flare.server import FedAvgServer  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_main(__doc__.splitlines()[0], FedAvgServer, SimulationConfig()))

@@ -18,6 +18,7 @@ import threading
 import zlib
 from typing import Any
 
+import numpy as np
 import torch
 from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.web.models.job_response import JobResponse
@@ -107,8 +108,10 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         local_epochs: int = 1,
         local_iterations: int | None = None,
         batch_size: int = 10,
+        optimizer: str = "sgd",
         lr: float = 0.05,
         momentum: float = 0.9,
+        augment: bool = False,
         seed: int = 0,
         compute_device: str | None = None,
     ):
@@ -125,8 +128,10 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self.local_epochs = local_epochs
         self.local_iterations = local_iterations
         self.batch_size = batch_size
+        self.optimizer = optimizer
         self.lr = lr
         self.momentum = momentum
+        self.augment = augment
         self.seed = seed
         self.compute_device = compute_device
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
@@ -172,6 +177,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             batch_size=self.batch_size,
             lr=self.lr,
             momentum=self.momentum,
+            optimizer=self.optimizer,
+            augment=self.augment,
         )
         net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset])
         self._trainer = LocalTrainer(net, spec, self.torch_device)
@@ -186,10 +193,24 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
 
         The batch order depends only on ``(seed, round_num, device_id)``.
         """
+        return self.train_with_seed(device_id, derive_seed(self.seed, "train", round_num, device_id), global_tensors)
+
+    def train_with_seed(self, device_id: int, train_seed: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
+        """Train ``device_id`` from ``global_tensors`` with batch order and augmentation fixed by ``train_seed``."""
         trainer = self._ready()
         images, labels = self._data.shard(device_id)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "train", round_num, device_id))
-        return trainer.train(device_id, global_tensors, images, labels, generator)
+        return trainer.train(device_id, global_tensors, images, labels, torch.Generator().manual_seed(train_seed))
+
+    def label_histogram(self, device_id: int) -> np.ndarray:
+        """Samples per class in ``device_id``'s shard, int64 (num_classes,)."""
+        self._ready()
+        return self._data.partitioner.device_label_histogram(device_id)
+
+    def delta(self, global_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``trained - global`` for the device trained last, one tensor per entry of ``keys``."""
+        out = [torch.zeros_like(t) for t in global_tensors]
+        self._ready().accumulate_delta(out, global_tensors, 1.0)
+        return out
 
     def accumulate_delta(self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float):
         self._ready().accumulate_delta(accumulator, global_tensors, weight)
@@ -210,10 +231,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         trainer = self._ready()
         global_tensors = numpy_to_tensors(data["weights"], trainer.keys, self.torch_device)
         metrics = self.train_device(device_id, round_num, global_tensors)
-        delta = [torch.zeros_like(t) for t in global_tensors]
-        trainer.accumulate_delta(delta, global_tensors, 1.0)
         return {
-            "delta": tensors_to_numpy(trainer.keys, delta),
+            "delta": tensors_to_numpy(trainer.keys, self.delta(global_tensors)),
             "num_samples": metrics.num_samples,
             "metrics": {"loss": metrics.loss, "accuracy": metrics.accuracy, "steps": metrics.steps},
         }

@@ -1,0 +1,54 @@
+"""What every server (sync or async) does the same way: check the leaves, pick the output folder,
+build the model and the central evaluator."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from nvflare.collab import collab
+
+from devsim.config import SimulationConfig
+from devsim.data import load_dataset
+from devsim.evaluation import Evaluator
+from devsim.population import natural_sort
+from devsim.seeding import derive_seed
+from processors.models import build_model
+
+
+def connected_leaves(config: SimulationConfig) -> list[str]:
+    """Leaf site names in natural order; refuses a run whose site count is not ``--num-leaf-nodes``."""
+    leaves = natural_sort([client.name for client in collab.clients])
+    if len(leaves) != config.num_leaf_nodes:
+        raise RuntimeError(
+            f"{len(leaves)} leaf sites are connected ({', '.join(leaves)}) but --num-leaf-nodes is "
+            f"{config.num_leaf_nodes}"
+        )
+    return leaves
+
+
+def output_dir_for(config: SimulationConfig) -> str:
+    """``--output-dir`` when absolute; otherwise a folder inside this job's run folder on the server."""
+    run_dir = collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())
+    if config.output_dir:
+        return config.output_dir if os.path.isabs(config.output_dir) else os.path.join(run_dir, config.output_dir)
+    return os.path.join(run_dir, "devsim")
+
+
+def initial_model(config: SimulationConfig, device: torch.device, **model_args) -> torch.nn.Module:
+    """The global model at version 0, initialised from the run seed."""
+    torch.manual_seed(derive_seed(config.seed, "model-init"))
+    return build_model(config.model, num_classes=config.num_classes, **model_args).to(device)
+
+
+def central_evaluator(config: SimulationConfig, device: torch.device) -> Evaluator:
+    """Evaluator over the test split of the run's dataset."""
+    test = load_dataset(
+        config.dataset,
+        config.data_root,
+        train=False,
+        seed=config.data_seed,
+        synthetic_train_size=config.synthetic_train_size,
+        synthetic_test_size=config.synthetic_test_size,
+    )
+    return Evaluator(test, device, batch_size=config.eval_batch_size)
