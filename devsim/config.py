@@ -19,6 +19,7 @@ MODELS = ("cnn", "resnet18", "resnet18_nonorm")
 PARTITIONS = ("iid", "dirichlet")
 OPTIMIZERS = ("sgd", "adam")
 STALENESS_WEIGHTINGS = ("none", "polynomial")
+GROUP_KINDS = ("label_permutation", "input_transform")
 DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -54,6 +55,14 @@ class SimulationConfig:
     data_seed: int = field(default=0, metadata=_help("seed of the synthetic dataset's images"))
     synthetic_train_size: int = field(default=20000, metadata=_help("synthetic training images"))
     synthetic_test_size: int = field(default=2000, metadata=_help("synthetic test images"))
+    hidden_groups: int = field(
+        default=1,
+        metadata=_help("leaves form this many hidden groups whose data differ (leaf i is in group i mod N); 1: none"),
+    )
+    group_kind: str = field(
+        default="label_permutation",
+        metadata=_help(f"how hidden groups differ, one of {', '.join(GROUP_KINDS)}"),
+    )
     num_leaf_nodes: int = field(default=2, metadata=_help("leaf nodes (NVFlare clients) under the server"))
     devices_per_leaf: int = field(default=50, metadata=_help("simulated devices owned by each leaf"))
     device_selection_size: int = field(
@@ -141,6 +150,12 @@ class SimulationConfig:
         _check_choice("model", self.model, MODELS)
         _check_choice("partition", self.partition, PARTITIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("group_kind", self.group_kind, GROUP_KINDS)
+        if not 1 <= self.hidden_groups <= self.num_leaf_nodes:
+            raise ConfigError(
+                "hidden_groups",
+                f"{self.hidden_groups} is not allowed; allowed: 1..{self.num_leaf_nodes} (--num-leaf-nodes)",
+            )
         for name in (
             "num_leaf_nodes",
             "devices_per_leaf",
@@ -283,4 +298,33 @@ class AsyncConfig(SimulationConfig):
             load_schedule(self.delay_schedule)
         except (ValueError, OSError) as error:
             raise ConfigError("delay_schedule", str(error)) from error
+        return self
+
+
+SIMILARITY_SOURCES = ("last_layer_drift", "last_layer_weights", "last_layer_updates")
+
+
+@dataclass
+class ClusterConfig(SimulationConfig):
+    """A synchronous run with cluster aggregation over leaf models at the server."""
+
+    tau: float = field(default=0.7, metadata=_help("link leaves whose absolute cosine similarity exceeds this"))
+    similarity_on: str = field(
+        default="last_layer_drift",
+        metadata=_help(
+            f"what is compared, one of {', '.join(SIMILARITY_SOURCES)} (drift: weights minus the initial model)"
+        ),
+    )
+    gate_margin: float | None = field(
+        default=None,
+        metadata=_help("accuracy gate: a leaf keeps its model when the cluster model is worse by more than this"),
+    )
+
+    def validate(self) -> ClusterConfig:
+        super().validate()
+        _check_choice("similarity_on", self.similarity_on, SIMILARITY_SOURCES)
+        if not (math.isfinite(self.tau) and 0.0 <= self.tau <= 1.0):
+            raise ConfigError("tau", f"{self.tau} is outside the allowed range [0, 1]")
+        if self.gate_margin is not None and not math.isfinite(self.gate_margin):
+            raise ConfigError("gate_margin", f"{self.gate_margin} is not allowed; it must be a finite number")
         return self

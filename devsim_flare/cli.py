@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from devsim.config import ConfigError, SimulationConfig, flag_name
+from devsim.config import AsyncConfig, ConfigError, SimulationConfig, flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
@@ -29,7 +29,7 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     """
     defaults = defaults or SimulationConfig()
     config_cls = type(defaults)
-    asynchronous = config_cls is not SimulationConfig
+    asynchronous = issubclass(config_cls, AsyncConfig)
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("simulation")
     parser.set_defaults(config_cls=config_cls)

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 from nvflare.collab import collab
 
+from devsim.data.groups import leaf_group
 from devsim.leaf_runner import LeafRoundRunner
+from devsim.population import natural_sort
 from devsim.workers import plan_workers
 
 DEFAULT_PROCESSOR = "processors.cifar10_fedavg_task_processor.Cifar10FedAvgTaskProcessor"
@@ -46,7 +48,10 @@ class LeafNode:
     def start(self) -> None:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
         processor_cls = _import_class(self.processor)
-        first = processor_cls.from_settings(self.settings)
+        settings = dict(self.settings)
+        settings["hidden_group"] = self._hidden_group()
+        self.settings = settings
+        first = processor_cls.from_settings(settings)
         first.setup()
         plan = plan_workers(
             device=str(first.torch_device),
@@ -62,7 +67,16 @@ class LeafNode:
             worker.setup()
             workers.append(worker)
         self._runner = LeafRoundRunner(workers)
-        print(f"[{collab.site_name}] {plan.reason}", flush=True)
+        group = f"; hidden group {settings['hidden_group']}" if int(settings.get("hidden_groups", 1)) > 1 else ""
+        print(f"[{collab.site_name}] {plan.reason}{group}", flush=True)
+
+    def _hidden_group(self) -> int:
+        """This leaf's hidden data group: its position among all leaf sites (natural order) mod the group count."""
+        groups = int(self.settings.get("hidden_groups", 1))
+        if groups <= 1:
+            return 0
+        leaves = natural_sort([client.name for client in collab.clients])
+        return leaf_group(leaves.index(collab.site_name), groups)
 
     @collab.publish
     def train_round(self, round_num: int, weights: dict, assignments: dict) -> dict:

@@ -17,6 +17,7 @@ from nvflare.collab import collab
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import SimulationConfig
+from devsim.data.groups import leaf_group
 from devsim.evaluation import EvalResult
 from devsim.metrics import MetricsWriter
 from devsim.population import DevicePopulation
@@ -26,7 +27,7 @@ from devsim.strategies import FedAvg, LeafUpdate
 from devsim.timing import RoundTiming, ServerStamps, summarize
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
-from devsim_flare.server_common import central_evaluator, connected_leaves, initial_model, output_dir_for
+from devsim_flare.server_common import connected_leaves, group_evaluators, initial_model, output_dir_for
 from processors.cifar10_fedavg_task_processor import default_torch_device
 
 Weights = dict[str, np.ndarray]
@@ -46,6 +47,7 @@ class SyncServer:
 
     method = "fedavg"
     processor = DEFAULT_PROCESSOR
+    config_cls = SimulationConfig
 
     def __init__(self, settings: dict):
         self.settings = settings
@@ -73,20 +75,36 @@ class SyncServer:
     def load_strategy_state(self, state: dict) -> None:
         """Restore what :meth:`strategy_state` saved."""
 
-    def evaluate(self) -> EvalResult:
-        load_numpy_into_model(self.model, self.weights)
-        return self.evaluator.evaluate(self.model)
+    def score(self, weights: Weights, group: int = 0) -> EvalResult:
+        """``weights`` evaluated on the test set as hidden group ``group`` sees it."""
+        load_numpy_into_model(self.model, weights)
+        return self.evaluators[group].evaluate(self.model)
+
+    def evaluate(self) -> dict:
+        """Record fields of an evaluation: ``accuracy``/``loss`` of the global model on the test set, and
+        with hidden groups each leaf's accuracy on its group's view of it (``leaf_accuracy``)."""
+        result = self.score(self.weights)
+        fields = {"accuracy": result.accuracy, "loss": result.loss}
+        if len(self.evaluators) > 1:
+            by_group = {g: self.score(self.weights, g).accuracy for g in self.evaluators}
+            fields.update(self._leaf_fields({leaf: by_group[g] for leaf, g in self.leaf_groups.items()}))
+        return fields
+
+    @staticmethod
+    def _leaf_fields(leaf_accuracy: dict[str, float]) -> dict:
+        return {"leaf_accuracy": leaf_accuracy, "mean_leaf_accuracy": float(np.mean(list(leaf_accuracy.values())))}
 
     @collab.main
     def run(self) -> None:
-        config = SimulationConfig.from_dict(self.settings)
+        config = self.config_cls.from_dict(self.settings)
         self.config = config
         self.leaves = connected_leaves(config)
         output_dir = output_dir_for(config)
         device = default_torch_device()
         self.model = initial_model(config, device)
         self.weights = model_to_numpy(self.model)
-        self.evaluator = central_evaluator(config, device)
+        self.evaluators = group_evaluators(config, device)
+        self.leaf_groups = {leaf: leaf_group(i, config.hidden_groups) for i, leaf in enumerate(self.leaves)}
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
         self.setup_strategy(config)
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
@@ -125,7 +143,7 @@ class SyncServer:
                 )
                 if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
                     evaluation = self.evaluate()
-                    record.update(accuracy=evaluation.accuracy, loss=evaluation.loss)
+                    record.update(evaluation)
                 round_ended = time.time()
                 timing = RoundTiming.from_round(
                     ServerStamps(round_started, dispatched, results_in, aggregated, round_ended),
@@ -158,8 +176,9 @@ class SyncServer:
         torch.save(weights_to_tensors(self.weights), final_path)
         recorder.finish(
             {
-                "final_accuracy": evaluation.accuracy if evaluation else None,
-                "final_loss": evaluation.loss if evaluation else None,
+                "final_accuracy": evaluation["accuracy"] if evaluation else None,
+                "final_loss": evaluation["loss"] if evaluation else None,
+                "final_mean_leaf_accuracy": evaluation.get("mean_leaf_accuracy") if evaluation else None,
                 "rounds": config.num_rounds,
                 "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
@@ -232,9 +251,12 @@ def _mean_metric(payloads: dict[str, dict], name: str) -> float:
 
 def _round_summary(record: dict) -> str:
     """The figures of a round line after the progress prefix: accuracy, loss, seconds."""
-    text = (
-        f"accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}"
-        if "accuracy" in record
-        else (f"train-loss {record['device_train_loss']:.4f}")
-    )
+    if "accuracy" in record:
+        text = f"accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}"
+    else:
+        text = f"train-loss {record['device_train_loss']:.4f}"
+    if "mean_leaf_accuracy" in record:
+        text += f"  mean-leaf-accuracy {record['mean_leaf_accuracy']:.4f}"
+    if "num_clusters" in record:
+        text += f"  clusters {record['num_clusters']}"
     return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"

@@ -10,6 +10,7 @@ from nvflare.collab import collab
 
 from devsim.config import SimulationConfig
 from devsim.data import load_dataset
+from devsim.data.groups import grouped_dataset
 from devsim.evaluation import Evaluator
 from devsim.population import natural_sort
 from devsim.seeding import derive_seed
@@ -43,6 +44,11 @@ def initial_model(config: SimulationConfig, device: torch.device, **model_args) 
 
 def central_evaluator(config: SimulationConfig, device: torch.device) -> Evaluator:
     """Evaluator over the test split of the run's dataset."""
+    return group_evaluators(config, device, groups=1)[0]
+
+
+def group_evaluators(config: SimulationConfig, device: torch.device, groups: int | None = None) -> dict[int, Evaluator]:
+    """One evaluator per hidden group: the test split as that group's leaves see it (group 0: as is)."""
     test = load_dataset(
         config.dataset,
         config.data_root,
@@ -51,4 +57,8 @@ def central_evaluator(config: SimulationConfig, device: torch.device) -> Evaluat
         synthetic_train_size=config.synthetic_train_size,
         synthetic_test_size=config.synthetic_test_size,
     )
-    return Evaluator(test, device, batch_size=config.eval_batch_size)
+    count = config.hidden_groups if groups is None else groups
+    return {
+        g: Evaluator(grouped_dataset(test, g, config.group_kind, seed=config.data_seed), device, config.eval_batch_size)
+        for g in range(count)
+    }

@@ -17,10 +17,12 @@ Pure numpy; images are ``uint8`` ``(N, 3, H, W)`` with ``H == W`` (CIFAR: 32x32)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
+from devsim.data.datasets import ImageDataset
 from devsim.seeding import derive_rng
 
 GROUP_KINDS: tuple[str, ...] = ("label_permutation", "input_transform")
@@ -151,3 +153,11 @@ def apply_group(
         New ``(images, labels)`` arrays with the input shapes and dtypes.
     """
     return GroupTransform(kind=kind, group=group, seed=seed, num_classes=num_classes)(images, labels)
+
+
+def grouped_dataset(dataset: ImageDataset, group: int, kind: str, seed: int = 0) -> ImageDataset:
+    """``dataset`` as seen by leaves of hidden group ``group`` (group 0 is the dataset itself)."""
+    if group == 0:
+        return dataset
+    images, labels = apply_group(dataset.images, dataset.labels, group, kind, seed, num_classes=dataset.num_classes)
+    return dataclasses.replace(dataset, images=images, labels=labels)

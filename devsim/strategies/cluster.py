@@ -23,7 +23,7 @@ import numpy as np
 
 from devsim.strategies.base import LeafUpdate, Weights
 
-SIMILARITY_SOURCES: tuple[str, ...] = ("last_layer_weights", "last_layer_updates")
+SIMILARITY_SOURCES: tuple[str, ...] = ("last_layer_drift", "last_layer_weights", "last_layer_updates")
 """Values accepted for ``ClusterAggregation(similarity_on=...)``."""
 
 
@@ -202,6 +202,7 @@ class ClusterAggregation:
         last_layer_keys: Sequence[str],
         global_lr: float = 1.0,
         gate_margin: float | None = None,
+        reference: Weights | None = None,
     ):
         if not math.isfinite(float(tau)):
             raise ValueError(f"tau must be finite, got {tau!r}")
@@ -218,6 +219,9 @@ class ClusterAggregation:
         self.last_layer_keys = list(last_layer_keys)
         self.global_lr = float(global_lr)
         self.gate_margin = None if gate_margin is None else float(gate_margin)
+        if similarity_on == "last_layer_drift" and reference is None:
+            raise ValueError("similarity_on='last_layer_drift' needs the reference (initial) model")
+        self.reference = reference
         self._previous_labels: dict[str, int] = {}
 
     def aggregate_clusters(
@@ -321,15 +325,20 @@ class ClusterAggregation:
         return ("alone", leaf)
 
     def _vector(self, model: Weights, update: LeafUpdate) -> np.ndarray:
-        """Flattened last-layer entries (``last_layer_keys`` order) of ``m_leaf`` or of its update, float64.
+        """Flattened last-layer entries (``last_layer_keys`` order), float64, of ``m_leaf`` (weights), of its
+        update, or of its drift ``m_leaf - reference`` from the initial model.
 
-        The update is ``delta_sum / total_weight`` and ``m_leaf = model + update``.
+        The update is ``delta_sum / total_weight`` and ``m_leaf = model + update``. Drift is what leaves
+        have learned in total: unlike raw weights it is not dominated by the shared initialisation, and
+        unlike one round's update it does not fade as models converge.
         """
         parts = []
         for key in self.last_layer_keys:
             value = np.asarray(update.delta_sum[key], dtype=np.float64) / update.total_weight
-            if self.similarity_on == "last_layer_weights":
+            if self.similarity_on in ("last_layer_weights", "last_layer_drift"):
                 value = np.asarray(model[key], dtype=np.float64) + value
+            if self.similarity_on == "last_layer_drift":
+                value = value - np.asarray(self.reference[key], dtype=np.float64)
             parts.append(value.ravel())
         return np.concatenate(parts)
 
