@@ -27,6 +27,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
 from devsim.config import DATASET_CLASSES
 from devsim.data import load_dataset
+from devsim.data.groups import grouped_dataset
 from devsim.data.partition import make_partitioner
 from devsim.device_data import DeviceDataSource
 from devsim.seeding import derive_seed
@@ -54,12 +55,16 @@ def shared_data_source(
     samples_per_device: int,
     seed: int,
     device: torch.device,
+    hidden_group: int = 0,
+    group_kind: str = "label_permutation",
 ) -> DeviceDataSource:
     """The process-wide data source for these settings, loaded on first use only.
 
     The cache holds one entry per distinct setting (one per job in practice), never per device.
     """
     key = (
+        hidden_group,
+        group_kind,
         dataset,
         data_root,
         data_seed,
@@ -82,6 +87,7 @@ def shared_data_source(
                 synthetic_train_size=synthetic_train_size,
                 synthetic_test_size=synthetic_test_size,
             )
+            train = grouped_dataset(train, hidden_group, group_kind, seed=data_seed)
             partitioner = make_partitioner(
                 partition, train.labels, train.num_classes, samples_per_device, seed, alpha=alpha
             )
@@ -113,6 +119,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         momentum: float = 0.9,
         augment: bool = False,
         seed: int = 0,
+        hidden_group: int = 0,
+        group_kind: str = "label_permutation",
         compute_device: str | None = None,
     ):
         super().__init__()
@@ -133,6 +141,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self.momentum = momentum
         self.augment = augment
         self.seed = seed
+        self.hidden_group = hidden_group
+        self.group_kind = group_kind
         self.compute_device = compute_device
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
         self._data: DeviceDataSource | None = None
@@ -170,6 +180,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             samples_per_device=self.samples_per_device,
             seed=self.seed,
             device=self.torch_device,
+            hidden_group=self.hidden_group,
+            group_kind=self.group_kind,
         )
         spec = LocalTrainingSpec(
             epochs=self.local_epochs,
