@@ -308,7 +308,10 @@ SIMILARITY_SOURCES = ("last_layer_drift", "last_layer_weights", "last_layer_upda
 class ClusterConfig(SimulationConfig):
     """A synchronous run with cluster aggregation over leaf models at the server."""
 
-    tau: float = field(default=0.7, metadata=_help("link leaves whose absolute cosine similarity exceeds this"))
+    tau: float = field(
+        default=0.5,
+        metadata=_help("link leaves whose absolute cosine similarity exceeds this (0.7 suits raw weights)"),
+    )
     similarity_on: str = field(
         default="last_layer_drift",
         metadata=_help(
