@@ -331,3 +331,47 @@ class ClusterConfig(SimulationConfig):
         if self.gate_margin is not None and not math.isfinite(self.gate_margin):
             raise ConfigError("gate_margin", f"{self.gate_margin} is not allowed; it must be a finite number")
         return self
+
+
+CLASS_PROPORTION_SOURCES = ("true", "estimated")
+
+
+@dataclass
+class FedReviveConfig(AsyncConfig):
+    """FedRevive: FedBuff-style aggregation plus server-side data-free knowledge distillation (DFKD).
+
+    Gate values count global versions. ``s_max`` unset means ``0.75 * K / B`` (at least 1), so KD
+    engages at small concurrency too; the paper's value is 75 at K = 100, B = 1.
+    """
+
+    s_max: float | None = field(default=None, metadata=_help("staleness at which beta = 0.5; unset: 0.75*K/B"))
+    freeze_version: int = field(default=50, metadata=_help("no DFKD before this global version"))
+    warmup_version: int = field(default=100, metadata=_help("KD and the adversarial term only after this version"))
+    generation_interval: int = field(default=1, metadata=_help("synthesise when version % N == 0"))
+    teacher_capacity: int = field(default=8, metadata=_help("teacher buffer: newest client models kept"))
+    class_proportions: str = field(
+        default="true",
+        metadata=_help(f"client class proportions, one of {', '.join(CLASS_PROPORTION_SOURCES)} (Gaussian probes)"),
+    )
+    generator_width: int = field(default=128, metadata=_help("generator width (128 in the paper)"))
+    synth_batch_size: int = field(default=64, metadata=_help("synthetic images per synthesis step"))
+    kd_iterations: int = field(default=10, metadata=_help("KD steps per distillation"))
+    pool_capacity: int = field(default=16000, metadata=_help("synthetic image pool size (FIFO)"))
+
+    def validate(self) -> FedReviveConfig:
+        super().validate()
+        _check_choice("class_proportions", self.class_proportions, CLASS_PROPORTION_SOURCES)
+        if self.s_max is not None:
+            _check_positive_finite("s_max", self.s_max)
+        for name in ("freeze_version", "warmup_version"):
+            _check_min(name, getattr(self, name), 0)
+        for name in (
+            "generation_interval",
+            "teacher_capacity",
+            "generator_width",
+            "synth_batch_size",
+            "kd_iterations",
+            "pool_capacity",
+        ):
+            _check_min(name, getattr(self, name), 1)
+        return self

@@ -33,6 +33,8 @@ class Normaliser:
     """Maps uint8 images (n, C, H, W) to float32 ``(x / 255 - mean) / std`` with per-channel constants."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
         self._offset = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255.0
         self._scale = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255.0)
 

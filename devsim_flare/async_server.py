@@ -47,10 +47,13 @@ class AsyncServer:
     method = "fedbuff"
     processor = DEFAULT_PROCESSOR
     config_cls = AsyncConfig
-    needs_histograms = False
 
     def __init__(self, settings: dict):
         self.settings = settings
+
+    def wants_histograms(self) -> bool:
+        """Whether leaves should return each job's label histogram (FedRevive's true class proportions)."""
+        return False
 
     def model_args(self) -> dict:
         """Extra model constructor arguments (FedRevive: feature trackers)."""
@@ -203,7 +206,7 @@ class AsyncServer:
                 job_ids=np.array([j.job_id for j in leaf_jobs], dtype=np.int64),
                 device_ids=np.array([j.device_id for j in leaf_jobs], dtype=np.int64),
                 train_seeds=np.array([j.train_seed for j in leaf_jobs], dtype=np.int64),
-                with_histograms=self.needs_histograms,
+                with_histograms=self.wants_histograms(),
             )
 
     def _wait_for(self, job_id: int, window: WindowTiming) -> dict:

@@ -65,6 +65,12 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         help="seconds to wait for a poc/prod job before aborting it",
     )
     run.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="start from a preset in app_configs/presets (or a JSON file); explicit flags override it",
+    )
+    run.add_argument(
         "--resume",
         default=None,
         metavar="RUN_DIR",
@@ -187,6 +193,9 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
 
     parser = build_parser(description, defaults)
     args = parser.parse_args(argv)
+    if args.preset:
+        parser.set_defaults(**load_preset(parser, args.preset, type(defaults)))
+        args = parser.parse_args(argv)
     if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
         args.output_dir = default_output_dir(args.workspace, server_cls.method)
     config = config_from_args(parser, args)
@@ -194,3 +203,24 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
     recipe = build_recipe(config, server_cls, job_name=f"devsim_{server_cls.method}", leaves_on_host=leaves_on_host)
     return run_recipe(recipe, args, config)
+
+
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app_configs", "presets")
+
+
+def load_preset(parser: argparse.ArgumentParser, name: str, config_cls: type) -> dict:
+    """Configuration values of preset ``name`` (a file in app_configs/presets, or a JSON path)."""
+    import json
+
+    path = name if name.endswith(".json") or os.sep in name else os.path.join(PRESETS_DIR, f"{name}.json")
+    if not os.path.isfile(path):
+        available = sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".json"))
+        parser.error(f"--preset: no preset {name!r}; available: {', '.join(available)}")
+    with open(path, encoding="utf-8") as stream:
+        values = json.load(stream)
+    values.pop("description", None)
+    allowed = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        parser.error(f"--preset {name}: unknown settings {unknown} for this job")
+    return values

@@ -14,6 +14,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import inspect
 import threading
 import zlib
 from typing import Any
@@ -100,6 +101,8 @@ def shared_data_source(
 class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
     """Local SGD for one simulated device at a time; constructor takes plain values only."""
 
+    track_features = False
+
     def __init__(
         self,
         dataset: str = "synthetic",
@@ -151,11 +154,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
     @classmethod
     def from_settings(cls, settings: dict[str, Any], compute_device: str | None = None) -> Cifar10FedAvgTaskProcessor:
         """Build from a run configuration dict, ignoring keys the processor does not take."""
-        names = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
-        return cls(
-            **{k: settings[k] for k in names if k in settings and k != "compute_device"},
-            compute_device=compute_device,
-        )
+        names = set(inspect.signature(Cifar10FedAvgTaskProcessor.__init__).parameters) - {"self", "compute_device"}
+        return cls(**{k: settings[k] for k in names if k in settings}, compute_device=compute_device)
 
     @property
     def keys(self) -> list[str]:
@@ -192,7 +192,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             optimizer=self.optimizer,
             augment=self.augment,
         )
-        net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset])
+        net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset], track_features=self.track_features)
         self._trainer = LocalTrainer(net, spec, self.torch_device)
 
     def shutdown(self) -> None:

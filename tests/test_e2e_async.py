@@ -46,3 +46,36 @@ def test_same_seed_gives_same_arrivals_and_weights(fedbuff_run, tmp_path):
     second = torch.load(find_results(tmp_path / "ws" / "runs")["summary"]["final_model"])
     for key in first:
         assert torch.equal(first[key], second[key]), key
+
+
+def test_fedrevive_run_completes_with_kd_engaged(tmp_path):
+    args = [
+        *("--preset", "fedrevive_small_cpu", "--devices-per-leaf", "20", "--synthetic-train-size", "4000"),
+        *("--synthetic-test-size", "500", "--concurrency", "8", "--max-versions", "30", "--eval-frequency", "10"),
+        *("--freeze-version", "4", "--warmup-version", "8", "--generation-interval", "4"),
+        *("--workspace", str(tmp_path / "ws")),
+    ]
+    proc = run_job("pt_job_fedrevive.py", args, tmp_path)
+    summary = find_results(tmp_path / "ws" / "runs")["summary"]
+    assert summary["versions"] == 30
+    assert summary["kd_updates"] > 0, proc.stdout[-2000:]
+    assert summary["synth_steps"] > 0
+    assert summary["revive_seconds_per_arrival"] > 0
+
+
+def test_paper_preset_is_refused_without_cifar(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, isolated_env
+
+    proc = subprocess.run(
+        [sys.executable, f"{REPO}/jobs/pt_job_fedrevive.py", "--preset", "fedrevive_paper_cifar10"],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--data-root" in proc.stderr and "--dataset synthetic" in proc.stderr
