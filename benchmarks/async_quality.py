@@ -1,0 +1,153 @@
+"""FedAvg, FedBuff and FedRevive on one non-IID synthetic setting with heavy staleness, side by side.
+
+All three run through the same asynchronous server and leaves, on the same devices, data and delay
+schedule, for the same simulated time: FedAvg as synchronous waves (K = B = O), FedBuff and
+FedRevive with K concurrent jobs and a new version after every B arrivals. Printed: accuracy at
+equal simulated time (the last evaluation and the best one), versions reached, accepted updates,
+FedRevive's KD count and its server seconds per arrival, and wall time.
+
+    .venv/bin/python benchmarks/async_quality.py                      # K=50, B=1, shifted schedule
+    .venv/bin/python benchmarks/async_quality.py --sim-time 4 --concurrency 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def common_args(args) -> list[str]:
+    return [
+        *("--num-leaf-nodes", "2", "--devices-per-leaf", str(args.devices_per_leaf)),
+        *("--samples-per-device", "100", "--partition", "dirichlet", "--alpha", str(args.alpha)),
+        *("--synthetic-train-size", "20000", "--synthetic-test-size", "2000"),
+        *("--delay-schedule", args.schedule, "--max-sim-time", str(args.sim_time), "--max-versions", "100000"),
+        *("--optimizer", "adam", "--lr", "0.001", "--local-iterations", "10", "--batch-size", "32"),
+        *("--seed", str(args.seed)),
+    ]
+
+
+def methods(args) -> dict[str, tuple[str, list[str]]]:
+    k, b = str(args.concurrency), str(args.buffer_size)
+    return {
+        "FedAvg": (
+            "pt_job_fedbuff.py",
+            [
+                "--concurrency",
+                k,
+                "--buffer-size",
+                k,
+                "--min-open-slots",
+                k,
+                "--global-lr",
+                "1.0",
+                "--eval-frequency",
+                "1",
+            ],
+        ),
+        "FedBuff": (
+            "pt_job_fedbuff.py",
+            [
+                "--concurrency",
+                k,
+                "--buffer-size",
+                b,
+                "--min-open-slots",
+                "1",
+                "--global-lr",
+                str(args.async_lr),
+                "--eval-frequency",
+                str(args.eval_every),
+            ],
+        ),
+        "FedRevive": (
+            "pt_job_fedrevive.py",
+            [
+                "--preset",
+                "fedrevive_small_cpu",
+                "--concurrency",
+                k,
+                "--buffer-size",
+                b,
+                "--min-open-slots",
+                "1",
+                "--global-lr",
+                str(args.async_lr),
+                "--eval-frequency",
+                str(args.eval_every),
+            ],
+        ),
+    }
+
+
+def run(name: str, script: str, extra: list[str], args, workdir: str) -> dict:
+    out = os.path.join(workdir, name)
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "jobs", script),
+        *extra,
+        *common_args(args),
+        "--workspace",
+        os.path.join(workdir, "ws"),
+        "--output-dir",
+        out,
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        cmd, env=dict(os.environ, HOME=os.path.join(workdir, "home")), capture_output=True, text=True, timeout=7200
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
+        results = json.load(stream)
+    results["wall"] = time.perf_counter() - started
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=50, help="K")
+    parser.add_argument("--buffer-size", type=int, default=1, help="B for FedBuff and FedRevive")
+    parser.add_argument("--schedule", default="paper_shifted")
+    parser.add_argument("--sim-time", type=float, default=2.0, help="simulated seconds for every method")
+    parser.add_argument("--devices-per-leaf", type=int, default=100)
+    parser.add_argument("--alpha", type=float, default=0.3, help="Dirichlet concentration (non-IID)")
+    parser.add_argument("--async-lr", type=float, default=0.1, help="server lr of FedBuff and FedRevive")
+    parser.add_argument("--eval-every", type=int, default=25, help="versions between evaluations (async)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="devsim-async-") as workdir:
+        for name, (script, extra) in methods(args).items():
+            results = run(name, script, extra, args, workdir)
+            summary, records = results["summary"], results["rounds"]
+            rows.append((name, summary, max(r["accuracy"] for r in records), results["wall"]))
+            print(f"{name}: done in {results['wall']:.0f}s", flush=True)
+    print(
+        f"\nsetting: 2 leaves x {args.devices_per_leaf} devices, Dirichlet alpha {args.alpha}, K={args.concurrency}, "
+        f"B={args.buffer_size} (FedAvg: K=B=O), schedule {args.schedule}, simulated time {args.sim_time}s, "
+        f"seed {args.seed}"
+    )
+    print(
+        f"{'method':<10} {'final acc':>9} {'best acc':>9} {'versions':>9} {'updates':>8} {'KD':>5} "
+        f"{'s/arrival':>9} {'wall s':>7}"
+    )
+    for name, summary, best, wall in rows:
+        kd = summary.get("kd_updates", "-")
+        per_arrival = summary.get("revive_seconds_per_arrival")
+        per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
+        print(
+            f"{name:<10} {summary['final_accuracy']:>9.4f} {best:>9.4f} {summary['versions']:>9} "
+            f"{summary['accepted_updates']:>8} {kd!s:>5} {per_arrival:>9} {wall:>7.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
