@@ -50,3 +50,8 @@ def load_numpy_into_model(model: nn.Module, weights: dict[str, np.ndarray]) -> N
 def tensors_to_numpy(keys: list[str], tensors: list[torch.Tensor]) -> dict[str, np.ndarray]:
     """Dict of float32 CPU arrays from parallel lists of names and tensors."""
     return {k: t.detach().to("cpu", torch.float32).numpy() for k, t in zip(keys, tensors, strict=True)}
+
+
+def weights_norm(weights: dict[str, np.ndarray]) -> float:
+    """Global L2 norm over every entry of a weights dict (float64 accumulation)."""
+    return float(np.sqrt(sum(float(np.vdot(v, v)) for v in weights.values())))

@@ -20,6 +20,7 @@ PARTITIONS = ("iid", "dirichlet")
 OPTIMIZERS = ("sgd", "adam")
 STALENESS_WEIGHTINGS = ("none", "polynomial")
 GROUP_KINDS = ("label_permutation", "input_transform")
+FAULT_KINDS = ("nan", "inf", "norm", "shape", "keys", "dtype")
 DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -96,6 +97,29 @@ class SimulationConfig:
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
+    device_dropout: float = field(
+        default=0.0, metadata=_help("probability that a selected device fails mid-task (its work is discarded)")
+    )
+    device_never_answer: float = field(default=0.0, metadata=_help("probability that a selected device never answers"))
+    min_devices_fraction: float = field(
+        default=0.5, metadata=_help("a round fails unless this fraction of its selected devices answered")
+    )
+    min_leaves: int = field(default=1, metadata=_help("the run stops when fewer leaves than this still answer"))
+    max_update_norm: float | None = field(
+        default=None, metadata=_help("reject a device or leaf update whose mean delta L2 norm exceeds this")
+    )
+    max_update_ratio: float | None = field(
+        default=10.0,
+        metadata=_help("reject a device or leaf update whose L2 norm exceeds this times the global model's norm"),
+    )
+    update_norm_factor: float | None = field(
+        default=20.0, metadata=_help("also reject updates whose norm exceeds this times the median accepted norm")
+    )
+    inject_faults: str = field(
+        default="",
+        metadata=_help(f"testing: corrupt updates with these faults (comma list of {', '.join(FAULT_KINDS)})"),
+    )
+    fault_probability: float = field(default=0.0, metadata=_help("testing: probability of each injected fault"))
     checkpoint_frequency: int = field(
         default=5,
         metadata=_help("save a checkpoint every N rounds or evaluations (and at the end); 0: only at the end"),
@@ -120,6 +144,18 @@ class SimulationConfig:
     def num_devices(self) -> int:
         """Devices in the whole population."""
         return self.num_leaf_nodes * self.devices_per_leaf
+
+    def update_norm_limit(self, global_norm: float) -> float | None:
+        """The absolute L2 limit on a (per-sample mean) update for a global model of norm ``global_norm``."""
+        limits = [v for v in (self.max_update_norm,) if v is not None]
+        if self.max_update_ratio is not None and global_norm > 0:
+            limits.append(self.max_update_ratio * global_norm)
+        return min(limits) if limits else None
+
+    @property
+    def fault_kinds(self) -> list[str]:
+        """The kinds listed in ``inject_faults``."""
+        return [k.strip() for k in self.inject_faults.split(",") if k.strip()]
 
     @property
     def num_classes(self) -> int:
@@ -190,6 +226,28 @@ class SimulationConfig:
         _check_positive_finite("lr", self.lr)
         _check_positive_finite("global_lr", self.global_lr)
         _check_positive_finite("round_timeout", self.round_timeout)
+        for name in ("device_dropout", "device_never_answer", "fault_probability"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value < 1.0):
+                raise ConfigError(name, f"{value} is outside the allowed range [0, 1)")
+        if self.device_dropout + self.device_never_answer >= 1.0:
+            raise ConfigError("device_dropout", "--device-dropout + --device-never-answer must be < 1")
+        if not (math.isfinite(self.min_devices_fraction) and 0.0 <= self.min_devices_fraction <= 1.0):
+            raise ConfigError(
+                "min_devices_fraction", f"{self.min_devices_fraction} is outside the allowed range [0, 1]"
+            )
+        if not 1 <= self.min_leaves <= self.num_leaf_nodes:
+            raise ConfigError("min_leaves", f"{self.min_leaves} is not allowed; allowed: 1..{self.num_leaf_nodes}")
+        if self.max_update_norm is not None:
+            _check_positive_finite("max_update_norm", self.max_update_norm)
+        if self.max_update_ratio is not None:
+            _check_positive_finite("max_update_ratio", self.max_update_ratio)
+        if self.update_norm_factor is not None and not (
+            math.isfinite(self.update_norm_factor) and self.update_norm_factor > 1
+        ):
+            raise ConfigError("update_norm_factor", f"{self.update_norm_factor} is not allowed; it must be > 1")
+        for kind in self.fault_kinds:
+            _check_choice("inject_faults", kind, FAULT_KINDS)
         _check_positive_finite("alpha", self.alpha)
         if not (0.0 <= self.momentum < 1.0):
             raise ConfigError("momentum", f"{self.momentum} is outside the allowed range [0, 1)")

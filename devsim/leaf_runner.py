@@ -18,7 +18,11 @@ import numpy as np
 import torch
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
+from devsim.dropout import DROPPED, SILENT, DropoutModel
+from devsim.faults import FaultInjector
 from devsim.training import DeviceMetrics
+
+MAX_REPORTED_REJECTIONS = 20
 
 
 class DeviceWorker(Protocol):
@@ -41,6 +45,9 @@ class DeviceWorker(Protocol):
     def delta(self, global_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """``trained - global`` of the device trained last."""
 
+    def delta_into(self, out: list[torch.Tensor], global_tensors: list[torch.Tensor]) -> None:
+        """Write ``trained - global`` of the device trained last into ``out`` (no allocation)."""
+
     def label_histogram(self, device_id: int) -> np.ndarray:
         """Samples per class in the device's shard."""
 
@@ -53,6 +60,8 @@ class LeafRoundResult:
     total_weight: float
     device_metrics: list[DeviceMetrics]
     timing: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    rejections: list[str] = field(default_factory=list)
 
     def to_payload(self) -> dict:
         """Wire form: NumPy arrays and plain numbers only (no lists of floats)."""
@@ -69,6 +78,8 @@ class LeafRoundResult:
                 "compute_seconds": np.array([x.compute_seconds for x in m], dtype=np.float64),
             },
             "timing": dict(self.timing),
+            "counts": dict(self.counts),
+            "rejections": list(self.rejections[:MAX_REPORTED_REJECTIONS]),
         }
 
 
@@ -87,9 +98,20 @@ class LeafRoundRunner:
             self._idle.put(worker)
 
     def run_round(
-        self, round_num: int, global_weights: dict[str, np.ndarray], device_ids: list[int]
+        self,
+        round_num: int,
+        global_weights: dict[str, np.ndarray],
+        device_ids: list[int],
+        dropout: DropoutModel | None = None,
+        faults: FaultInjector | None = None,
+        max_norm: float | None = None,
     ) -> LeafRoundResult:
-        """Train ``device_ids`` (any order; sorted internally) from ``global_weights``."""
+        """Train ``device_ids`` (any order; sorted internally) from ``global_weights``.
+
+        Devices that ``dropout`` makes silent are not trained; dropped ones are trained and discarded.
+        A device whose delta is non-finite or (with ``max_norm``) whose L2 norm exceeds it is rejected
+        and reported with its id; only accepted devices enter the sum and the total weight.
+        """
         started = time.perf_counter()
         devices = sorted(int(d) for d in device_ids)
         if not devices:
@@ -98,18 +120,22 @@ class LeafRoundRunner:
         num_workers = min(len(self.workers), len(devices))
         chunks = [devices[w::num_workers] for w in range(num_workers)]
         futures = [
-            self._pool.submit(_train_chunk, self.workers[w], chunks[w], round_num, global_tensors)
+            self._pool.submit(
+                _train_chunk, self.workers[w], chunks[w], round_num, global_tensors, dropout, faults, max_norm
+            )
             for w in range(num_workers)
         ]
         partials = [f.result() for f in futures]
         compute_done = time.perf_counter()
-        accumulator = partials[0][0]
-        for partial_acc, _ in partials[1:]:
-            torch._foreach_add_(accumulator, partial_acc)
-        metrics = sorted((m for _, ms in partials for m in ms), key=lambda m: m.device_id)
+        accumulator = partials[0].accumulator
+        for partial in partials[1:]:
+            torch._foreach_add_(accumulator, partial.accumulator)
+        metrics = sorted((m for p in partials for m in p.metrics), key=lambda m: m.device_id)
+        counts = {k: sum(p.counts[k] for p in partials) for k in ("dropped", "silent", "rejected")}
+        rejections = [r for p in partials for r in p.rejections]
         delta_sum = tensors_to_numpy(self.keys, accumulator)
         finished = time.perf_counter()
-        compute = [m.compute_seconds for m in metrics]
+        compute = [m.compute_seconds for m in metrics] or [0.0]
         return LeafRoundResult(
             delta_sum=delta_sum,
             total_weight=float(sum(m.num_samples for m in metrics)),
@@ -122,6 +148,8 @@ class LeafRoundRunner:
                 "device_compute_max": float(max(compute)),
                 "num_workers": float(num_workers),
             },
+            counts=counts,
+            rejections=rejections,
         )
 
     def run_jobs(
@@ -183,13 +211,56 @@ class LeafRoundRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+@dataclass
+class _ChunkResult:
+    accumulator: list[torch.Tensor]
+    metrics: list[DeviceMetrics]
+    counts: dict[str, int]
+    rejections: list[str]
+
+
 def _train_chunk(
-    worker: DeviceWorker, device_ids: list[int], round_num: int, global_tensors: list[torch.Tensor]
-) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
-    accumulator = [torch.zeros_like(t) for t in global_tensors]
-    metrics = []
+    worker: DeviceWorker,
+    device_ids: list[int],
+    round_num: int,
+    global_tensors: list[torch.Tensor],
+    dropout: DropoutModel | None,
+    faults: FaultInjector | None,
+    max_norm: float | None,
+) -> _ChunkResult:
+    result = _ChunkResult(
+        [torch.zeros_like(t) for t in global_tensors], [], {"dropped": 0, "silent": 0, "rejected": 0}, []
+    )
+    delta = [torch.empty_like(t) for t in global_tensors]
     for device_id in device_ids:
-        m = worker.train_device(device_id, round_num, global_tensors)
-        worker.accumulate_delta(accumulator, global_tensors, float(m.num_samples))
-        metrics.append(m)
-    return accumulator, metrics
+        outcome = dropout.outcome(round_num, device_id) if dropout is not None and dropout.enabled else "ok"
+        if outcome == SILENT:
+            result.counts["silent"] += 1
+            continue
+        metrics = worker.train_device(device_id, round_num, global_tensors)
+        if outcome == DROPPED:
+            result.counts["dropped"] += 1
+            continue
+        worker.delta_into(delta, global_tensors)
+        fault = faults.device_fault(round_num, device_id) if faults is not None else None
+        if fault is not None:
+            _corrupt_tensors(delta, fault)
+        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
+        if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
+            result.counts["rejected"] += 1
+            reason = "non-finite values" if not np.isfinite(norm) else f"norm {norm:.3g} exceeds {max_norm:.3g}"
+            result.rejections.append(f"device {device_id}: {reason}")
+            continue
+        torch._foreach_add_(result.accumulator, delta, alpha=float(metrics.num_samples))
+        result.metrics.append(metrics)
+    return result
+
+
+def _corrupt_tensors(delta: list[torch.Tensor], kind: str) -> None:
+    """Device-level fault injection in place (testing): non-finite values or an absurd scale."""
+    if kind == "nan":
+        delta[0].fill_(float("nan"))
+    elif kind == "inf":
+        delta[0].fill_(float("inf"))
+    elif kind == "norm":
+        torch._foreach_mul_(delta, 1e6)

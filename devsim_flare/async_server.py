@@ -22,13 +22,16 @@ from devsim.asyncfl import AsyncScheduler, DeviceJob, SnapshotStore, load_schedu
 from devsim.checkpoint import weights_to_tensors
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import AsyncConfig
+from devsim.dropout import DropoutModel
 from devsim.evaluation import EvalResult
+from devsim.faults import FaultInjector
 from devsim.metrics import MetricsWriter
 from devsim.population import DevicePopulation
 from devsim.progress import ProgressLine, format_duration
 from devsim.results import RunRecorder
 from devsim.strategies.fedbuff import FedBuff
 from devsim.timing import RoundTiming, WindowTiming, summarize
+from devsim.update_checks import UpdateValidator
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
 from devsim_flare.server_common import central_evaluator, connected_leaves, initial_model, output_dir_for
@@ -105,6 +108,14 @@ class AsyncServer:
         self.snapshots = SnapshotStore()
         self.calls = LeafCalls(call_timeout=config.round_timeout)
         self._waiting: dict[int, dict] = {}
+        self._failed_jobs: set[int] = set()
+        self.dead_leaves: set[str] = set()
+        self.dropout = DropoutModel(config.device_dropout, config.device_never_answer, seed=config.seed)
+        self.faults = FaultInjector(tuple(config.fault_kinds), config.fault_probability, seed=config.seed)
+        self.validator = UpdateValidator(
+            self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
+        )
+        self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
         metrics = MetricsWriter(output_dir)
         progress = ProgressLine(config.max_versions, unit="version") if config.max_versions else None
@@ -132,7 +143,11 @@ class AsyncServer:
                 job = self.scheduler.next_arrival()
                 if job is None:
                     break
-                result = self._wait_for(job.job_id, window)
+                result = self._arrival_result(job, window)
+                if result is None:
+                    self.snapshots.release(job.base_version)
+                    self._dispatch(self.scheduler.dispatch_open())
+                    continue
                 started = time.time()
                 staleness = self.scheduler.staleness(job)
                 base = self.snapshots.get(job.base_version)
@@ -166,6 +181,7 @@ class AsyncServer:
                         "round_seconds": timing.wall,
                         "timing": timing.to_dict(),
                         "snapshots_held": len(self.snapshots),
+                        **{f"failed_{k}": v for k, v in self.failures.items()},
                         **self.method_record(),
                     }
                     recorder.add_round(record)
@@ -194,13 +210,17 @@ class AsyncServer:
         limit = self.config.max_sim_time
         by_leaf: dict[str, list[DeviceJob]] = {}
         for job in jobs:
-            if limit is None or job.arrival_time <= limit:
-                by_leaf.setdefault(self.leaves[self.population.leaf_of(job.device_id)], []).append(job)
+            if limit is not None and job.arrival_time > limit:
+                continue
+            leaf = self.leaves[self.population.leaf_of(job.device_id)]
+            if leaf in self.dead_leaves or self.dropout.outcome(job.job_id, job.device_id) != "ok":
+                continue
+            by_leaf.setdefault(leaf, []).append(job)
         for leaf, leaf_jobs in by_leaf.items():
             self.calls.submit(
                 leaf,
                 "train_jobs",
-                tag=time.time(),
+                tag=(time.time(), [j.job_id for j in leaf_jobs]),
                 version=version,
                 weights=self.weights,
                 job_ids=np.array([j.job_id for j in leaf_jobs], dtype=np.int64),
@@ -209,19 +229,51 @@ class AsyncServer:
                 with_histograms=self.wants_histograms(),
             )
 
-    def _wait_for(self, job_id: int, window: WindowTiming) -> dict:
-        """The result of ``job_id``, taking finished calls (in host order) until it is among them."""
-        while job_id not in self._waiting:
+    def _arrival_result(self, job: DeviceJob, window: WindowTiming) -> dict | None:
+        """The accepted result of an arriving job, or None when the device dropped out, never answered,
+        its leaf is gone, or its update failed validation (each counted and, for rejections, printed)."""
+        outcome = self.dropout.outcome(job.job_id, job.device_id) if self.dropout.enabled else "ok"
+        if outcome != "ok":
+            self.failures[outcome] += 1
+            return None
+        leaf = self.leaves[self.population.leaf_of(job.device_id)]
+        if leaf in self.dead_leaves and job.job_id not in self._waiting:
+            self.failures["leaf_lost"] += 1
+            return None
+        result = self._wait_for(job.job_id, window)
+        if result is None:
+            self.failures["leaf_lost"] += 1
+            return None
+        fault = self.faults.any_fault(job.job_id, job.device_id)
+        if fault is not None:
+            result["delta"] = FaultInjector.corrupt(result["delta"], fault)
+        base = self.snapshots.get(job.base_version)
+        self.validator.max_norm = self.config.update_norm_limit(
+            float(np.sqrt(sum(float(np.vdot(v, v)) for v in base.values())))
+        )
+        rejection = self.validator.check_job_result(result["delta"], result["num_samples"], f"device {job.device_id}")
+        if rejection is not None:
+            self.failures["rejected"] += 1
+            print(f"[server] version {self.scheduler.version}: {rejection}", flush=True)
+            return None
+        return result
+
+    def _wait_for(self, job_id: int, window: WindowTiming) -> dict | None:
+        """The result of ``job_id``, taking finished calls (in host order) until it is among them; None
+        when the call carrying it failed (its leaf is then dropped from the run)."""
+        while job_id not in self._waiting and job_id not in self._failed_jobs:
             waited = time.time()
             try:
                 outcome = self.calls.next()
             except LeafCallError as error:
                 raise AsyncRunError(f"waiting for job {job_id}: {error} (--round-timeout)") from error
             window.add_wait(time.time() - waited)
+            dispatched_at, job_ids = outcome.tag
             if outcome.error is not None:
-                raise AsyncRunError(f"leaf {outcome.leaf} failed: {outcome.error}")
+                self._lose_leaf(outcome.leaf, outcome.error, job_ids)
+                continue
             payload = outcome.result
-            window.add_call(outcome.tag, time.time(), payload["timing"], name=outcome.leaf)
+            window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)
             for row, jid in enumerate(payload["job_id"].tolist()):
                 self._waiting[jid] = {
                     "delta": {k: v[row] for k, v in payload["deltas"].items()},
@@ -229,7 +281,22 @@ class AsyncServer:
                     "loss": float(payload["loss"][row]),
                     "label_hist": payload["label_hist"][row] if "label_hist" in payload else None,
                 }
-        return self._waiting.pop(job_id)
+        self._failed_jobs.discard(job_id)
+        return self._waiting.pop(job_id, None)
+
+    def _lose_leaf(self, leaf: str, error: BaseException, job_ids: list[int]) -> None:
+        """Drop a leaf whose call failed; its jobs count as lost. Stops the run below ``--min-leaves``."""
+        self._failed_jobs.update(job_ids)
+        if leaf in self.dead_leaves:
+            return
+        self.dead_leaves.add(leaf)
+        alive = len(self.leaves) - len(self.dead_leaves)
+        if alive < self.config.min_leaves:
+            raise AsyncRunError(
+                f"leaf {leaf} failed ({error}); only {alive} of {len(self.leaves)} leaves remain, fewer than "
+                f"--min-leaves {self.config.min_leaves}"
+            )
+        print(f"[server] leaf {leaf} stopped answering ({error}); continuing with {alive} leaves", flush=True)
 
     def _drain(self) -> None:
         """Wait for calls still running at the end so no leaf is left mid-call; their results are dropped."""

@@ -153,7 +153,15 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         log_level=args.log_level,
     )
     started = time.perf_counter()
-    run = recipe.execute(env)
+    try:
+        run = recipe.execute(env)
+    except RuntimeError as error:
+        print(
+            f"error: the job failed ({error}). The server's reason is in the ERROR lines above; "
+            f"partial results, if any, are in {config.output_dir or workspace}",
+            file=sys.stderr,
+        )
+        return 1
     if args.env != "sim":
         result = run.get_result(timeout=args.job_timeout)
         status = run.get_status()

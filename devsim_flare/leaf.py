@@ -15,7 +15,10 @@ import numpy as np
 import torch
 from nvflare.collab import collab
 
+from devsim.codec import weights_norm
 from devsim.data.groups import leaf_group
+from devsim.dropout import DropoutModel
+from devsim.faults import FaultInjector
 from devsim.leaf_runner import LeafRoundRunner
 from devsim.population import natural_sort
 from devsim.workers import plan_workers
@@ -67,8 +70,24 @@ class LeafNode:
             worker.setup()
             workers.append(worker)
         self._runner = LeafRoundRunner(workers)
+        self._dropout = DropoutModel(
+            float(settings.get("device_dropout", 0.0)),
+            float(settings.get("device_never_answer", 0.0)),
+            seed=int(settings.get("seed", 0)),
+        )
+        kinds = tuple(k.strip() for k in str(settings.get("inject_faults", "")).split(",") if k.strip())
+        self._faults = FaultInjector(kinds, float(settings.get("fault_probability", 0.0)), int(settings.get("seed", 0)))
+        self._leaf_index = natural_sort([client.name for client in collab.clients]).index(collab.site_name)
         group = f"; hidden group {settings['hidden_group']}" if int(settings.get("hidden_groups", 1)) > 1 else ""
         print(f"[{collab.site_name}] {plan.reason}{group}", flush=True)
+
+    def _norm_limit(self, weights: dict) -> float | None:
+        """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""
+        limits = [float(v) for v in (self.settings.get("max_update_norm"),) if v is not None]
+        ratio = self.settings.get("max_update_ratio")
+        if ratio is not None:
+            limits.append(float(ratio) * weights_norm(weights))
+        return min(limits) if limits else None
 
     def _hidden_group(self) -> int:
         """This leaf's hidden data group: its position among all leaf sites (natural order) mod the group count."""
@@ -83,8 +102,12 @@ class LeafNode:
         """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``."""
         received_at = time.time()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
-        result = self._runner.run_round(round_num, weights, device_ids)
+        max_norm = self._norm_limit(weights)
+        result = self._runner.run_round(round_num, weights, device_ids, self._dropout, self._faults, max_norm)
         payload = result.to_payload()
+        wire_fault = self._faults.wire_fault(round_num, self._leaf_index)
+        if wire_fault is not None:
+            payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         return payload

@@ -15,9 +15,10 @@ import torch
 from nvflare.collab import collab
 
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
-from devsim.codec import load_numpy_into_model, model_to_numpy
+from devsim.codec import load_numpy_into_model, model_to_numpy, weights_norm
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
+from devsim.dropout import min_devices_check
 from devsim.evaluation import EvalResult
 from devsim.metrics import MetricsWriter
 from devsim.population import DevicePopulation
@@ -25,6 +26,7 @@ from devsim.progress import ProgressLine
 from devsim.results import RunRecorder
 from devsim.strategies import FedAvg, LeafUpdate
 from devsim.timing import RoundTiming, ServerStamps, summarize
+from devsim.update_checks import UpdateValidator
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
 from devsim_flare.server_common import connected_leaves, group_evaluators, initial_model, output_dir_for
@@ -110,6 +112,10 @@ class SyncServer:
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
         start_round = self._resume(config, recorder) if config.resume_from else 0
         calls = LeafCalls(call_timeout=config.round_timeout)
+        self.dead_leaves: set[str] = set()
+        self.validator = UpdateValidator(
+            self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
+        )
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
@@ -128,12 +134,14 @@ class SyncServer:
                 assignments = {
                     self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
                     for leaf, devices in population.group_by_leaf(selected).items()
+                    if self.leaves[leaf] not in self.dead_leaves
                 }
                 models = self.leaf_models(list(assignments))
                 dispatched = time.time()
                 payloads = self._call_leaves(calls, round_num, models, assignments)
                 results_in = time.time()
                 record = {"round": round_num + 1, "devices": int(len(selected))}
+                payloads = self._screen(round_num, payloads, len(selected), record)
                 record.update(self.aggregate(round_num, payloads, assignments))
                 aggregated = time.time()
                 record.update(
@@ -206,6 +214,33 @@ class SyncServer:
         print(f"[server] resumed from {config.resume_from} after round {state['rounds_done']}", flush=True)
         return int(state["rounds_done"])
 
+    def _screen(self, round_num: int, payloads: dict[str, dict], selected: int, record: dict) -> dict[str, dict]:
+        """Drop leaf replies that fail validation; count dropped, silent and rejected devices; enforce
+        ``--min-devices-fraction``. Every rejection is printed with its reason and recorded."""
+        accepted, rejected = {}, {}
+        counts = {"dropped": 0, "silent": 0, "rejected_devices": 0}
+        for leaf in sorted(payloads, key=self.leaves.index):
+            payload = payloads[leaf]
+            leaf_counts = payload.get("counts", {}) if isinstance(payload, dict) else {}
+            counts["dropped"] += int(leaf_counts.get("dropped", 0))
+            counts["silent"] += int(leaf_counts.get("silent", 0))
+            counts["rejected_devices"] += int(leaf_counts.get("rejected", 0))
+            for reason in payload.get("rejections", []) if isinstance(payload, dict) else []:
+                print(f"[server] round {round_num + 1}: {leaf} rejected {reason}", flush=True)
+            if isinstance(payload, dict) and payload.get("total_weight") == 0:
+                continue
+            self.validator.max_norm = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
+            rejection = self.validator.check_leaf_payload(payload, leaf)
+            if rejection is not None:
+                rejected[leaf] = rejection.reason
+                print(f"[server] round {round_num + 1}: {rejection}", flush=True)
+                continue
+            accepted[leaf] = payload
+        answered = sum(len(p["device_metrics"]["device_id"]) for p in accepted.values())
+        record.update(answered_devices=answered, rejected_leaves=rejected, **counts)
+        min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
+        return accepted
+
     def _call_leaves(
         self, calls: LeafCalls, round_num: int, models: dict[str, Weights], assignments: dict[str, np.ndarray]
     ) -> dict[str, dict]:
@@ -227,14 +262,24 @@ class SyncServer:
                 else:
                     payloads[outcome.leaf] = outcome.result
         except LeafCallError as error:
-            raise LeafRoundError(
-                f"round {round_num + 1}: {error} (--round-timeout {self.config.round_timeout:g}s)"
-            ) from error
+            for leaf in assignments:
+                if leaf not in payloads and leaf not in errors:
+                    errors[leaf] = error
+            calls.pending = 0
         if errors:
+            self.dead_leaves.update(errors)
+            alive = len(self.leaves) - len(self.dead_leaves)
             reasons = "; ".join(f"{leaf}: {errors[leaf]}" for leaf in sorted(errors))
-            raise LeafRoundError(
-                f"round {round_num + 1}: {len(errors)} of {len(assignments)} leaves gave no result "
-                f"(--round-timeout {self.config.round_timeout:g}s): {reasons}"
+            if alive < self.config.min_leaves:
+                raise LeafRoundError(
+                    f"round {round_num + 1}: {len(errors)} of {len(assignments)} leaves gave no result "
+                    f"(--round-timeout {self.config.round_timeout:g}s) and only {alive} of {len(self.leaves)} leaves "
+                    f"remain, fewer than --min-leaves {self.config.min_leaves}: {reasons}"
+                )
+            print(
+                f"[server] round {round_num + 1}: leaves {sorted(errors)} stopped answering and are dropped from the "
+                f"run; continuing with {alive} leaves ({reasons})",
+                flush=True,
             )
         return payloads
 

@@ -180,3 +180,41 @@ def test_process_task_edge_interface_returns_numpy_delta():
     assert all(v.dtype == np.float32 and v.shape == weights[k].shape for k, v in out["delta"].items())
     assert any(np.abs(v).sum() > 0 for v in out["delta"].values())
     assert numpy_to_tensors(out["delta"], list(weights), torch.device("cpu"))
+
+
+def test_rejected_devices_leave_the_leaf_sum_unchanged():
+    from devsim.dropout import DropoutModel
+    from devsim.faults import FaultInjector
+
+    weights = model_to_numpy(build_model("cnn"))
+    devices = list(range(12))
+    faults = FaultInjector(("nan", "inf", "norm"), 0.4, seed=3)
+    faulty = [d for d in devices if faults.device_fault(0, d) is not None]
+    assert faulty and len(faulty) < len(devices)
+    runner = LeafRoundRunner(_processors(1))
+    try:
+        hit = runner.run_round(0, weights, devices, DropoutModel(), faults, max_norm=1e3)
+        clean = runner.run_round(0, weights, [d for d in devices if d not in faulty])
+    finally:
+        runner.close()
+    assert hit.counts["rejected"] == len(faulty)
+    assert all(f"device {d}:" in " ".join(hit.rejections) for d in faulty)
+    assert hit.total_weight == clean.total_weight
+    for key in weights:
+        assert np.array_equal(hit.delta_sum[key], clean.delta_sum[key]), key
+
+
+def test_dropout_skips_silent_and_discards_dropped_devices():
+    from devsim.dropout import DropoutModel
+
+    weights = model_to_numpy(build_model("cnn"))
+    dropout = DropoutModel(0.3, 0.2, seed=1)
+    outcomes = dropout.outcomes(0, list(range(20)))
+    runner = LeafRoundRunner(_processors(1))
+    try:
+        result = runner.run_round(0, weights, list(range(20)), dropout)
+    finally:
+        runner.close()
+    assert result.counts["dropped"] == sum(o == "dropped" for o in outcomes.values())
+    assert result.counts["silent"] == sum(o == "silent" for o in outcomes.values())
+    assert [m.device_id for m in result.device_metrics] == [d for d, o in sorted(outcomes.items()) if o == "ok"]

@@ -1,0 +1,52 @@
+"""Failures end to end: device dropout in sync and async runs, injected bad updates, bad flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tests.conftest import SMALL_RUN, find_results, run_job
+from tests.test_e2e_async import ASYNC_RUN
+
+
+def test_sync_run_with_20_percent_dropout_completes_and_learns(tmp_path):
+    run_job("pt_job_fedavg.py", [*SMALL_RUN, "--device-dropout", "0.2", "--workspace", str(tmp_path / "ws")], tmp_path)
+    results = find_results(tmp_path / "ws" / "runs")
+    assert sum(r["dropped"] for r in results["rounds"]) > 0
+    assert all(r["answered_devices"] < r["devices"] or r["dropped"] == 0 for r in results["rounds"])
+    assert results["summary"]["final_accuracy"] > 0.4
+
+
+def test_async_run_with_20_percent_dropout_redispatches_and_learns(tmp_path):
+    run_job("pt_job_fedbuff.py", [*ASYNC_RUN, "--device-dropout", "0.2", "--workspace", str(tmp_path / "ws")], tmp_path)
+    results = find_results(tmp_path / "ws" / "runs")
+    assert results["summary"]["versions"] == 60
+    assert results["rounds"][-1]["failed_dropped"] > 0
+    assert results["summary"]["final_accuracy"] > results["rounds"][0]["accuracy"] + 0.2
+
+
+def test_injected_bad_updates_are_rejected_and_never_aggregated(tmp_path):
+    args = [
+        *SMALL_RUN,
+        "--num-rounds",
+        "8",
+        "--inject-faults",
+        "nan,inf,norm,shape,keys,dtype",
+        "--fault-probability",
+        "0.2",
+        "--min-devices-fraction",
+        "0.2",
+        "--workspace",
+        str(tmp_path / "ws"),
+    ]
+    proc = run_job("pt_job_fedavg.py", args, tmp_path)
+    results = find_results(tmp_path / "ws" / "runs")
+    rounds = results["rounds"]
+    assert sum(r["rejected_devices"] for r in rounds) > 0
+    rejected_leaf_reasons = [reason for r in rounds for reason in r["rejected_leaves"].values()]
+    assert rejected_leaf_reasons, "no leaf reply was rejected"
+    assert "non-finite values" in proc.stdout and "rejected" in proc.stdout
+    final = torch.load(results["summary"]["final_model"])
+    assert all(torch.isfinite(v).all() for v in final.values())
+    assert all(np.isfinite(r["loss"]) for r in rounds)
+    assert results["summary"]["final_accuracy"] > 0.3
