@@ -135,6 +135,51 @@ def default_output_dir(workspace: str, method: str) -> str:
     return os.path.abspath(os.path.join(workspace, "runs", f"{method}-{stamp}-{os.getpid()}"))
 
 
+JOB_POLL_SECONDS = 2.0
+END_GRACE_SECONDS = 60.0
+
+
+def _summary_written(config: SimulationConfig) -> bool:
+    """Whether the server wrote its final summary into a local ``--output-dir``."""
+    if not config.output_dir or not os.path.isfile(os.path.join(config.output_dir, "results.json")):
+        return False
+    from devsim.results import load_results
+
+    try:
+        return bool(load_results(config.output_dir).get("summary"))
+    except (OSError, ValueError):
+        return False
+
+
+def wait_for_job(run, config: SimulationConfig, timeout: float) -> tuple[str | None, str | None]:
+    """Wait for a POC/production job; returns (status, server result folder).
+
+    NVFlare ends a job only once every site has ended it, so a job whose leaf died keeps RUNNING after
+    the server has finished and written its results. When the results are complete and the job has
+    not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is complete). Every wait
+    is bounded by ``timeout`` seconds, after which the job is aborted too.
+    """
+    deadline = time.monotonic() + timeout
+    finished_at = None
+    while time.monotonic() < deadline:
+        status = run.get_status() or ""
+        if status.startswith("FINISHED"):
+            return status, run.get_result(timeout=60.0)
+        if finished_at is None and _summary_written(config):
+            finished_at = time.monotonic()
+        if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
+            print(
+                f"the server finished and wrote its results, but the job is still {status} "
+                f"{END_GRACE_SECONDS:g}s later (a leaf that died cannot end it); aborting the job"
+            )
+            break
+        time.sleep(JOB_POLL_SECONDS)
+    else:
+        print(f"the job did not finish within --job-timeout {timeout:g}s; aborting it", file=sys.stderr)
+    run.abort()
+    return run.get_status(), run.get_result(timeout=60.0)
+
+
 def export_requested() -> bool:
     """Whether NVFlare's recipe module consumed ``--export`` from the command line at import."""
     from nvflare.recipe import spec
@@ -163,10 +208,9 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         )
         return 1
     if args.env != "sim":
-        result = run.get_result(timeout=args.job_timeout)
-        status = run.get_status()
+        status, result = wait_for_job(run, config, args.job_timeout)
         print(f"job status: {status}; server result folder: {result}")
-        if result is None:
+        if result is None and not _summary_written(config):
             return 1
     summary_path = os.path.join(config.output_dir or "", "results.json")
     if config.output_dir and os.path.isfile(summary_path):

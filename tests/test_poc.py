@@ -35,3 +35,73 @@ def test_poc_run_completes_learns_and_leaves_no_process(tmp_path):
             except ProcessLookupError:
                 pass
     assert not leftovers, leftovers
+
+
+@pytest.mark.slow
+def test_poc_run_survives_a_killed_leaf(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, isolated_env
+
+    run_dir = tmp_path / "run"
+    args = [
+        *SMALL_RUN,
+        "--num-leaf-nodes",
+        "3",
+        "--num-rounds",
+        "8",
+        "--round-timeout",
+        "20",
+        "--min-leaves",
+        "1",
+        "--min-devices-fraction",
+        "0.3",
+        "--env",
+        "poc",
+        "--workspace",
+        str(tmp_path / "ws"),
+        "--output-dir",
+        str(run_dir),
+        "--job-timeout",
+        "600",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    killed = []
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and not killed:
+            results = run_dir / "results.json"
+            if results.exists() and '"round": 2' in results.read_text():
+                for line in processes_mentioning(str(tmp_path)):
+                    pid, cmdline = line.split(":", 1)
+                    if "site-3" in cmdline:
+                        os.kill(int(pid), signal.SIGKILL)
+                        killed.append(cmdline)
+            time.sleep(0.5)
+        assert killed, "the job never reached round 2"
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-4000:]
+        assert "stopped answering" in output and "site-3" in output
+        assert "aborting the job" in output or "FINISHED" in output
+        results = find_results(run_dir)
+        assert [r["round"] for r in results["rounds"]] == list(range(1, 9))
+        assert results["summary"]["final_accuracy"] > 0.3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        deadline = time.monotonic() + 30
+        while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(1)
+        for line in processes_mentioning(str(tmp_path)):
+            try:
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
