@@ -238,6 +238,7 @@ class SyncServer:
             accepted[leaf] = payload
         answered = sum(len(p["device_metrics"]["device_id"]) for p in accepted.values())
         record.update(answered_devices=answered, rejected_leaves=rejected, **counts)
+        record["dead_leaves"] = sorted(self.dead_leaves)
         min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
         return accepted
 

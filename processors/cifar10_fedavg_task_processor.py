@@ -213,6 +213,12 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         images, labels = self._data.shard(device_id)
         return trainer.train(device_id, global_tensors, images, labels, torch.Generator().manual_seed(train_seed))
 
+    def delta_into(self, out: list[torch.Tensor], global_tensors: list[torch.Tensor]) -> None:
+        """Write ``trained - global`` of the device trained last into ``out`` (reused buffers)."""
+        with torch.no_grad():
+            torch._foreach_copy_(out, self._ready().state_tensors)
+            torch._foreach_sub_(out, global_tensors)
+
     def label_histogram(self, device_id: int) -> np.ndarray:
         """Samples per class in ``device_id``'s shard, int64 (num_classes,)."""
         self._ready()

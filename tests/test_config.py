@@ -65,3 +65,88 @@ def test_random_configs_validate_or_fail_clearly(changes):
         assert str(error).startswith("--")
     else:
         assert config.device_selection_size <= config.num_devices
+
+
+def test_every_preset_validates_with_its_job():
+    import json
+    import os
+
+    from devsim.config import AsyncConfig, FedReviveConfig
+    from devsim_flare.cli import PRESETS_DIR
+
+    job_configs = {"fedrevive": FedReviveConfig, "fedbuff": AsyncConfig, "fedavg": AsyncConfig}
+    names = sorted(f for f in os.listdir(PRESETS_DIR) if f.endswith(".json"))
+    assert names
+    for name in names:
+        with open(os.path.join(PRESETS_DIR, name), encoding="utf-8") as stream:
+            values = json.load(stream)
+        values.pop("description")
+        config_cls = job_configs[name.split("_")[0]]
+        if values.get("dataset", "synthetic") != "synthetic":
+            values["download"] = True
+        config_cls.from_dict(values)
+
+
+_JOB_FLAGS = [
+    "--num-rounds",
+    "--num-leaf-nodes",
+    "--devices-per-leaf",
+    "--device-selection-size",
+    "--alpha",
+    "--lr",
+    "--momentum",
+    "--batch-size",
+    "--model",
+    "--dataset",
+    "--partition",
+    "--concurrency",
+    "--buffer-size",
+    "--min-open-slots",
+    "--max-versions",
+    "--max-sim-time",
+    "--delay-schedule",
+    "--tau",
+    "--hidden-groups",
+    "--device-dropout",
+    "--min-leaves",
+    "--inject-faults",
+    "--generator-width",
+    "--s-max",
+    "--num-workers",
+]
+_JOB_VALUES = st.one_of(
+    st.sampled_from(["0", "-1", "1", "2", "1e9", "nan", "inf", "0.5", "abc", "", "cnn", "cifar10", "nan,shape"]),
+    st.integers(-3, 300).map(str),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["fedavg", "fedbuff", "fedrevive", "cluster"]),
+    st.lists(st.tuples(st.sampled_from(_JOB_FLAGS), _JOB_VALUES), max_size=5),
+)
+def test_random_job_command_lines_give_a_config_or_a_clear_error(job, flags):
+    import contextlib
+    import io
+
+    from devsim.config import AsyncConfig, ClusterConfig, FedReviveConfig
+    from devsim_flare.cli import build_parser, config_from_args
+
+    defaults = {
+        "fedavg": SimulationConfig(),
+        "fedbuff": AsyncConfig(),
+        "fedrevive": FedReviveConfig(),
+        "cluster": ClusterConfig(num_leaf_nodes=6, hidden_groups=2),
+    }[job]
+    parser = build_parser("fuzz", defaults)
+    argv = [part for pair in flags for part in pair]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            config = config_from_args(parser, parser.parse_args(argv))
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        message = stderr.getvalue().strip().splitlines()[-1]
+        assert "error:" in message and "--" in message, message
+    else:
+        assert isinstance(config, type(defaults))
