@@ -328,6 +328,10 @@ class AsyncConfig(SimulationConfig):
         default="none", metadata=_help(f"FedBuff staleness weighting, one of {', '.join(STALENESS_WEIGHTINGS)}")
     )
     staleness_exponent: float = field(default=0.5, metadata=_help("a in (1 + staleness)^-a for polynomial weighting"))
+    stop_after_version: int | None = field(
+        default=None,
+        metadata=_help("save a checkpoint and stop at the first evaluation at or after this version (see --resume)"),
+    )
 
     def validate(self) -> AsyncConfig:
         super().validate()
@@ -346,6 +350,8 @@ class AsyncConfig(SimulationConfig):
             raise ConfigError("max_versions", "set --max-versions or --max-sim-time (or both)")
         if self.max_versions is not None:
             _check_min("max_versions", self.max_versions, 1)
+        if self.stop_after_version is not None:
+            _check_min("stop_after_version", self.stop_after_version, 1)
         if self.max_sim_time is not None:
             _check_positive_finite("max_sim_time", self.max_sim_time)
         if not (math.isfinite(self.staleness_exponent) and self.staleness_exponent >= 0):

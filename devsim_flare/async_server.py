@@ -19,7 +19,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.asyncfl import AsyncScheduler, DeviceJob, SnapshotStore, load_schedule
-from devsim.checkpoint import weights_to_tensors
+from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.config import AsyncConfig
 from devsim.dropout import DropoutModel
@@ -131,14 +131,22 @@ class AsyncServer:
         window = WindowTiming(run_started)
         window_staleness: list[int] = []
         evaluation = self.evaluate()
-        recorder.add_round(
-            {"version": 0, "simulated_time": 0.0, "accuracy": evaluation.accuracy, "loss": evaluation.loss}
-        )
-        accepted = 0
-        arrivals = open(os.path.join(output_dir, "arrivals.csv"), "w", encoding="utf-8")  # noqa: SIM115
-        arrivals.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
+        arrivals_path = os.path.join(output_dir, "arrivals.csv")
+        evaluations = 0
+        if config.resume_from:
+            accepted = self._resume(recorder)
+            _truncate_lines(arrivals_path, accepted + 1)
+            arrivals = open(arrivals_path, "a", encoding="utf-8")  # noqa: SIM115
+        else:
+            recorder.add_round(
+                {"version": 0, "simulated_time": 0.0, "accuracy": evaluation.accuracy, "loss": evaluation.loss}
+            )
+            accepted = 0
+            arrivals = open(arrivals_path, "w", encoding="utf-8")  # noqa: SIM115
+            arrivals.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
         try:
-            self._dispatch(self.scheduler.start())
+            if not config.resume_from:
+                self._dispatch(self.scheduler.start())
             while True:
                 job = self.scheduler.next_arrival()
                 if job is None:
@@ -164,7 +172,7 @@ class AsyncServer:
                 if new_version:
                     self.weights = self.buffer.apply(self.weights)
                 window.add("server_aggregate", time.time() - started)
-                if new_version and (self.scheduler.version % config.eval_frequency == 0 or self.scheduler.done):
+                if new_version and record_due(self.scheduler.version, config, self.scheduler.done):
                     eval_started = time.time()
                     evaluation = self.evaluate()
                     window.add("evaluation", time.time() - eval_started)
@@ -190,9 +198,22 @@ class AsyncServer:
                     window_staleness = []
                     window = WindowTiming(time.time())
                     self._print_progress(progress, record, run_started)
+                    evaluations += 1
                 dispatch_started = time.time()
                 self._dispatch(self.scheduler.dispatch_open())
                 window.add("server_prepare", time.time() - dispatch_started)
+                if new_version and record_due(self.scheduler.version, config, self.scheduler.done):
+                    stopping = bool(config.stop_after_version) and self.scheduler.version >= config.stop_after_version
+                    if stopping or (config.checkpoint_frequency and evaluations % config.checkpoint_frequency == 0):
+                        arrivals.flush()
+                        self._checkpoint(output_dir, recorder, accepted)
+                    if stopping and not self.scheduler.done:
+                        self._drain()
+                        version = self.scheduler.version
+                        print(f"[server] stopped at version {version}; continue with --resume {output_dir}", flush=True)
+                        return
+            arrivals.flush()
+            self._checkpoint(output_dir, recorder, accepted)
             self._drain()
         finally:
             metrics.close()
@@ -202,11 +223,15 @@ class AsyncServer:
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
 
     def _dispatch(self, jobs: list[DeviceJob]) -> None:
-        """Send dispatched jobs to their leaves (one call per leaf); jobs that can never arrive are skipped."""
+        """Retain the current version for newly dispatched jobs and send them to their leaves."""
         if not jobs:
             return
-        version = self.scheduler.version
-        self.snapshots.retain(version, self.weights, len(jobs))
+        self.snapshots.retain(self.scheduler.version, self.weights, len(jobs))
+        self._send(jobs, self.scheduler.version, self.weights)
+
+    def _send(self, jobs: list[DeviceJob], version: int, weights: Weights) -> None:
+        """One call per leaf for ``jobs`` based on ``version``; jobs that can never arrive, devices that
+        drop out or never answer, and jobs of dead leaves are not sent."""
         limit = self.config.max_sim_time
         by_leaf: dict[str, list[DeviceJob]] = {}
         for job in jobs:
@@ -222,12 +247,63 @@ class AsyncServer:
                 "train_jobs",
                 tag=(time.time(), [j.job_id for j in leaf_jobs]),
                 version=version,
-                weights=self.weights,
+                weights=weights,
                 job_ids=np.array([j.job_id for j in leaf_jobs], dtype=np.int64),
                 device_ids=np.array([j.device_id for j in leaf_jobs], dtype=np.int64),
                 train_seeds=np.array([j.train_seed for j in leaf_jobs], dtype=np.int64),
                 with_histograms=self.wants_histograms(),
             )
+
+    def method_state(self) -> dict:
+        """Method-specific state for checkpoints (FedRevive: the reviver)."""
+        return {}
+
+    def load_method_state(self, state: dict) -> None:
+        """Restore :meth:`method_state`."""
+
+    def _checkpoint(self, output_dir: str, recorder: RunRecorder, accepted: int) -> None:
+        in_flight = self.scheduler.base_versions_in_flight()
+        save_checkpoint(
+            output_dir,
+            {
+                "kind": "async",
+                "weights": self.weights,
+                "scheduler": self.scheduler.state_dict(),
+                "snapshots": {v: self.snapshots.get(v) for v in sorted(in_flight)},
+                "buffer": self.buffer.state_dict(),
+                "method": self.method_state(),
+                "records": recorder.data["rounds"],
+                "accepted": accepted,
+                "failures": dict(self.failures),
+                "config": self.config.to_dict(),
+            },
+        )
+
+    def _resume(self, recorder: RunRecorder) -> int:
+        """Restore a checkpoint and relaunch the jobs that were in flight; returns accepted updates so far."""
+        state = load_checkpoint(self.config.resume_from)
+        if state.get("kind") != "async":
+            raise RuntimeError(f"{self.config.resume_from} holds a checkpoint of a synchronous run")
+        self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["weights"].items()}
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.load_method_state(state["method"])
+        self.failures.update(state["failures"])
+        recorder.data["rounds"] = list(state["records"])
+        jobs = self.scheduler.in_flight_jobs()
+        by_version: dict[int, list[DeviceJob]] = {}
+        for job in jobs:
+            by_version.setdefault(job.base_version, []).append(job)
+        for version, version_jobs in sorted(by_version.items()):
+            weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["snapshots"][version].items()}
+            self.snapshots.retain(version, weights, len(version_jobs))
+            self._send(version_jobs, version, weights)
+        print(
+            f"[server] resumed from {self.config.resume_from} at version {self.scheduler.version}, simulated time "
+            f"{self.scheduler.now:.2f}s, {len(jobs)} jobs relaunched",
+            flush=True,
+        )
+        return int(state["accepted"])
 
     def _arrival_result(self, job: DeviceJob, window: WindowTiming) -> dict | None:
         """The accepted result of an arriving job, or None when the device dropped out, never answered,
@@ -346,3 +422,20 @@ class AsyncServer:
 
 class FedBuffServer(AsyncServer):
     """Asynchronous buffered aggregation (FedBuff)."""
+
+
+def record_due(version: int, config: AsyncConfig, done: bool) -> bool:
+    """Whether version ``version`` is evaluated and recorded (every ``--eval-frequency`` versions and the last)."""
+    return version % config.eval_frequency == 0 or done
+
+
+def _truncate_lines(path: str, keep: int) -> None:
+    """Keep the first ``keep`` lines of a text file (arrivals logged after the checkpoint are replayed)."""
+    if not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
+        return
+    with open(path, encoding="utf-8") as stream:
+        lines = stream.readlines()[:keep]
+    with open(path, "w", encoding="utf-8") as stream:
+        stream.writelines(lines)

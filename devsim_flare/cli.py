@@ -114,6 +114,8 @@ def _resumed_values(parser: argparse.ArgumentParser, run_dir: str) -> dict:
         parser.error(f"--resume: no {CHECKPOINT_NAME} in {run_dir}")
     values = dict(load_results(run_dir)["config"])
     values.update(resume_from=run_dir, output_dir=run_dir, stop_after_round=None)
+    if "stop_after_version" in values:
+        values["stop_after_version"] = None
     return values
 
 
@@ -217,8 +219,9 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         from devsim.results import load_results
 
         summary = load_results(config.output_dir)["summary"]
-        if not summary and config.stop_after_round:
-            print(f"stopped after round {config.stop_after_round}; continue with --resume {config.output_dir}")
+        stop = config.stop_after_round or getattr(config, "stop_after_version", None)
+        if not summary and stop:
+            print(f"stopped after {stop}; continue with --resume {config.output_dir}")
             return 0
         if not summary:
             print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)

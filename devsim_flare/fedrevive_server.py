@@ -93,3 +93,18 @@ class FedReviveServer(AsyncServer):
             "synth_steps": int(state.synth_steps),
             "revive_seconds_per_arrival": self.revive_seconds / max(self.arrivals, 1),
         }
+
+    def method_state(self) -> dict:
+        return {
+            "reviver": self.reviver.state_dict(),
+            "estimator": self.estimator.state_dict() if self.estimator is not None else None,
+            "revive_seconds": self.revive_seconds,
+            "arrivals": self.arrivals,
+        }
+
+    def load_method_state(self, state: dict) -> None:
+        self.reviver.load_state_dict(state["reviver"])
+        if self.estimator is not None and state["estimator"] is not None:
+            self.estimator.load_state_dict(state["estimator"])
+        self.revive_seconds = float(state["revive_seconds"])
+        self.arrivals = int(state["arrivals"])

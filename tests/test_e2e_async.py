@@ -79,3 +79,19 @@ def test_paper_preset_is_refused_without_cifar(tmp_path):
     )
     assert proc.returncode == 2
     assert "--data-root" in proc.stderr and "--dataset synthetic" in proc.stderr
+
+
+def test_async_stop_and_resume_gives_identical_final_weights(fedbuff_run, tmp_path):
+    run_dir = tmp_path / "run"
+    common = [*ASYNC_RUN, "--workspace", str(tmp_path / "ws")]
+    stopped = run_job(
+        "pt_job_fedbuff.py", [*common, "--output-dir", str(run_dir), "--stop-after-version", "20"], tmp_path
+    )
+    assert "continue with --resume" in stopped.stdout
+    assert not (run_dir / "final_model.pt").exists()
+    run_job("pt_job_fedbuff.py", ["--resume", str(run_dir), "--workspace", str(tmp_path / "ws")], tmp_path)
+    assert _arrivals(run_dir) == _arrivals(fedbuff_run)
+    uninterrupted = torch.load(find_results(fedbuff_run / "ws" / "runs")["summary"]["final_model"])
+    resumed = torch.load(run_dir / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], resumed[key]), key
