@@ -374,7 +374,7 @@ class ClusterConfig(SimulationConfig):
 
     tau: float = field(
         default=0.5,
-        metadata=_help("link leaves whose absolute cosine similarity exceeds this (0.7 suits raw weights)"),
+        metadata=_help("link leaves whose absolute cosine similarity exceeds this (tuned for drift similarity)"),
     )
     similarity_on: str = field(
         default="last_layer_drift",
@@ -411,7 +411,7 @@ class FedReviveConfig(AsyncConfig):
     s_max: float | None = field(default=None, metadata=_help("staleness at which beta = 0.5; unset: 0.75*K/B"))
     freeze_version: int = field(default=50, metadata=_help("no DFKD before this global version"))
     warmup_version: int = field(default=100, metadata=_help("KD and the adversarial term only after this version"))
-    generation_interval: int = field(default=1, metadata=_help("synthesise when version % N == 0"))
+    generation_interval: int = field(default=1, metadata=_help("synthesise every N-th global version"))
     teacher_capacity: int = field(default=8, metadata=_help("teacher buffer: newest client models kept"))
     class_proportions: str = field(
         default="true",

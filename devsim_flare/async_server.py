@@ -118,7 +118,9 @@ class AsyncServer:
         self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
         metrics = MetricsWriter(output_dir)
-        progress = ProgressLine(config.max_versions, unit="version") if config.max_versions else None
+        progress = (
+            ProgressLine(config.max_versions, every=config.log_every, unit="version") if config.max_versions else None
+        )
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"K={config.concurrency} B={config.buffer_size} O={config.min_open_slots}, delays {config.delay_schedule}, "
@@ -245,7 +247,7 @@ class AsyncServer:
             self.calls.submit(
                 leaf,
                 "train_jobs",
-                tag=(time.time(), [j.job_id for j in leaf_jobs]),
+                tag=(time.time(), tuple(j.job_id for j in leaf_jobs)),
                 version=version,
                 weights=weights,
                 job_ids=np.array([j.job_id for j in leaf_jobs], dtype=np.int64),

@@ -20,6 +20,17 @@ from devsim.data.cifar import download_cifar
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
 
 _PARSERS = {"int": int, "float": float, "str": str}
+_UNSET = ("none", "None", "null")
+
+
+def _optional(parse):
+    """Parser for a flag that may be unset: ``none`` gives None, anything else goes to ``parse``."""
+
+    def parse_optional(text: str):
+        return None if text in _UNSET else parse(text)
+
+    parse_optional.__name__ = parse.__name__
+    return parse_optional
 
 
 def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
@@ -36,6 +47,7 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     for f in dataclasses.fields(config_cls):
         if f.metadata.get("internal") or (asynchronous and f.metadata.get("sync_only")):
             continue
+        optional = "None" in str(f.type)
         base = str(f.type).replace("| None", "").strip()
         default = getattr(defaults, f.name)
         if base == "bool":
@@ -46,7 +58,9 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
                 help=f.metadata["help"],
             )
         else:
-            group.add_argument(flag_name(f.name), type=_PARSERS[base], default=default, help=f.metadata["help"])
+            parse = _optional(_PARSERS[base]) if optional else _PARSERS[base]
+            help_text = f.metadata["help"] + ("; 'none' unsets it" if optional else "")
+            group.add_argument(flag_name(f.name), type=parse, default=default, help=help_text)
     run = parser.add_argument_group("run")
     run.add_argument(
         "--env",
@@ -112,7 +126,10 @@ def _resumed_values(parser: argparse.ArgumentParser, run_dir: str) -> dict:
     run_dir = os.path.abspath(run_dir)
     if not os.path.isfile(os.path.join(run_dir, CHECKPOINT_NAME)):
         parser.error(f"--resume: no {CHECKPOINT_NAME} in {run_dir}")
-    values = dict(load_results(run_dir)["config"])
+    results = load_results(run_dir)
+    if results.get("summary"):
+        parser.error(f"--resume: the run in {run_dir} already finished; start a new run to train further")
+    values = dict(results["config"])
     values.update(resume_from=run_dir, output_dir=run_dir, stop_after_round=None)
     if "stop_after_version" in values:
         values["stop_after_version"] = None
@@ -253,6 +270,8 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         args = parser.parse_args(argv)
     if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
         args.output_dir = default_output_dir(args.workspace, server_cls.method)
+    elif args.output_dir and args.env != "prod":
+        args.output_dir = os.path.abspath(args.output_dir)
     config = config_from_args(parser, args)
     prepare_data(parser, config)
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1

@@ -12,8 +12,12 @@ set, standing in for the leaf's own held-out data (a simulation shortcut, docume
 
 from __future__ import annotations
 
-import numpy as np
+import os
 
+import numpy as np
+import torch
+
+from devsim.checkpoint import weights_to_tensors
 from devsim.config import ClusterConfig
 from devsim.strategies import LeafUpdate
 from devsim.strategies.cluster import ClusterAggregation
@@ -75,6 +79,13 @@ class ClusterServer(SyncServer):
                 cache[key] = self.score(model, self.leaf_groups[leaf]).accuracy
             leaf_accuracy[leaf] = cache[key]
         return {"accuracy": overall.accuracy, "loss": overall.loss, **self._leaf_fields(leaf_accuracy)}
+
+    def save_outputs(self, output_dir: str) -> None:
+        """Besides ``final_model.pt`` (the mean of all leaf models), ``leaf_models.pt``: leaf -> its model."""
+        torch.save(
+            {leaf: weights_to_tensors(model) for leaf, model in self.current.items()},
+            os.path.join(output_dir, "leaf_models.pt"),
+        )
 
     def strategy_state(self) -> dict:
         return {"cluster": self.strategy.state_dict(), "leaf_models": self.current}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,26 +36,39 @@ class LeafCalls:
     def __init__(self, call_timeout: float):
         self.call_timeout = float(call_timeout)
         self._outcomes: queue.Queue[LeafOutcome] = queue.Queue()
-        self.pending = 0
+        self._outstanding: set = set()
+
+    @property
+    def pending(self) -> int:
+        """Calls submitted and neither answered nor forgotten."""
+        return len(self._outstanding)
+
+    def forget(self, tags) -> None:
+        """Stop waiting for calls with these tags; their late outcomes are dropped when they arrive."""
+        self._outstanding.difference_update(tags)
 
     def submit(self, leaf: str, method: str, tag: Any, **kwargs: Any) -> None:
-        """Start ``leaf.method(**kwargs)`` without waiting; its outcome will carry ``tag``."""
+        """Start ``leaf.method(**kwargs)`` without waiting; its outcome will carry ``tag`` (hashable, unique
+        among pending calls)."""
         group = collab.get_clients([leaf])(blocking=False, timeout=self.call_timeout)
         stream = getattr(group, method)(**kwargs)
-        self.pending += 1
+        self._outstanding.add(tag)
         threading.Thread(target=self._drain, args=(leaf, tag, stream), daemon=True, name=f"leaf-call-{leaf}").start()
 
     def next(self, timeout: float | None = None) -> LeafOutcome:
         """The next finished call; raises LeafCallError when none finishes within ``timeout`` seconds."""
-        if self.pending == 0:
+        if not self._outstanding:
             raise LeafCallError("no leaf call is pending")
         wait = self.call_timeout + 30.0 if timeout is None else timeout
-        try:
-            outcome = self._outcomes.get(timeout=wait)
-        except queue.Empty as error:
-            raise LeafCallError(f"no leaf answered within {wait:g}s ({self.pending} calls pending)") from error
-        self.pending -= 1
-        return outcome
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                outcome = self._outcomes.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty as error:
+                raise LeafCallError(f"no leaf answered within {wait:g}s ({self.pending} calls pending)") from error
+            if outcome.tag in self._outstanding:
+                self._outstanding.discard(outcome.tag)
+                return outcome
 
     def _drain(self, leaf: str, tag: Any, stream) -> None:
         try:

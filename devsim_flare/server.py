@@ -74,6 +74,9 @@ class SyncServer:
     def strategy_state(self) -> dict:
         return {}
 
+    def save_outputs(self, output_dir: str) -> None:
+        """Extra files at the end of a run (cluster runs: each leaf's model)."""
+
     def load_strategy_state(self, state: dict) -> None:
         """Restore what :meth:`strategy_state` saved."""
 
@@ -182,6 +185,7 @@ class SyncServer:
 
         final_path = os.path.join(output_dir, "final_model.pt")
         torch.save(weights_to_tensors(self.weights), final_path)
+        self.save_outputs(output_dir)
         recorder.finish(
             {
                 "final_accuracy": evaluation["accuracy"] if evaluation else None,
@@ -249,7 +253,7 @@ class SyncServer:
             calls.submit(
                 leaf,
                 "train_round",
-                tag=leaf,
+                tag=(round_num, leaf),
                 round_num=round_num,
                 weights=models[leaf],
                 assignments={leaf: device_ids},
@@ -266,7 +270,7 @@ class SyncServer:
             for leaf in assignments:
                 if leaf not in payloads and leaf not in errors:
                     errors[leaf] = error
-            calls.pending = 0
+            calls.forget([(round_num, leaf) for leaf in assignments])
         if errors:
             self.dead_leaves.update(errors)
             alive = len(self.leaves) - len(self.dead_leaves)

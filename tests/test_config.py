@@ -150,3 +150,24 @@ def test_random_job_command_lines_give_a_config_or_a_clear_error(job, flags):
         assert "error:" in message and "--" in message, message
     else:
         assert isinstance(config, type(defaults))
+
+
+def test_every_job_prints_help():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    for job in ("pt_job_fedavg.py", "pt_job_fedbuff.py", "pt_job_fedrevive.py", "pt_job_cluster.py"):
+        proc = subprocess.run([sys.executable, f"{REPO}/jobs/{job}", "--help"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "--seed" in proc.stdout and "--export-dir" in proc.stdout and "(default:" in proc.stdout
+
+
+def test_optional_numeric_flags_can_be_unset():
+    from devsim.config import AsyncConfig
+    from devsim_flare.cli import build_parser, config_from_args
+
+    parser = build_parser("t", AsyncConfig())
+    config = config_from_args(parser, parser.parse_args(["--max-versions", "none", "--max-sim-time", "3"]))
+    assert config.max_versions is None and config.max_sim_time == 3.0
