@@ -1,0 +1,71 @@
+"""Print the Markdown flag tables of docs/jobs.md from the jobs' own parsers (the same ones --help uses).
+
+.venv/bin/python scripts/doc_flag_tables.py combined   # simulation flags: one column of defaults per job
+.venv/bin/python scripts/doc_flag_tables.py run        # run flags shared by every job
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from devsim.config import SimulationConfig  # noqa: E402
+from devsim_flare.cli import build_parser  # noqa: E402
+
+JOBS = {
+    "fedavg": "pt_job_fedavg",
+    "fedbuff": "pt_job_fedbuff",
+    "fedrevive": "pt_job_fedrevive",
+    "cluster": "pt_job_cluster",
+}
+
+
+def job_defaults(script: str) -> SimulationConfig:
+    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "jobs", f"{script}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, "DEFAULTS", None) or SimulationConfig()
+
+
+def shown(action: argparse.Action) -> str:
+    value = action.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`" if value != "" else '`""`'
+
+
+def flag(action: argparse.Action) -> str:
+    return " / ".join(f"`{option}`" for option in action.option_strings)
+
+
+def actions(parser: argparse.ArgumentParser, title: str) -> dict[str, argparse.Action]:
+    group = next(g for g in parser._action_groups if g.title == title)
+    return {a.option_strings[0]: a for a in group._group_actions}
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "combined"
+    if mode == "run":
+        print("| flag | default | meaning |\n| --- | --- | --- |")
+        for action in actions(build_parser(""), "run").values():
+            print(f"| {flag(action)} | {shown(action)} | {(action.help or '').replace('|', '/')} |")
+        return
+    tables = {name: actions(build_parser("", job_defaults(script)), "simulation") for name, script in JOBS.items()}
+    order = list(dict.fromkeys(option for table in tables.values() for option in table))
+    print("| flag | " + " | ".join(JOBS) + " | meaning |")
+    print("| --- | " + " | ".join("---" for _ in JOBS) + " | --- |")
+    for option in order:
+        first = next(t[option] for t in tables.values() if option in t)
+        defaults = " | ".join(shown(t[option]) if option in t else "—" for t in tables.values())
+        print(f"| {flag(first)} | {defaults} | {(first.help or '').replace('|', '/')} |")
+
+
+if __name__ == "__main__":
+    main()
