@@ -124,10 +124,15 @@ def _is_present(folder: str, spec: CifarSpec) -> bool:
     return all(os.path.isfile(os.path.join(folder, f)) for f in _required_files(spec))
 
 
-def _how_to_get(spec: CifarSpec, folder: str) -> str:
+def _how_to_get(spec: CifarSpec, folder: str, downloading: bool = False) -> str:
+    fetch = (
+        f"To get it, fetch {spec.url} where the network allows and extract it"
+        if downloading
+        else f"To get it, pass --download (fetches {spec.url})"
+    )
     return (
-        f"To get it, pass --download (fetches {spec.url}), or place the extracted python-version "
-        f"folder '{spec.folder}' at {folder}. To run offline without files, use --dataset synthetic."
+        f"{fetch}, or place the extracted python-version folder '{spec.folder}' at {folder}. "
+        "To run offline without files, use --dataset synthetic."
     )
 
 
@@ -231,7 +236,7 @@ def download_cifar(root: str, name: str) -> str:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         work = tempfile.mkdtemp(prefix=f".{spec.name}-download-", dir=os.path.dirname(folder))
     except OSError as exc:
-        raise DatasetUnavailableError(f"cannot write to {folder}: {exc}. " + _how_to_get(spec, folder)) from exc
+        raise DatasetUnavailableError(f"cannot write to {folder}: {exc}. " + _fetch_hint(spec, folder)) from exc
     try:
         _download_and_extract(spec, work, folder)
     finally:
@@ -246,14 +251,14 @@ def _download_and_extract(spec: CifarSpec, work: str, folder: str) -> None:
     if digest != spec.md5:
         raise DatasetUnavailableError(
             f"checksum mismatch for {spec.url}: MD5 {digest}, expected {spec.md5}; nothing was extracted. "
-            + _how_to_get(spec, folder)
+            + _fetch_hint(spec, folder)
         )
     extracted = os.path.join(work, "extract")
     _safe_extract(archive, extracted, spec, folder)
     if not _is_present(os.path.join(extracted, spec.folder), spec):
         raise DatasetUnavailableError(
             f"archive {spec.url} lacks {spec.folder}/ with {', '.join(_required_files(spec))}. "
-            + _how_to_get(spec, folder)
+            + _fetch_hint(spec, folder)
         )
     try:
         _move_into_place(os.path.join(extracted, spec.folder), folder)
@@ -273,7 +278,7 @@ def _download_to(spec: CifarSpec, path: str, folder: str) -> str:
                 md5.update(chunk)
                 out.write(chunk)
     except (urllib.error.URLError, OSError) as exc:
-        raise DatasetUnavailableError(f"download of {spec.url} failed: {exc}. " + _how_to_get(spec, folder)) from exc
+        raise DatasetUnavailableError(f"download of {spec.url} failed: {exc}. " + _fetch_hint(spec, folder)) from exc
     return md5.hexdigest()
 
 
@@ -300,7 +305,7 @@ def _safe_extract(archive: str, dest: str, spec: CifarSpec, folder: str) -> None
             else:
                 tar.extractall(dest, members=members)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DatasetUnavailableError(f"cannot extract {spec.url}: {exc!r}. " + _how_to_get(spec, folder)) from exc
+        raise DatasetUnavailableError(f"cannot extract {spec.url}: {exc!r}. " + _fetch_hint(spec, folder)) from exc
 
 
 def _check_members(members: Iterable[tarfile.TarInfo], spec: CifarSpec) -> None:
@@ -338,3 +343,8 @@ def _move_into_place(source: str, folder: str) -> None:
         target = os.path.join(folder, entry)
         if not os.path.exists(target):
             os.replace(os.path.join(source, entry), target)
+
+
+def _fetch_hint(spec: CifarSpec, folder: str) -> str:
+    """What to do when a requested download could not complete."""
+    return _how_to_get(spec, folder, downloading=True)
