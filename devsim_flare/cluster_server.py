@@ -78,7 +78,17 @@ class ClusterServer(SyncServer):
             if key not in cache:
                 cache[key] = self.score(model, self.leaf_groups[leaf]).accuracy
             leaf_accuracy[leaf] = cache[key]
-        return {"accuracy": overall.accuracy, "loss": overall.loss, **self._leaf_fields(leaf_accuracy)}
+        labels = self.strategy.state_dict().get("previous_labels", {})
+        by_cluster: dict[int, list[float]] = {}
+        for leaf, accuracy in leaf_accuracy.items():
+            by_cluster.setdefault(int(labels.get(leaf, -1)), []).append(accuracy)
+        cluster_accuracy = {str(label): float(np.mean(values)) for label, values in sorted(by_cluster.items())}
+        return {
+            "accuracy": overall.accuracy,
+            "loss": overall.loss,
+            "cluster_accuracy": cluster_accuracy,
+            **self._leaf_fields(leaf_accuracy),
+        }
 
     def save_outputs(self, output_dir: str) -> None:
         """Besides ``final_model.pt`` (the mean of all leaf models), ``leaf_models.pt``: leaf -> its model."""
