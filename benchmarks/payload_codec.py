@@ -1,0 +1,192 @@
+"""Encode + decode time and wire size of a model delta: NumPy arrays vs Python lists, side by side.
+
+A model delta is a dict of float32 NumPy arrays with the shapes of a real model's floating-point
+state (random values), at three sizes: the small CNN (``build_model("cnn")``, 62k params), a ~1M
+parameter CNN defined here, and ResNet-18 (``build_model("resnet18")``, ~11M). Methods:
+
+* ``fobs numpy``: NVFlare's serializer on the dict of arrays (``fobs.dumps`` / ``fobs.loads``, with
+  NVFlare's NumPy decomposers from ``nvflare.app_common.decomposers`` registered; without them fobs
+  refuses ``np.ndarray``). No cell is involved, so arrays are packed inline rather than streamed.
+* ``fobs numpy*``: the same, but each run's result stays alive during the next run, so the allocator
+  reuses warm memory instead of page-faulting freshly mapped buffers (on this VM that alone moves the
+  1M-param encode from ~2 ms to ~10 ms, which is why both are shown).
+* ``fobs lists``: the same weights as Python lists (``.tolist()``) through ``fobs``.
+* ``json lists``: the same lists through ``json.dumps(...).encode()`` / ``json.loads``.
+  For both list methods, decode includes turning the lists back into float32 arrays.
+* ``codec convert``: ``devsim.codec.model_to_numpy`` (encode: model -> arrays, no serialisation)
+  and ``numpy_to_tensors`` (decode: arrays -> CPU tensors); bytes are the arrays' ``nbytes``.
+* ``codec + fobs``: the full path a payload takes: ``model_to_numpy`` + ``fobs.dumps`` and
+  ``fobs.loads`` + ``numpy_to_tensors``.
+
+Every figure is measured in this process: the median of ``--repeats`` runs after 3 warm-up runs
+for the NumPy and codec rows (the first large allocations of a size cost several times the steady
+state), of ``--list-repeats`` runs after 1 warm-up for the (slow) list rows. The table ends with
+the ratios lists / ``fobs numpy`` at each size.
+
+    .venv/bin/python benchmarks/payload_codec.py
+    .venv/bin/python benchmarks/payload_codec.py --repeats 3 --sizes cnn,mid
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
+from processors.models import build_model  # noqa: E402
+
+
+class MidConvNet(nn.Module):
+    """~1.0M-parameter CNN for 32x32x3 inputs: three conv+pool stages and a 2048 -> 448 -> 10 head."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.fc1 = nn.Linear(128 * 4 * 4, 448)
+        self.fc2 = nn.Linear(448, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.features(x).flatten(1))))
+
+
+def make_model(name: str) -> nn.Module:
+    return MidConvNet() if name == "mid" else build_model(name)
+
+
+def make_delta(model: nn.Module, seed: int) -> dict[str, np.ndarray]:
+    """Random float32 delta with the shapes of the model's floating-point state entries."""
+    rng = np.random.default_rng(seed)
+    state = model.state_dict()
+    return {k: (rng.standard_normal(tuple(state[k].shape)) * 1e-3).astype(np.float32) for k in float_state_keys(model)}
+
+
+def timed(fn, repeats: int, warmup: int, keep: bool = False):
+    """(median seconds, last result) over ``repeats`` calls after ``warmup`` untimed calls.
+
+    GC is collected before and paused during each timed call. The previous call's result is freed
+    before the next call unless ``keep``: freed, its buffers go back to the OS and the next call
+    page-faults fresh ones; kept, the allocator has warm memory at hand.
+    """
+    times, result = [], None
+    for _ in range(warmup):
+        result = fn()
+    for _ in range(repeats):
+        if not keep:
+            result = None
+        gc.collect()
+        gc.disable()
+        try:
+            started = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - started)
+        finally:
+            gc.enable()
+    return statistics.median(times), result
+
+
+def to_arrays(lists: dict) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.float32) for k, v in lists.items()}
+
+
+def bench_size(name: str, repeats: int, list_repeats: int, fobs) -> tuple[int, list[tuple[str, float, float, int]]]:
+    model = make_model(name)
+    delta = make_delta(model, seed=0)
+    keys = float_state_keys(model)
+    params = sum(v.size for v in delta.values())
+    cpu = torch.device("cpu")
+    rows = []
+    fast = {"repeats": repeats, "warmup": 3}
+    slow = {"repeats": list_repeats, "warmup": 1}
+
+    enc, blob = timed(lambda: fobs.dumps(delta), **fast)
+    dec, back = timed(lambda: fobs.loads(blob), **fast)
+    assert all(np.array_equal(back[k], delta[k]) for k in delta)
+    rows.append(("fobs numpy", enc, dec, len(blob)))
+    enc, _ = timed(lambda: fobs.dumps(delta), **fast, keep=True)
+    dec, _ = timed(lambda: fobs.loads(blob), **fast, keep=True)
+    rows.append(("fobs numpy*", enc, dec, len(blob)))
+
+    enc, blob = timed(lambda: fobs.dumps({k: v.tolist() for k, v in delta.items()}), **slow)
+    dec, back = timed(lambda: to_arrays(fobs.loads(blob)), **slow)
+    assert all(np.array_equal(back[k], delta[k]) for k in delta)
+    rows.append(("fobs lists", enc, dec, len(blob)))
+
+    enc, blob = timed(lambda: json.dumps({k: v.tolist() for k, v in delta.items()}).encode("utf-8"), **slow)
+    dec, back = timed(lambda: to_arrays(json.loads(blob)), **slow)
+    assert all(np.array_equal(back[k], delta[k]) for k in delta)
+    rows.append(("json lists", enc, dec, len(blob)))
+    del blob, back
+
+    enc, arrays = timed(lambda: model_to_numpy(model), **fast)
+    dec, _ = timed(lambda: numpy_to_tensors(arrays, keys, cpu), **fast)
+    rows.append(("codec convert", enc, dec, sum(a.nbytes for a in arrays.values())))
+
+    enc, blob = timed(lambda: fobs.dumps(model_to_numpy(model)), **fast)
+    dec, _ = timed(lambda: numpy_to_tensors(fobs.loads(blob), keys, cpu), **fast)
+    rows.append(("codec + fobs", enc, dec, len(blob)))
+    return params, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per NumPy figure (after 3 warm-ups)")
+    parser.add_argument("--list-repeats", type=int, default=3, help="timed runs per list figure (after 1 warm-up)")
+    parser.add_argument("--sizes", default="cnn,mid,resnet18", help="comma list of cnn, mid (~1M), resnet18")
+    args = parser.parse_args()
+
+    from nvflare.app_common.decomposers import numpy_decomposers
+    from nvflare.fuel.utils import fobs
+
+    numpy_decomposers.register()
+    torch.set_num_threads(1)
+
+    print(
+        f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; torch threads 1; "
+        f"median of {args.repeats} runs after 3 warm-ups "
+        f"(NumPy/codec rows), {args.list_repeats} runs after 1 warm-up (list rows)"
+    )
+    header = f"{'params':>11}  {'method':<14} {'encode ms':>10} {'decode ms':>10} {'bytes':>13}"
+    print(header)
+    print("-" * len(header))
+    ratios = []
+    for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+        params, rows = bench_size(name, args.repeats, args.list_repeats, fobs)
+        for method, enc, dec, size in rows:
+            print(f"{params:>11,}  {method:<14} {enc * 1e3:>10.2f} {dec * 1e3:>10.2f} {size:>13,}")
+        cold, warm = rows[0], rows[1]
+        for method, enc, dec, size in rows[2:4]:
+            ratios.append((params, method, enc / cold[1], dec / cold[2], size / cold[3], enc / warm[1], dec / warm[2]))
+    print("* previous result kept alive between runs (warm heap); other rows free it first (see timed())")
+    print()
+    print("ratio lists / fobs numpy (list rows free their result too) and lists / fobs numpy* (warm heap)")
+    print(f"{'params':>11}  {'method':<14} {'encode':>8} {'decode':>8} {'bytes':>8} {'enc/warm':>9} {'dec/warm':>9}")
+    for params, method, enc, dec, size, enc_warm, dec_warm in ratios:
+        print(
+            f"{params:>11,}  {method:<14} {enc:>7.1f}x {dec:>7.1f}x {size:>7.2f}x {enc_warm:>8.1f}x {dec_warm:>8.1f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Leaf worker-pool sizing: device-training throughput at fixed worker counts vs the automatic choice.
+
+Runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator once per setting, on the same fixed
+workload (default 2 leaves x 40 devices, all selected every round, 100 samples per device, 4 rounds,
+evaluation only after the last round): with ``--num-workers`` set to each of ``--counts`` and once
+without it, where each leaf sizes its own pool and prints ``workers=N (...)`` on stdout. A round's
+training time is ``train_seconds`` from ``results.json`` (server send -> aggregated, evaluation
+excluded); throughput is device-samples per second over the median of rounds 2.. (round 1 warms up).
+Printed: each setting's throughput, its ratio to the best one, and the automatic choice's
+throughput as a fraction of the best. All settings run one after another in this invocation
+(``--passes N`` repeats the whole sequence, interleaved, and pools the rounds). When the automatic
+choice equals one of the fixed counts, their ratio is printed as the run's noise between identical
+settings: on a shared machine it bounds what the other ratios can tell apart.
+
+    .venv/bin/python benchmarks/worker_sizing.py
+    .venv/bin/python benchmarks/worker_sizing.py --counts 1,2,4,8 --devices-per-leaf 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$", re.MULTILINE)
+
+
+def run_setting(args, workers: int | None, workdir: str) -> tuple[list[float], list[str]]:
+    """Per-round train seconds and the leaves' ``workers=`` lines of one sim run."""
+    selected = args.leaves * args.devices_per_leaf
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
+        *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
+        *("--device-selection-size", str(selected), "--samples-per-device", str(args.samples)),
+        *("--num-rounds", str(args.rounds), "--eval-frequency", str(args.rounds)),
+        *("--batch-size", str(args.batch_size), "--model", args.model, "--partition", "iid"),
+        *("--synthetic-train-size", str(max(20000, selected * args.samples))),
+        *("--checkpoint-frequency", "0"),
+        *("--workspace", os.path.join(workdir, "ws"), "--output-dir", os.path.join(workdir, "run")),
+    ]
+    if workers is not None:
+        cmd += ["--num-workers", str(workers)]
+    env = dict(os.environ, HOME=os.path.join(workdir, "home"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"simulation failed (workers={workers}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
+        rounds = json.load(stream)["rounds"]
+    lines = sorted(f"[{site}] {text}" for site, text in WORKERS_LINE.findall(proc.stdout))
+    return [r["train_seconds"] for r in rounds], lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--counts", default="1,2,4", help="comma list of --num-workers values to try")
+    parser.add_argument("--leaves", type=int, default=2)
+    parser.add_argument("--devices-per-leaf", type=int, default=40, help="all are selected every round")
+    parser.add_argument("--samples", type=int, default=100, help="samples per device")
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--passes", type=int, default=1, help="run all settings this many times, interleaved")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run before it is abandoned")
+    args = parser.parse_args()
+
+    settings: list[int | None] = [int(c) for c in args.counts.split(",") if c.strip()] + [None]
+    samples = args.leaves * args.devices_per_leaf * args.samples
+    results: dict[int | None, tuple[list[float], list[str]]] = {w: ([], []) for w in settings}
+    for _ in range(args.passes):
+        for workers in settings:
+            with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
+                rounds, lines = run_setting(args, workers, workdir)
+            results[workers][0].extend(rounds[1:] or rounds)
+            results[workers][1][:] = lines
+
+    print(
+        f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "
+        f"x 1 epoch, model {args.model}, batch {args.batch_size}: {samples} device-samples per round, "
+        f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved"
+    )
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end")
+    throughput = {}
+    for workers, (steady, _) in results.items():
+        throughput[workers] = samples / statistics.median(steady)
+    best = max(throughput, key=throughput.get)
+    label = {w: ("auto" if w is None else f"workers={w}") for w in settings}
+    print(f"{'setting':<12}{'round 2.. times (s)':<34}{'median':>11}{'samples/s':>11}{'vs best':>9}")
+    for workers, (steady, _) in results.items():
+        times = ", ".join(f"{t:.2f}" for t in steady)
+        median = statistics.median(steady)
+        print(
+            f"{label[workers]:<12}{times:<34}{median:>10.3f}s{throughput[workers]:>11,.0f}"
+            f"{throughput[workers] / throughput[best]:>9.2f}"
+        )
+    print("automatic choice, as printed by the leaves:")
+    for line in results[None][1]:
+        print(f"  {line}")
+    print(
+        f"auto throughput / best ({label[best]}): {throughput[None] / throughput[best]:.2f} "
+        f"({throughput[None]:,.0f} vs {throughput[best]:,.0f} samples/s)"
+    )
+    chosen = {int(m.group(1)) for line in results[None][1] if (m := re.search(r"workers=(\d+)", line))}
+    if len(chosen) == 1 and (same := chosen.pop()) in throughput:
+        print(
+            f"auto chose workers={same} on every leaf, the same as the fixed setting: auto / workers={same} = "
+            f"{throughput[None] / throughput[same]:.2f} is this run's noise between identical settings"
+        )
+
+
+if __name__ == "__main__":
+    main()
