@@ -1,0 +1,147 @@
+"""This project's processor inside NVFlare 2.9's own edge hierarchy (EdgeJob + stock device simulator).
+
+Fast checks of the DXO adapter and the exported job, and one end-to-end FedAvg run in NVFlare's
+simulator (flat topology: 2 leaves x 4 devices, 5 versions; about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from nvflare.apis.dxo import DXO, DataKind, from_dict
+from nvflare.edge.web.models.task_response import TaskResponse
+
+from devsim.codec import model_to_numpy
+from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor, clear_workers, device_number
+from processors.models import build_model
+from tests.conftest import REPO, isolated_env, processes_mentioning
+
+CHANCE = 0.10
+SETTINGS = {
+    "dataset": "synthetic",
+    "model": "cnn",
+    "partition": "iid",
+    "samples_per_device": 50,
+    "synthetic_train_size": 1000,
+    "synthetic_test_size": 200,
+    "compute_device": "cpu",
+}
+EDGE_RUN = [
+    *("--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--num-versions", "5"),
+    *("--partition", "iid", "--samples-per-device", "100", "--local-epochs", "3", "--lr", "0.02"),
+    *("--synthetic-train-size", "4000", "--synthetic-test-size", "1000", "--update-interval", "0.5"),
+]
+
+
+class _Device:
+    def __init__(self, device_id: str):
+        self.device_id = device_id
+
+
+def _task(weights: dict, version: int) -> TaskResponse:
+    dxo = DXO(DataKind.WEIGHTS, {k: v.tolist() for k, v in weights.items()}, meta={"model_version": version})
+    return TaskResponse("OK", job_id="j", task_id="t", task_name="train", task_data=dxo.to_dict())
+
+
+def test_device_number_maps_simulator_ids_per_leaf():
+    assert device_number("0b6f-uuid#3", leaf_index=0, devices_per_leaf=8) == 3
+    assert device_number("0b6f-uuid#3", leaf_index=2, devices_per_leaf=8) == 19
+    odd = device_number("not-a-simulated-id", 1, 8)
+    assert odd == device_number("not-a-simulated-id", 1, 8) and odd >= 0
+
+
+def test_adapter_turns_weights_dxo_into_weight_diff_dxo():
+    weights = model_to_numpy(build_model("cnn"))
+    processor = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    processor.device = _Device("abc#1")
+    try:
+        result = from_dict(processor.process_task(_task(weights, version=2)))
+        again = from_dict(processor.process_task(_task(weights, version=2)))
+    finally:
+        clear_workers()
+    assert result.data_kind == DataKind.WEIGHT_DIFF
+    delta = result.data["dict"]
+    assert result.data["count"] == 1 and set(delta) == set(weights)
+    for key, value in delta.items():
+        assert isinstance(value, np.ndarray) and value.dtype == np.float32 and value.shape == weights[key].shape
+    assert any(np.abs(v).max() > 0 for v in delta.values())
+    assert result.meta["device"] == 1 and result.meta["num_samples"] == 50 and result.meta["model_version"] == 2
+    for key in delta:  # same device, version and weights: same batches, same delta
+        np.testing.assert_array_equal(delta[key], again.data["dict"][key])
+
+
+def test_processor_survives_deepcopy_like_the_stock_device_factory():
+    import copy
+
+    processor = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    processor.leaf_index = 1
+    clone = copy.deepcopy(processor)
+    assert clone.settings == SETTINGS and clone.leaf_index == 1 and clone.devices_per_leaf == 4
+
+
+def _run_edge_job(args: list[str], tmp_path, timeout: float) -> subprocess.CompletedProcess:
+    """Run jobs/pt_job_edge.py in its own process group; the whole group is killed on timeout."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"edge job did not finish in {timeout}s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"edge job exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_exported_edge_job_has_no_torchvision_components(tmp_path):
+    _run_edge_job([*EDGE_RUN, "--export", "--export-dir", str(tmp_path / "job")], tmp_path, timeout=120)
+    app = tmp_path / "job" / "devsim_edge" / "app"
+    server = (app / "config" / "config_fed_server.json").read_text()
+    client = json.loads((app / "config" / "config_fed_client.json").read_text())
+    assert "nvflare.edge.widgets.evaluator" not in server and "torchvision" not in server
+    assert "devsim_flare.edge_job.EdgeGlobalEvaluator" in server
+    paths = {c["path"] for c in client["components"]}
+    assert "processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor" in paths
+    assert "devsim_flare.edge_job.EdgeLeafRunner" in paths
+    assert (app / "custom" / "processors" / "edge_cifar10_task_processor.py").is_file()
+    meta = json.loads((tmp_path / "job" / "devsim_edge" / "meta.json").read_text())
+    assert meta["edge_method"] == "edge" and meta["min_clients"] == 2
+
+
+def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
+    workspace = tmp_path / "ws"
+    output = tmp_path / "out"
+    started = time.monotonic()
+    proc = _run_edge_job([*EDGE_RUN, "--workspace", str(workspace), "--output-dir", str(output)], tmp_path, 240)
+    wall = time.monotonic() - started
+    records = json.loads((output / "edge_results.json").read_text())["records"]
+    versions = [r["version"] for r in records]
+    accuracies = [r["accuracy"] for r in records]
+    assert versions == [1, 2, 3, 4, 5, 6], (versions, proc.stdout)
+    assert accuracies[-1] > CHANCE + 0.3, accuracies
+    assert accuracies[-1] > accuracies[0] + 0.2, accuracies
+    assert "final accuracy" in proc.stdout
+    final = torch.load(output / "final_model.pt")
+    assert final["version"] == 6 and set(final["state_dict"]) == set(model_to_numpy(build_model("cnn")))
+    # every version was built from exactly the 8 devices of the round (synchronous FedAvg)
+    server_log = (workspace / "devsim_edge" / "server" / "log.txt").read_text()
+    for version in range(2, 7):
+        assert f"generated new model version {version} with 8 updates" in server_log
+    assert wall < 240
+    assert processes_mentioning(str(workspace)) == []
