@@ -36,54 +36,26 @@ def common_args(args) -> list[str]:
 
 def methods(args) -> dict[str, tuple[str, list[str]]]:
     k, b = str(args.concurrency), str(args.buffer_size)
+    asynchronous = [
+        *("--concurrency", k, "--buffer-size", b, "--min-open-slots", "1"),
+        *("--global-lr", str(args.async_lr), "--eval-frequency", str(args.eval_every)),
+    ]
+    waves = [
+        "--concurrency",
+        k,
+        "--buffer-size",
+        k,
+        "--min-open-slots",
+        k,
+        "--global-lr",
+        "1.0",
+        "--eval-frequency",
+        "1",
+    ]
     return {
-        "FedAvg": (
-            "pt_job_fedbuff.py",
-            [
-                "--concurrency",
-                k,
-                "--buffer-size",
-                k,
-                "--min-open-slots",
-                k,
-                "--global-lr",
-                "1.0",
-                "--eval-frequency",
-                "1",
-            ],
-        ),
-        "FedBuff": (
-            "pt_job_fedbuff.py",
-            [
-                "--concurrency",
-                k,
-                "--buffer-size",
-                b,
-                "--min-open-slots",
-                "1",
-                "--global-lr",
-                str(args.async_lr),
-                "--eval-frequency",
-                str(args.eval_every),
-            ],
-        ),
-        "FedRevive": (
-            "pt_job_fedrevive.py",
-            [
-                "--preset",
-                "fedrevive_small_cpu",
-                "--concurrency",
-                k,
-                "--buffer-size",
-                b,
-                "--min-open-slots",
-                "1",
-                "--global-lr",
-                str(args.async_lr),
-                "--eval-frequency",
-                str(args.eval_every),
-            ],
-        ),
+        "FedAvg": ("pt_job_fedbuff.py", waves),
+        "FedBuff": ("pt_job_fedbuff.py", asynchronous),
+        "FedRevive": ("pt_job_fedrevive.py", ["--preset", "fedrevive_small_cpu", *asynchronous]),
     }
 
 

@@ -20,7 +20,7 @@ from nvflare.collab import collab
 
 from devsim.asyncfl import AsyncScheduler, DeviceJob, SnapshotStore, load_schedule
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
-from devsim.codec import load_numpy_into_model, model_to_numpy
+from devsim.codec import load_numpy_into_model
 from devsim.config import AsyncConfig
 from devsim.dropout import DropoutModel
 from devsim.evaluation import EvalResult
@@ -34,8 +34,7 @@ from devsim.timing import RoundTiming, WindowTiming, summarize
 from devsim.update_checks import UpdateValidator
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
-from devsim_flare.server_common import central_evaluator, connected_leaves, initial_model, output_dir_for
-from processors.cifar10_fedavg_task_processor import default_torch_device
+from devsim_flare.server_common import central_evaluator, start_run
 
 Weights = dict[str, np.ndarray]
 
@@ -79,13 +78,8 @@ class AsyncServer:
 
     @collab.main
     def run(self) -> None:
-        config = self.config_cls.from_dict(self.settings)
-        self.config = config
-        self.leaves = connected_leaves(config)
-        output_dir = output_dir_for(config)
-        device = default_torch_device()
-        self.model = initial_model(config, device, **self.model_args())
-        self.weights = model_to_numpy(self.model)
+        output_dir, device = start_run(self, self.model_args())
+        config = self.config
         self.evaluator = central_evaluator(config, device)
         self.population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
         self.scheduler = AsyncScheduler(

@@ -15,7 +15,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
-from devsim.codec import load_numpy_into_model, model_to_numpy, weights_norm
+from devsim.codec import load_numpy_into_model, weights_norm
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.dropout import min_devices_check
@@ -29,8 +29,7 @@ from devsim.timing import RoundTiming, ServerStamps, summarize
 from devsim.update_checks import UpdateValidator
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
-from devsim_flare.server_common import connected_leaves, group_evaluators, initial_model, output_dir_for
-from processors.cifar10_fedavg_task_processor import default_torch_device
+from devsim_flare.server_common import group_evaluators, start_run
 
 Weights = dict[str, np.ndarray]
 
@@ -101,13 +100,8 @@ class SyncServer:
 
     @collab.main
     def run(self) -> None:
-        config = self.config_cls.from_dict(self.settings)
-        self.config = config
-        self.leaves = connected_leaves(config)
-        output_dir = output_dir_for(config)
-        device = default_torch_device()
-        self.model = initial_model(config, device)
-        self.weights = model_to_numpy(self.model)
+        output_dir, device = start_run(self)
+        config = self.config
         self.evaluators = group_evaluators(config, device)
         self.leaf_groups = {leaf: leaf_group(i, config.hidden_groups) for i, leaf in enumerate(self.leaves)}
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)

@@ -17,6 +17,23 @@ from devsim.seeding import derive_seed
 from processors.models import build_model
 
 
+def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device]:
+    """Shared start of every server's run: validated config, connected leaves, initial model and weights.
+
+    Sets ``server.config``, ``server.leaves``, ``server.model`` and ``server.weights``; returns the
+    output folder and the compute device.
+    """
+    from devsim.codec import model_to_numpy
+    from processors.cifar10_fedavg_task_processor import default_torch_device
+
+    server.config = server.config_cls.from_dict(server.settings)
+    server.leaves = connected_leaves(server.config)
+    device = default_torch_device()
+    server.model = initial_model(server.config, device, **(model_args or {}))
+    server.weights = model_to_numpy(server.model)
+    return output_dir_for(server.config), device
+
+
 def connected_leaves(config: SimulationConfig) -> list[str]:
     """Leaf site names in natural order; refuses a run whose site count is not ``--num-leaf-nodes``."""
     leaves = natural_sort([client.name for client in collab.clients])
