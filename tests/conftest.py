@@ -48,6 +48,20 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
     return proc
 
 
+def refused_job(script: str, args: list[str], tmp_path) -> str:
+    """Run ``jobs/<script>`` expecting it to refuse its arguments (exit code 2); returns its stderr."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "jobs", script), *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stderr
+
+
 def find_results(root) -> dict:
     """The single results.json under ``root``."""
     paths = glob.glob(os.path.join(str(root), "**", "results.json"), recursive=True)

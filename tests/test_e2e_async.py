@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 
-from tests.conftest import find_results, run_job
+from tests.conftest import find_results, refused_job, run_job
 
 ASYNC_RUN = [
     *("--num-leaf-nodes", "2", "--devices-per-leaf", "20", "--samples-per-device", "100"),
@@ -64,21 +64,8 @@ def test_fedrevive_run_completes_with_kd_engaged(tmp_path):
 
 
 def test_paper_preset_is_refused_without_cifar(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, isolated_env
-
-    proc = subprocess.run(
-        [sys.executable, f"{REPO}/jobs/pt_job_fedrevive.py", "--preset", "fedrevive_paper_cifar10"],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "--data-root" in proc.stderr and "--dataset synthetic" in proc.stderr
+    stderr = refused_job("pt_job_fedrevive.py", ["--preset", "fedrevive_paper_cifar10"], tmp_path)
+    assert "--data-root" in stderr and "--dataset synthetic" in stderr
 
 
 def test_async_stop_and_resume_gives_identical_final_weights(fedbuff_run, tmp_path):

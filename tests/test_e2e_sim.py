@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL_RUN, find_results, isolated_env, run_job
+from tests.conftest import SMALL_RUN, find_results, isolated_env, refused_job, run_job
 
 CHANCE = 0.10
 
@@ -71,23 +71,9 @@ def test_exported_job_runs_in_nvflare_simulator(tmp_path):
 
 
 def test_bad_flag_is_refused_before_anything_starts(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
-            "--device-selection-size",
-            "500",
-            "--workspace",
-            str(tmp_path / "ws"),
-        ],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "--device-selection-size" in proc.stderr and "allowed: 1..100" in proc.stderr
+    args = ["--device-selection-size", "500", "--workspace", str(tmp_path / "ws")]
+    stderr = refused_job("pt_job_fedavg.py", args, tmp_path)
+    assert "--device-selection-size" in stderr and "allowed: 1..100" in stderr
     assert not (tmp_path / "ws").exists()
 
 
