@@ -31,9 +31,9 @@ def isolated_env(tmp_path) -> dict[str, str]:
     return env
 
 
-def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``jobs/<script>`` in a subprocess with an isolated HOME; fail with its output on error."""
-    proc = subprocess.run(
+def launch_job(script: str, args: list[str], tmp_path, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``jobs/<script>`` in a subprocess with an isolated HOME and POC workspace; capture its output."""
+    return subprocess.run(
         [sys.executable, os.path.join(REPO, "jobs", script), *args],
         cwd=tmp_path,
         env=isolated_env(tmp_path),
@@ -41,6 +41,11 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
         text=True,
         timeout=timeout,
     )
+
+
+def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``jobs/<script>``; fail the test with its output when it does not exit 0."""
+    proc = launch_job(script, args, tmp_path, timeout)
     if proc.returncode != 0:
         pytest.fail(
             f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
@@ -50,14 +55,7 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
 
 def refused_job(script: str, args: list[str], tmp_path) -> str:
     """Run ``jobs/<script>`` expecting it to refuse its arguments (exit code 2); returns its stderr."""
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "jobs", script), *args],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = launch_job(script, args, tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stderr
 
