@@ -5,14 +5,17 @@
 therefore assembles the same components as ``EdgeFedBuffRecipe`` itself, from modules that do not
 import torchvision:
 
-- server: ``PTModel`` persistor, ``BuffModelManager``, ``BuffDeviceManager``, ``ModelUpdateAssessor``
-  under ``ScatterAndGatherForEdge`` (``EdgeJob.configure_server``), plus :class:`EdgeGlobalEvaluator`
-  (ours, in place of the torchvision ``GlobalEvaluator``) that scores every global model version on
-  the run's test split and writes ``edge_results.json`` and ``final_model.pt``;
+- server: :class:`SeededModelPersistor` (initial model from the run seed, as the Collab jobs build it),
+  :class:`NumpyBuffModelManager` (NVFlare's ``BuffModelManager`` with float32 arrays instead of lists;
+  the stock one with ``numpy_payloads=False``), ``BuffDeviceManager``, ``ModelUpdateAssessor`` under
+  ``ScatterAndGatherForEdge`` (``EdgeJob.configure_server``), plus :class:`EdgeGlobalEvaluator` (ours,
+  in place of the torchvision ``GlobalEvaluator``) that scores every global model version on the run's
+  test split and writes ``edge_results.json`` and ``final_model.pt``;
 - every client (leaf): ``EdgeTaskReceiver``, ``ModelUpdateDXOAggrFactory``, ``EdgeModelExecutor``
   (``EdgeJob.configure_client``), the device processor
-  :class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` and :class:`EdgeLeafRunner`
-  (NVFlare's ``TPORunner`` plus the leaf index, so device shards are distinct across leaves).
+  :class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` and a device runner:
+  :class:`~devsim_flare.edge_runner.FastEdgeRunner` (default) or :class:`EdgeLeafRunner` (NVFlare's
+  ``TPORunner`` plus the leaf index, so device shards are distinct across leaves).
 
 FedAvg is the synchronous corner of FedBuff: selection size = buffer size = ``min_hole_to_fill``.
 
@@ -30,14 +33,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.abstract.model import ModelLearnableKey
+from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey, make_model_learnable
+from nvflare.app_common.abstract.model_persistor import ModelPersistor
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
+from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
 from nvflare.edge.aggregators.model_update_dxo_factory import ModelUpdateDXOAggrFactory
 from nvflare.edge.assessors.buff_device_manager import BuffDeviceManager
-from nvflare.edge.assessors.buff_model_manager import BuffModelManager
+from nvflare.edge.assessors.buff_model_manager import BuffModelManager, _ModelState
 from nvflare.edge.assessors.model_update import ModelUpdateAssessor
 from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.tpo_runner import TPORunner
@@ -54,6 +60,8 @@ EDGE_METHOD = "edge"
 RESULTS_FILE = "edge_results.json"
 FINAL_MODEL_FILE = "final_model.pt"
 MODES = ("fedavg", "fedbuff")
+RUNNERS = ("fast", "stock")
+STOCK_RUNNER_WORKERS = 4
 
 
 def leaf_index_of(site_name: str) -> int:
@@ -183,6 +191,76 @@ class EdgeGlobalEvaluator(Widget):
             self._write()
 
 
+def seeded_initial_weights(settings: dict) -> dict[str, np.ndarray]:
+    """Version-0 global weights for ``settings`` (model, dataset, seed), as the Collab jobs build them."""
+    dataset = settings.get("dataset", "synthetic")
+    torch.manual_seed(derive_seed(int(settings.get("seed", 0)), "model-init"))
+    model = build_model(settings.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset])
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+class SeededModelPersistor(ModelPersistor):
+    """Initial global model built on the server from the run seed (NVFlare's ``PTModel`` re-initialises
+    the model unseeded when the server instantiates it, so two runs would start from different weights).
+
+    The edge job keeps its own results (``EdgeGlobalEvaluator`` writes ``final_model.pt``), so saving
+    is a no-op.
+    """
+
+    def __init__(self, settings: dict | None = None):
+        ModelPersistor.__init__(self)
+        self.settings = dict(settings or {})
+
+    def load_model(self, fl_ctx: FLContext) -> ModelLearnable:
+        return make_model_learnable(seeded_initial_weights(self.settings), {})
+
+    def save_model(self, model: ModelLearnable, fl_ctx: FLContext) -> None:
+        """Nothing to save: see the class docstring."""
+
+
+class NumpyBuffModelManager(BuffModelManager):
+    """NVFlare's ``BuffModelManager`` keeping the global model as float32 NumPy arrays.
+
+    The stock manager turns every new global model into nested Python lists (for JSON devices), which
+    the leaves then receive and each simulated device converts back. With in-process simulated
+    devices nothing needs JSON, so this manager builds the same model (mean of the buffered updates,
+    optional staleness weight ``1 / (1 + sqrt(staleness))``, times ``global_lr``, added to the current
+    global weights) and keeps it as arrays. Real devices behind NVFlare's web API need lists: use the
+    stock manager (``numpy_payloads=False``) for them.
+    """
+
+    def generate_new_model(self, fl_ctx: FLContext) -> None:
+        self.current_model_version += 1
+        version = self.current_model_version
+        current = {k: np.asarray(v) for k, v in self.current_model.data.items()}
+        num_updates = 0
+        if version > 1:
+            summed: dict[str, np.ndarray] = {}
+            for base_version, state in self.updates.items():
+                aggregator = state.aggregator
+                if aggregator.count > 0:
+                    scale = 1.0 / (1.0 + (version - base_version) ** 0.5) if self.staleness_weight else 1.0
+                    for key, value in aggregator.dict.items():
+                        scaled = np.asarray(value, dtype=np.float32) * np.float32(scale)
+                        summed[key] = summed[key] + scaled if key in summed else scaled
+                    num_updates += aggregator.count
+                aggregator.reset(fl_ctx)
+            if num_updates:
+                factor = np.float32(self.global_lr / num_updates)
+                for key, value in summed.items():
+                    if key not in current:
+                        self.log_error(fl_ctx, f"update key {key} is not in the global model; ignored")
+                        continue
+                    current[key] = current[key] + value * factor
+        self.updates[version] = _ModelState(ModelUpdateDXOAggregator())
+        self.log_info(fl_ctx, f"generated new model version {version} with {num_updates} updates")
+        self.current_model = DXO(data_kind=DataKind.WEIGHTS, data=current)
+        self.num_updates_counter = 0
+        fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(current, {}), private=True, sticky=True)
+        fl_ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=True)
+        self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)
+
+
 class DevsimEdgeRecipe(Recipe):
     """An NVFlare 2.9 edge job (FedAvg or FedBuff) whose simulated devices run this project's processor.
 
@@ -196,7 +274,16 @@ class DevsimEdgeRecipe(Recipe):
         mode: ``fedavg`` (synchronous) or ``fedbuff`` (new version every ``buffer_size`` updates,
             refill as soon as one slot is free).
         buffer_size, global_lr, staleness_weight, max_model_history: FedBuff settings.
-        num_workers: simulator threads per leaf (each owns one model).
+        num_workers: device-training threads per leaf (each owns one model); None sizes them from the
+            cores / free VRAM (fast runner) or uses NVFlare's stock count of 4 (stock runner).
+        runner: ``fast`` (:class:`~devsim_flare.edge_runner.FastEdgeRunner`: immediate dispatch, one shared
+            processor) or ``stock`` (NVFlare's ``TPORunner``: 0.5 s pause per dispatched device, processor
+            copied per device).
+        numpy_payloads: global models travel as float32 arrays (:class:`NumpyBuffModelManager`); False
+            keeps NVFlare's nested lists (needed by real devices behind NVFlare's web API).
+        processor: the leaves' device task processor; default this project's
+            :class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` built from ``settings``.
+        leaves_on_host: leaf processes sharing one host's cores (for the fast runner's worker sizing).
         update_interval: seconds between a leaf's status reports to the server.
         update_timeout: seconds a leaf waits for the server's answer to a report (NVFlare's default
             of 5 s ends a leaf's participation after one slow answer).
@@ -218,7 +305,11 @@ class DevsimEdgeRecipe(Recipe):
         global_lr: float = 1.0,
         staleness_weight: bool = False,
         max_model_history: int | None = 10,
-        num_workers: int = 4,
+        num_workers: int | None = None,
+        runner: str = "fast",
+        numpy_payloads: bool = True,
+        processor: Any = None,
+        leaves_on_host: int = 1,
         update_interval: float = 1.0,
         update_timeout: float = 60.0,
         device_wait_timeout: float | None = 300.0,
@@ -229,6 +320,10 @@ class DevsimEdgeRecipe(Recipe):
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
+        if num_workers is not None and num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 (or None for automatic), got {num_workers}")
         if num_leaf_nodes < 1 or devices_per_leaf < 1 or num_versions < 1:
             raise ValueError("num_leaf_nodes, devices_per_leaf and num_versions must be >= 1")
         total = num_leaf_nodes * devices_per_leaf
@@ -246,18 +341,14 @@ class DevsimEdgeRecipe(Recipe):
 
         job = EdgeJob(name=job_name, edge_method=EDGE_METHOD, min_clients=num_leaf_nodes)
 
-        dataset = self.settings.get("dataset", "synthetic")
-        torch.manual_seed(derive_seed(int(self.settings.get("seed", 0)), "model-init"))
-        model = build_model(self.settings.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset])
-        from nvflare.app_opt.pt.job_config.model import PTModel
-
-        persistor_id = job.to_server(PTModel(model=model), id="persistor")["persistor_id"]
+        persistor_id = job.to_server(SeededModelPersistor(settings=self.settings), id="persistor")
         job.to_server(
             EdgeGlobalEvaluator(settings=self.settings, eval_frequency=eval_frequency, output_dir=output_dir),
             id="evaluator",
         )
+        manager_cls = NumpyBuffModelManager if numpy_payloads else BuffModelManager
         model_manager_id = job.to_server(
-            BuffModelManager(
+            manager_cls(
                 num_updates_for_model=buffer,
                 max_model_history=max_model_history,
                 global_lr=global_lr,
@@ -287,12 +378,19 @@ class DevsimEdgeRecipe(Recipe):
             max_model_versions=max_model_history,
             update_timeout=update_timeout,
         )
-        processor = EdgeCifar10TaskProcessor(settings=self.settings, devices_per_leaf=devices_per_leaf)
+        if processor is None:
+            processor = EdgeCifar10TaskProcessor(settings=self.settings, devices_per_leaf=devices_per_leaf)
         tp_id = job.to_clients(processor, id="task_processor")
-        job.to_clients(
-            EdgeLeafRunner(tp_id, job_timeout=60.0, num_devices=devices_per_leaf, num_workers=num_workers),
-            id="tpo_runner",
-        )
+        if runner == "fast":
+            from devsim_flare.edge_runner import FastEdgeRunner
+
+            device_runner = FastEdgeRunner(
+                tp_id, num_devices=devices_per_leaf, num_workers=num_workers, leaves_on_host=leaves_on_host
+            )
+        else:
+            workers = STOCK_RUNNER_WORKERS if num_workers is None else num_workers
+            device_runner = EdgeLeafRunner(tp_id, job_timeout=60.0, num_devices=devices_per_leaf, num_workers=workers)
+        job.to_clients(device_runner, id="device_runner")
         if ship_packages:
             from devsim_flare.recipe import package_sources
 

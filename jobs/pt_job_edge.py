@@ -1,7 +1,8 @@
-"""This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob, stock device simulator).
+"""This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation).
 
 python jobs/pt_job_edge.py                                   # 2 leaves x 16 devices, FedAvg, 5 versions
 python jobs/pt_job_edge.py --mode fedbuff --buffer-size 4 --device-selection-size 8 --global-lr 0.5
+python jobs/pt_job_edge.py --runner stock --payloads lists  # NVFlare's own device runner and list payloads
 python jobs/pt_job_edge.py --export --export-dir fl_job      # then: nvflare simulator fl_job/devsim_edge -n 2 -t 2
 
 Flat topology only (every NVFlare client is a leaf; simulator threads = clients). Needs no torchvision.
@@ -17,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Importing the recipe module strips --export / --export-dir from sys.argv (NVFlare's convention).
-from devsim_flare.edge_job import MODES, DevsimEdgeRecipe, find_results, load_results  # noqa: E402
+from devsim_flare.edge_job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-size", type=int, default=None, help="fedbuff: updates per new version")
     p.add_argument("--global-lr", type=float, default=1.0)
     p.add_argument("--staleness-weight", action="store_true")
-    p.add_argument("--num-workers", type=int, default=4, help="simulator threads per leaf")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        help="device-training threads per leaf (default: sized from cores / free VRAM; stock runner: 4)",
+    )
+    p.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="fast",
+        help="device runner on each leaf: fast (this project's) or stock (NVFlare's TPORunner)",
+    )
+    p.add_argument(
+        "--payloads",
+        choices=("numpy", "lists"),
+        default="numpy",
+        help="global model format sent to the leaves (lists: NVFlare's default, needed by real web devices)",
+    )
     p.add_argument("--update-interval", type=float, default=1.0, help="seconds between a leaf's reports")
     p.add_argument("--update-timeout", type=float, default=60.0)
     p.add_argument("--eval-frequency", type=int, default=1)
@@ -83,10 +101,9 @@ def settings_from(args: argparse.Namespace) -> dict:
     return settings
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    output_dir = os.path.abspath(args.output_dir) if args.output_dir else None
-    recipe = DevsimEdgeRecipe(
+def build_recipe(args: argparse.Namespace, output_dir: str | None) -> DevsimEdgeRecipe:
+    """The edge recipe for parsed flags; ValueError names the offending setting."""
+    return DevsimEdgeRecipe(
         settings=settings_from(args),
         num_leaf_nodes=args.num_leaf_nodes,
         devices_per_leaf=args.devices_per_leaf,
@@ -97,11 +114,24 @@ def main(argv: list[str] | None = None) -> int:
         global_lr=args.global_lr,
         staleness_weight=args.staleness_weight,
         num_workers=args.num_workers,
+        runner=args.runner,
+        numpy_payloads=args.payloads == "numpy",
+        leaves_on_host=args.num_leaf_nodes,
         update_interval=args.update_interval,
         update_timeout=args.update_timeout,
         eval_frequency=args.eval_frequency,
         output_dir=output_dir,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    output_dir = os.path.abspath(args.output_dir) if args.output_dir else None
+    try:
+        recipe = build_recipe(args, output_dir)
+    except ValueError as error:
+        parser.error(str(error))
     from nvflare.recipe import SimEnv
 
     from devsim_flare.recipe import console_log_config

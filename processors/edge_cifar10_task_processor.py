@@ -32,7 +32,9 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+from devsim.config import DATASET_CLASSES
+from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor, default_torch_device
+from processors.models import build_model
 
 _WORKERS_LOCK = threading.Lock()
 _WORKERS: dict[tuple, Cifar10FedAvgTaskProcessor] = {}
@@ -71,6 +73,26 @@ def device_number(device_id: str, leaf_index: int, devices_per_leaf: int) -> int
     return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
 
 
+def _global_tensors(worker: Cifar10FedAvgTaskProcessor, payload: dict, version: int) -> list:
+    """The global model of ``payload`` as tensors on the worker's device, converted once per version per thread.
+
+    The leaf hands every device of a version the same weight objects (lists or arrays), so the
+    conversion is cached on the worker, keyed by the version and the identity of the first weight.
+    """
+    keys = worker.keys
+    missing = [k for k in keys if k not in payload]
+    if missing:
+        raise ValueError(f"global model payload lacks {len(missing)} model keys, e.g. {missing[0]!r}")
+    marker = (version, id(payload[keys[0]]))
+    cached = getattr(worker, "_edge_global", None)
+    if cached is not None and cached[0] == marker:
+        return cached[1]
+    weights = {k: np.asarray(payload[k], dtype=np.float32) for k in keys}
+    tensors = numpy_to_tensors(weights, keys, worker.torch_device)
+    worker._edge_global = (marker, tensors)
+    return tensors
+
+
 class EdgeCifar10TaskProcessor(DeviceTaskProcessor):
     """NVFlare edge ``DeviceTaskProcessor`` wrapping :class:`Cifar10FedAvgTaskProcessor`.
 
@@ -92,16 +114,31 @@ class EdgeCifar10TaskProcessor(DeviceTaskProcessor):
     def shutdown(self) -> None:
         """Nothing per device: workers are shared by every device of the leaf."""
 
+    def describe_compute(self) -> tuple[str, int, int]:
+        """(torch device, model parameter count, batch size) for sizing a leaf's worker pool."""
+        dataset = self.settings.get("dataset", "synthetic")
+        net = build_model(self.settings.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset])
+        num_params = sum(p.numel() for p in net.parameters())
+        return str(default_torch_device()), num_params, int(self.settings.get("batch_size", 10))
+
     def process_task(self, task: TaskResponse) -> dict:
+        """NVFlare's per-device entry point: the stock runner gives each device its own copy (``self.device``)."""
+        return self.process_device_task(self.device.device_id if self.device else "0", task)
+
+    def process_device_task(self, device_id: str, task: TaskResponse) -> dict:
+        """Train simulated device ``device_id`` on ``task``; returns the WEIGHT_DIFF DXO as a dict.
+
+        Thread-safe: each calling thread trains with its own cached model, so one instance can serve
+        every device of a leaf (the fast runner shares it).
+        """
         dxo = from_dict(task.task_data)
         if dxo.data_kind != DataKind.WEIGHTS or not isinstance(dxo.data, dict):
             raise ValueError(f"expected a WEIGHTS DXO with a dict payload, got {dxo.data_kind}")
         version = int(dxo.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0)
         worker = worker_for_thread(self.settings)
         keys = worker.keys
-        weights = {k: np.asarray(dxo.data[k], dtype=np.float32) for k in keys if k in dxo.data}
-        global_tensors = numpy_to_tensors(weights, keys, worker.torch_device)
-        number = device_number(self.device.device_id if self.device else "0", self.leaf_index, self.devices_per_leaf)
+        global_tensors = _global_tensors(worker, dxo.data, version)
+        number = device_number(device_id, self.leaf_index, self.devices_per_leaf)
         metrics = worker.train_device(number, version, global_tensors)
         delta = tensors_to_numpy(keys, worker.delta(global_tensors))
         result = DXO(

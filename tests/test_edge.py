@@ -1,7 +1,8 @@
-"""This project's processor inside NVFlare 2.9's own edge hierarchy (EdgeJob + stock device simulator).
+"""This project's processor inside NVFlare 2.9's own edge hierarchy (EdgeJob + device simulation).
 
-Fast checks of the DXO adapter and the exported job, and one end-to-end FedAvg run in NVFlare's
-simulator (flat topology: 2 leaves x 4 devices, 5 versions; about a minute).
+Fast checks of the DXO adapter, the NumPy model manager against NVFlare's list-based one, the fast
+device runner's pieces and the exported job, and one end-to-end FedAvg run in NVFlare's simulator
+(flat topology: 2 leaves x 4 devices, 5 versions, fast runner; about half a minute).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from nvflare.apis.dxo import DXO, DataKind, from_dict
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from devsim.codec import model_to_numpy
+from devsim_flare.edge_job import NumpyBuffModelManager, seeded_initial_weights
+from devsim_flare.edge_runner import FastEdgeRunner, SharedProcessorFactory
 from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor, clear_workers, device_number
 from processors.models import build_model
 from tests.conftest import REPO, isolated_env, processes_mentioning
@@ -78,6 +81,65 @@ def test_adapter_turns_weights_dxo_into_weight_diff_dxo():
         np.testing.assert_array_equal(delta[key], again.data["dict"][key])
 
 
+def test_shared_processor_serves_many_devices_like_per_device_copies():
+    weights = model_to_numpy(build_model("cnn"))
+    shared = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    factory = SharedProcessorFactory(shared)
+    copy_for_device = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    copy_for_device.device = _Device("abc#3")
+    try:
+        via_factory = from_dict(factory.make_device("abc#3").do_task(_task(weights, version=1)))
+        via_copy = from_dict(copy_for_device.process_task(_task(weights, version=1)))
+    finally:
+        clear_workers()
+    assert via_factory.meta["device"] == via_copy.meta["device"] == 3
+    for key, value in via_factory.data["dict"].items():
+        np.testing.assert_array_equal(value, via_copy.data["dict"][key])
+
+
+def test_fast_runner_refuses_processors_it_cannot_share_and_bad_settings():
+    class _StockStyle:
+        def process_task(self, task):
+            return {}
+
+    with pytest.raises(TypeError, match="process_device_task"):
+        SharedProcessorFactory(_StockStyle())
+    with pytest.raises(ValueError, match="num_workers"):
+        FastEdgeRunner("task_processor", num_workers=0)
+    with pytest.raises(ValueError, match="poll"):
+        FastEdgeRunner("task_processor", min_poll_interval=1.0, max_poll_interval=0.5)
+
+
+@pytest.mark.parametrize("staleness_weight", [False, True])
+def test_numpy_model_manager_builds_the_same_models_as_nvflares_list_manager(staleness_weight):
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.edge.assessors.buff_model_manager import BuffModelManager
+
+    initial = seeded_initial_weights({"model": "cnn", "seed": 3})
+    rng = np.random.default_rng(0)
+    bases = [1, 1, 2, 1, 2]  # base version of each update: a new version after the 2nd and the 5th
+    updates = [(v, {k: rng.normal(0, 0.01, a.shape).astype(np.float32) for k, a in initial.items()}) for v in bases]
+    models = []
+    for cls in (BuffModelManager, NumpyBuffModelManager):
+        manager = cls(num_updates_for_model=2, global_lr=0.5, staleness_weight=staleness_weight)
+        manager.fire_event = lambda *args, **kwargs: None
+        ctx = FLContext()
+        manager.initialize_model(DXO(DataKind.WEIGHTS, {k: v.copy() for k, v in initial.items()}), ctx)
+        manager.generate_new_model(ctx)  # version 1: the initial model
+        for step, (base, delta) in enumerate(updates):
+            dxo = DXO(DataKind.WEIGHT_DIFF, {"dict": {k: v.copy() for k, v in delta.items()}, "count": 1})
+            manager.updates[base].aggregator.accept(dxo.to_shareable(), ctx)
+            if step in (1, 4):
+                manager.generate_new_model(ctx)
+        assert manager.current_model_version == 3
+        models.append({k: np.asarray(v, dtype=np.float32) for k, v in manager.current_model.data.items()})
+    stock, ours = models
+    assert all(isinstance(v, np.ndarray) for v in ours.values())
+    for key in initial:
+        np.testing.assert_allclose(ours[key], stock[key], rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(ours[k], initial[k]) for k in initial)
+
+
 def test_processor_survives_deepcopy_like_the_stock_device_factory():
     import copy
 
@@ -118,7 +180,8 @@ def test_exported_edge_job_has_no_torchvision_components(tmp_path):
     assert "devsim_flare.edge_job.EdgeGlobalEvaluator" in server
     paths = {c["path"] for c in client["components"]}
     assert "processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor" in paths
-    assert "devsim_flare.edge_job.EdgeLeafRunner" in paths
+    assert "devsim_flare.edge_runner.FastEdgeRunner" in paths
+    assert "devsim_flare.edge_job.NumpyBuffModelManager" in server and "SeededModelPersistor" in server
     assert (app / "custom" / "processors" / "edge_cifar10_task_processor.py").is_file()
     meta = json.loads((tmp_path / "job" / "devsim_edge" / "meta.json").read_text())
     assert meta["edge_method"] == "edge" and meta["min_clients"] == 2
@@ -141,6 +204,8 @@ def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
     assert final["version"] == 6 and set(final["state_dict"]) == set(model_to_numpy(build_model("cnn")))
     # every version was built from exactly the 8 devices of the round (synchronous FedAvg)
     server_log = (workspace / "devsim_edge" / "server" / "log.txt").read_text()
+    leaf_log = (workspace / "devsim_edge" / "site-1" / "log.txt").read_text()
+    assert "fast edge runner: 4 devices" in leaf_log
     for version in range(2, 7):
         assert f"generated new model version {version} with 8 updates" in server_log
     assert wall < 240
