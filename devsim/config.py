@@ -16,6 +16,7 @@ from typing import Any
 
 DATASETS = ("synthetic", "cifar10", "cifar100")
 MODELS = ("cnn", "resnet18", "resnet18_nonorm")
+MODELS_WITHOUT_BUFFERS = ("cnn", "resnet18_nonorm")
 PARTITIONS = ("iid", "dirichlet")
 OPTIMIZERS = ("sgd", "adam")
 STALENESS_WEIGHTINGS = ("none", "polynomial")
@@ -87,6 +88,13 @@ class SimulationConfig:
     num_workers: int | None = field(
         default=None,
         metadata=_help("device-training threads per leaf; unset: sized from CPU cores and free VRAM"),
+    )
+    device_batch: int = field(
+        default=1,
+        metadata=_help(
+            "devices a worker trains at once as one batched (torch.func.vmap) computation; 1: one at a time. "
+            f"Needs --optimizer sgd, no --augment and a model without buffers ({', '.join(MODELS_WITHOUT_BUFFERS)})"
+        ),
     )
     eval_frequency: int = field(
         default=1, metadata=_help("evaluate the global model every N rounds (async: every N model versions)")
@@ -251,6 +259,7 @@ class SimulationConfig:
         _check_positive_finite("alpha", self.alpha)
         if not (0.0 <= self.momentum < 1.0):
             raise ConfigError("momentum", f"{self.momentum} is outside the allowed range [0, 1)")
+        _check_device_batch(self)
         if self.dataset != "synthetic":
             if not self.data_root:
                 raise ConfigError(
@@ -289,6 +298,23 @@ def _check_types(config: SimulationConfig) -> None:
             ok = True
         if not ok:
             raise ConfigError(f.name, f"{value!r} has type {type(value).__name__}; expected {allowed}")
+
+
+def _check_device_batch(config: SimulationConfig) -> None:
+    """``--device-batch`` > 1 trains devices in lockstep with plain SGD on a model without buffers."""
+    _check_min("device_batch", config.device_batch, 1)
+    if config.device_batch == 1:
+        return
+    if config.optimizer != "sgd":
+        raise ConfigError("device_batch", f"{config.device_batch} needs --optimizer sgd")
+    if config.augment:
+        raise ConfigError("device_batch", f"{config.device_batch} cannot be used with --augment")
+    if config.model not in MODELS_WITHOUT_BUFFERS:
+        raise ConfigError(
+            "device_batch",
+            f"{config.device_batch} needs a model without buffers: "
+            f"{', '.join(MODELS_WITHOUT_BUFFERS)} (got --model {config.model})",
+        )
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

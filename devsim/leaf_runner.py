@@ -51,6 +51,14 @@ class DeviceWorker(Protocol):
     def label_histogram(self, device_id: int) -> np.ndarray:
         """Samples per class in the device's shard."""
 
+    def round_seed(self, device_id: int, round_num: int) -> int:
+        """Batch-order seed of ``device_id`` in synchronous round ``round_num`` (as ``train_device`` uses)."""
+
+    def train_devices_batched(
+        self, device_ids: list[int], train_seeds: list[int], global_tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
+        """Train several devices at once; (D, *shape) deltas per key and metrics (``device_batch`` > 1)."""
+
 
 @dataclass
 class LeafRoundResult:
@@ -84,11 +92,19 @@ class LeafRoundResult:
 
 
 class LeafRoundRunner:
-    """Runs rounds for one leaf over a fixed set of device workers (one thread per worker)."""
+    """Runs rounds for one leaf over a fixed set of device workers (one thread per worker).
 
-    def __init__(self, workers: list[DeviceWorker]):
+    With ``device_batch`` > 1 a worker trains its devices ``device_batch`` at a time as one batched
+    computation (``train_devices_batched``); each device's batches and result are those it would get
+    alone, up to float rounding.
+    """
+
+    def __init__(self, workers: list[DeviceWorker], device_batch: int = 1):
         if not workers:
             raise ValueError("a leaf needs at least one device worker")
+        if int(device_batch) < 1:
+            raise ValueError(f"device_batch must be >= 1, got {device_batch}")
+        self.device_batch = int(device_batch)
         self.workers = workers
         self.keys = workers[0].keys
         self.torch_device = workers[0].torch_device
@@ -121,7 +137,13 @@ class LeafRoundRunner:
         chunks = [devices[w::num_workers] for w in range(num_workers)]
         futures = [
             self._pool.submit(
-                _train_chunk, self.workers[w], chunks[w], round_num, global_tensors, dropout, faults, max_norm
+                _train_chunk,
+                self.workers[w],
+                chunks[w],
+                round_num,
+                global_tensors,
+                _RoundChecks(dropout, faults, max_norm),
+                self.device_batch,
             )
             for w in range(num_workers)
         ]
@@ -170,11 +192,10 @@ class LeafRoundRunner:
         """
         started = time.perf_counter()
         global_tensors = numpy_to_tensors(global_weights, self.keys, self.torch_device)
-        futures = [
-            self._pool.submit(self._train_job, global_tensors, int(d), int(s), with_histograms)
-            for d, s in zip(device_ids, train_seeds, strict=True)
-        ]
-        outputs = [f.result() for f in futures]
+        jobs = [(int(d), int(s)) for d, s in zip(device_ids, train_seeds, strict=True)]
+        groups = [jobs[i : i + self.device_batch] for i in range(0, len(jobs), self.device_batch)]
+        futures = [self._pool.submit(self._train_jobs, global_tensors, group, with_histograms) for group in groups]
+        outputs = [output for f in futures for output in f.result()]
         trained = time.perf_counter()
         payload = {
             "job_id": np.asarray(job_ids, dtype=np.int64),
@@ -197,13 +218,25 @@ class LeafRoundRunner:
         }
         return payload
 
-    def _train_job(self, global_tensors: list[torch.Tensor], device_id: int, train_seed: int, with_histogram: bool):
+    def _train_jobs(self, global_tensors: list[torch.Tensor], jobs: list[tuple[int, int]], with_histogram: bool):
+        """Train ``jobs`` ((device id, train seed) pairs) on one idle worker; (delta, metrics, histogram) each."""
         worker = self._idle.get()
         try:
-            metrics = worker.train_with_seed(device_id, train_seed, global_tensors)
-            delta = tensors_to_numpy(self.keys, worker.delta(global_tensors))
-            histogram = worker.label_histogram(device_id) if with_histogram else None
-            return delta, metrics, histogram
+            if self.device_batch > 1:
+                deltas, metrics = worker.train_devices_batched(
+                    [d for d, _ in jobs], [s for _, s in jobs], global_tensors
+                )
+                stacked = tensors_to_numpy(self.keys, deltas)
+                per_job = [{k: v[i] for k, v in stacked.items()} for i in range(len(jobs))]
+            else:
+                per_job, metrics = [], []
+                for device_id, train_seed in jobs:
+                    metrics.append(worker.train_with_seed(device_id, train_seed, global_tensors))
+                    per_job.append(tensors_to_numpy(self.keys, worker.delta(global_tensors)))
+            return [
+                (delta, m, worker.label_histogram(d) if with_histogram else None)
+                for (d, _), delta, m in zip(jobs, per_job, metrics, strict=True)
+            ]
         finally:
             self._idle.put(worker)
 
@@ -219,41 +252,79 @@ class _ChunkResult:
     rejections: list[str]
 
 
+@dataclass(frozen=True)
+class _RoundChecks:
+    """What a synchronous round applies to each device: dropout, injected faults and the norm limit."""
+
+    dropout: DropoutModel | None
+    faults: FaultInjector | None
+    max_norm: float | None
+
+    def outcome(self, round_num: int, device_id: int) -> str:
+        return self.dropout.outcome(round_num, device_id) if self.dropout is not None and self.dropout.enabled else "ok"
+
+
 def _train_chunk(
     worker: DeviceWorker,
     device_ids: list[int],
     round_num: int,
     global_tensors: list[torch.Tensor],
-    dropout: DropoutModel | None,
-    faults: FaultInjector | None,
-    max_norm: float | None,
+    checks: _RoundChecks,
+    device_batch: int,
 ) -> _ChunkResult:
     result = _ChunkResult(
         [torch.zeros_like(t) for t in global_tensors], [], {"dropped": 0, "silent": 0, "rejected": 0}, []
     )
-    delta = [torch.empty_like(t) for t in global_tensors]
+    answering = []
     for device_id in device_ids:
-        outcome = dropout.outcome(round_num, device_id) if dropout is not None and dropout.enabled else "ok"
+        outcome = checks.outcome(round_num, device_id)
         if outcome == SILENT:
             result.counts["silent"] += 1
-            continue
+        else:
+            answering.append((device_id, outcome))
+    if device_batch > 1:
+        for start in range(0, len(answering), device_batch):
+            group = answering[start : start + device_batch]
+            ids = [d for d, _ in group]
+            seeds = [worker.round_seed(d, round_num) for d in ids]
+            deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
+            for i, (_, outcome) in enumerate(group):
+                _admit(result, [t[i] for t in deltas], metrics[i], outcome, round_num, checks)
+        return result
+    delta = [torch.empty_like(t) for t in global_tensors]
+    for device_id, outcome in answering:
         metrics = worker.train_device(device_id, round_num, global_tensors)
-        if outcome == DROPPED:
-            result.counts["dropped"] += 1
-            continue
-        worker.delta_into(delta, global_tensors)
-        fault = faults.device_fault(round_num, device_id) if faults is not None else None
-        if fault is not None:
-            _corrupt_tensors(delta, fault)
-        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
-        if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
-            result.counts["rejected"] += 1
-            reason = "non-finite values" if not np.isfinite(norm) else f"norm {norm:.3g} exceeds {max_norm:.3g}"
-            result.rejections.append(f"device {device_id}: {reason}")
-            continue
-        torch._foreach_add_(result.accumulator, delta, alpha=float(metrics.num_samples))
-        result.metrics.append(metrics)
+        if outcome != DROPPED:
+            worker.delta_into(delta, global_tensors)
+        _admit(result, delta, metrics, outcome, round_num, checks)
     return result
+
+
+def _admit(
+    result: _ChunkResult,
+    delta: list[torch.Tensor],
+    metrics: DeviceMetrics,
+    outcome: str,
+    round_num: int,
+    checks: _RoundChecks,
+) -> None:
+    """Add one trained device's delta to the chunk's sum unless it dropped out or fails validation."""
+    device_id = metrics.device_id
+    if outcome == DROPPED:
+        result.counts["dropped"] += 1
+        return
+    fault = checks.faults.device_fault(round_num, device_id) if checks.faults is not None else None
+    if fault is not None:
+        _corrupt_tensors(delta, fault)
+    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
+    max_norm = checks.max_norm
+    if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
+        result.counts["rejected"] += 1
+        reason = "non-finite values" if not np.isfinite(norm) else f"norm {norm:.3g} exceeds {max_norm:.3g}"
+        result.rejections.append(f"device {device_id}: {reason}")
+        return
+    torch._foreach_add_(result.accumulator, delta, alpha=float(metrics.num_samples))
+    result.metrics.append(metrics)
 
 
 def _corrupt_tensors(delta: list[torch.Tensor], kind: str) -> None:

@@ -109,7 +109,7 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
         seen = 0
-        for batch_index in self._batches(num_samples, steps, generator):
+        for batch_index in batch_orders(num_samples, steps, self.spec.batch_size, generator):
             batch_index = batch_index.to(self.device, non_blocking=True)
             inputs, targets = images[batch_index], labels[batch_index]
             if self.spec.augment:
@@ -131,23 +131,26 @@ class LocalTrainer:
             compute_seconds=time.perf_counter() - started,
         )
 
-    def _batches(self, num_samples: int, steps: int, generator: torch.Generator):
-        """Yield ``steps`` index tensors, reshuffling at each pass over the shard."""
-        batch_size = self.spec.batch_size
-        produced = 0
-        while produced < steps:
-            order = torch.randperm(num_samples, generator=generator)
-            for start in range(0, num_samples, batch_size):
-                if produced == steps:
-                    return
-                yield order[start : start + batch_size]
-                produced += 1
-
     def accumulate_delta(self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float):
         """``accumulator += weight * (local - global)``, entry by entry, in place."""
         with torch.no_grad():
             delta = torch._foreach_sub(self.state_tensors, global_tensors)
             torch._foreach_add_(accumulator, delta, alpha=float(weight))
+
+
+def batch_orders(num_samples: int, steps: int, batch_size: int, generator: torch.Generator):
+    """Yield ``steps`` index tensors into a shard of ``num_samples``, reshuffling at each pass over it.
+
+    The last batch of a pass may be short; the order depends only on ``generator``.
+    """
+    produced = 0
+    while produced < steps:
+        order = torch.randperm(num_samples, generator=generator)
+        for start in range(0, num_samples, batch_size):
+            if produced == steps:
+                return
+            yield order[start : start + batch_size]
+            produced += 1
 
 
 def crop_and_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:

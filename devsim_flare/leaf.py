@@ -69,7 +69,7 @@ class LeafNode:
             worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
             worker.setup()
             workers.append(worker)
-        self._runner = LeafRoundRunner(workers)
+        self._runner = LeafRoundRunner(workers, device_batch=int(settings.get("device_batch", 1)))
         self._dropout = DropoutModel(
             float(settings.get("device_dropout", 0.0)),
             float(settings.get("device_never_answer", 0.0)),

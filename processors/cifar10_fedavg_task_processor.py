@@ -25,6 +25,7 @@ from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
+from devsim.batched_training import BatchedSGDTrainer
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
 from devsim.config import DATASET_CLASSES
 from devsim.data import load_dataset
@@ -150,6 +151,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
         self._data: DeviceDataSource | None = None
         self._trainer: LocalTrainer | None = None
+        self._batched: BatchedSGDTrainer | None = None
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any], compute_device: str | None = None) -> Cifar10FedAvgTaskProcessor:
@@ -198,6 +200,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
     def shutdown(self) -> None:
         """Drop this worker's model; the shared data stays for other workers in the process."""
         self._trainer = None
+        self._batched = None
         self._data = None
 
     def train_device(self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
@@ -205,13 +208,33 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
 
         The batch order depends only on ``(seed, round_num, device_id)``.
         """
-        return self.train_with_seed(device_id, derive_seed(self.seed, "train", round_num, device_id), global_tensors)
+        return self.train_with_seed(device_id, self.round_seed(device_id, round_num), global_tensors)
 
     def train_with_seed(self, device_id: int, train_seed: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
         """Train ``device_id`` from ``global_tensors`` with batch order and augmentation fixed by ``train_seed``."""
         trainer = self._ready()
         images, labels = self._data.shard(device_id)
         return trainer.train(device_id, global_tensors, images, labels, torch.Generator().manual_seed(train_seed))
+
+    def train_devices_batched(
+        self, device_ids: list[int], train_seeds: list[int], global_tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
+        """Train ``device_ids`` together as one vmapped computation (see :mod:`devsim.batched_training`).
+
+        Device ``device_ids[i]`` uses the batch order of ``train_seeds[i]``, exactly as
+        :meth:`train_with_seed` would. Returns one (D, *shape) delta tensor per entry of ``keys``
+        and per-device metrics. The worker's own model state is not changed.
+        """
+        trainer = self._ready()
+        if self._batched is None:
+            self._batched = BatchedSGDTrainer(trainer.model, trainer.spec, self.torch_device)
+        shards = [self._data.shard(d) for d in device_ids]
+        generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
+        return self._batched.train(device_ids, global_tensors, shards, generators)
+
+    def round_seed(self, device_id: int, round_num: int) -> int:
+        """The batch-order seed of ``device_id`` in synchronous round ``round_num``."""
+        return derive_seed(self.seed, "train", round_num, device_id)
 
     def delta_into(self, out: list[torch.Tensor], global_tensors: list[torch.Tensor]) -> None:
         """Write ``trained - global`` of the device trained last into ``out`` (reused buffers)."""

@@ -1,0 +1,103 @@
+"""Batched device training (``--device-batch``) against the leaf's thread pool, in one process.
+
+One leaf's synchronous round (``devsim.leaf_runner.LeafRoundRunner``, no NVFlare) trains the same
+devices from the same global model once per setting: the thread pool training one device at a time
+per worker (``device_batch`` 1, workers from ``--workers``), and each ``--batches`` value, where a
+worker trains that many devices at once as one ``torch.func.vmap`` computation over stacked weights.
+Each setting runs ``--rounds`` rounds (the first is a warm-up); throughput is device-samples per
+second over the median of the others. Printed: throughput, speedup against the thread pool, and the
+largest difference between the setting's leaf delta sum and the thread pool's, relative to the sum's
+largest entry (float rounding only: every device sees the same batches). Uses the GPU when there is one (``--compute-device``).
+
+    .venv/bin/python benchmarks/batched_devices.py
+    .venv/bin/python benchmarks/batched_devices.py --model resnet18_nonorm --devices 16 --samples 20 --batches 4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+from devsim.codec import model_to_numpy  # noqa: E402
+from devsim.leaf_runner import LeafRoundRunner  # noqa: E402
+from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
+from processors.models import build_model  # noqa: E402
+
+
+def measure(args, device_batch: int, workers: int, weights: dict) -> tuple[float, dict]:
+    """Median device-samples/s over rounds 2.. and the last round's delta sum (torch threads: cores / workers)."""
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    settings = {
+        "dataset": "synthetic",
+        "synthetic_train_size": max(4000, args.devices * args.samples),
+        "synthetic_test_size": 100,
+        "model": args.model,
+        "partition": "iid",
+        "samples_per_device": args.samples,
+        "batch_size": args.batch_size,
+        "local_epochs": args.epochs,
+        "seed": 0,
+    }
+    processors = [
+        Cifar10FedAvgTaskProcessor.from_settings(settings, compute_device=args.compute_device) for _ in range(workers)
+    ]
+    runner = LeafRoundRunner(processors, device_batch=device_batch)
+    rates, result = [], None
+    try:
+        for round_num in range(args.rounds):
+            started = time.perf_counter()
+            result = runner.run_round(0, weights, list(range(args.devices)))
+            if args.compute_device.startswith("cuda"):
+                torch.cuda.synchronize()
+            if round_num:
+                rates.append(args.devices * args.samples * args.epochs / (time.perf_counter() - started))
+    finally:
+        runner.close()
+    return statistics.median(rates), result.delta_sum
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="cnn", choices=("cnn", "resnet18_nonorm"))
+    p.add_argument("--devices", type=int, default=64, help="devices trained per round by the leaf")
+    p.add_argument("--samples", type=int, default=100, help="samples per device")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--workers", type=int, default=None, help="thread-pool workers (default: usable cores)")
+    p.add_argument("--batches", default="4,16,64", help="comma-separated --device-batch values")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per setting (the first is a warm-up)")
+    p.add_argument("--compute-device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    workers = args.workers or len(os.sched_getaffinity(0))
+    torch.manual_seed(0)
+    weights = model_to_numpy(build_model(args.model))
+    print(
+        f"{args.devices} devices x {args.samples} samples x {args.epochs} epoch(s), batch {args.batch_size}, "
+        f"model {args.model}, {args.compute_device}; torch threads per worker = usable cores / workers"
+    )
+    base_rate, base_sum = measure(args, 1, workers, weights)
+    scale = max(float(np.abs(v).max()) for v in base_sum.values())
+    print(f"{'setting':<28} {'samples/s':>11} {'speedup':>8} {'max rel diff vs pool':>21}")
+    print(f"{f'thread pool, {workers} workers':<28} {base_rate:>11.0f} {1.0:>8.2f} {0.0:>21.2e}")
+    for batch in batches:
+        for pool in sorted({1, workers}):
+            rate, delta_sum = measure(args, batch, pool, weights)
+            diff = max(float(np.abs(delta_sum[k] - base_sum[k]).max()) for k in base_sum) / scale
+            label = f"device_batch {batch}, {pool} worker{'s' if pool > 1 else ''}"
+            print(f"{label:<28} {rate:>11.0f} {rate / base_rate:>8.2f} {diff:>21.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
