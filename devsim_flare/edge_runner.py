@@ -117,8 +117,12 @@ class FastDeviceSimulator(Simulator):
             interval = min(self.max_poll_interval, interval * 2)
         return None
 
-    def _start_device(self, job, did: str, sid) -> bool:
-        """Ask the leaf for ``did``'s task and queue its training; False when the job is over."""
+    def _start_device(self, job, did: str, sid) -> bool | None:
+        """Ask the leaf for ``did``'s task and queue its training.
+
+        Returns True when the device started, None when it did not (retry later, or done), False
+        when the job is over.
+        """
         device = self.all_devices.get(did) or self._make_new_device(did)
         device.set_job(job_id=job.job_id, job_name=job.job_name, job_data=job.job_data, method=job.method)
         resp = self._ask_for_task(device)
@@ -134,9 +138,9 @@ class FastDeviceSimulator(Simulator):
             return True
         if resp.status == EdgeApiStatus.DONE:
             device.job_id = None
-            return True
+            return None
         if resp.status == EdgeApiStatus.RETRY:
-            return True
+            return None
         self.logger.info(f"device runner stops: task response status {resp.status}")
         return False
 
@@ -158,10 +162,13 @@ class FastDeviceSimulator(Simulator):
                 if isinstance(resp.selection, dict) and resp.selection:
                     with self.update_lock:
                         mine = self._determine_my_devices(resp.selection)
+            started = 0
             for did, sid in mine.items():
-                if self.done or not self._start_device(job, did, sid):
+                outcome = False if self.done else self._start_device(job, did, sid)
+                if outcome is False:
                     return
-            if mine:
+                started += outcome is True
+            if started:
                 interval = self.min_poll_interval
                 continue
             time.sleep(interval)
