@@ -1,0 +1,150 @@
+"""A provisioned NVFlare edge hierarchy on this machine: server, 2 relays, 4 leaf clients (slow; CI runs it).
+
+Drives ``scripts/edge_system.py`` the way a user would (provision with free ports, start, status, run the
+edge job, stop) and checks that the job learned, that every version was built from all devices, that the
+leaves reached the server through their relays, and that no process of the workspace survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, isolated_env, processes_mentioning
+
+SCRIPT = os.path.join(REPO, "scripts", "edge_system.py")
+CHANCE = 0.10
+LEAVES = {"site-1": "relay-1", "site-2": "relay-1", "site-3": "relay-2", "site-4": "relay-2"}
+DEVICES_PER_LEAF = 8
+VERSIONS = 3
+PORTS = 4  # server fed_learn + admin, one per relay
+
+
+def free_port_base(count: int = PORTS) -> int:
+    """A port N such that N..N+count-1 can all be bound on localhost right now."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def edge_system(command: str, workspace, tmp_path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run one subcommand of scripts/edge_system.py in its own process group; fail the test on error."""
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, command, "--workspace", str(workspace), *extra],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(
+            f"edge_system.py {command} did not finish in {timeout}s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+        )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"edge_system.py {command} exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _end_leftovers(text: str) -> list[str]:
+    """Wait briefly for processes mentioning ``text`` to go, SIGKILL the rest; returns what was left."""
+    deadline = time.monotonic() + 20
+    while processes_mentioning(text) and time.monotonic() < deadline:
+        time.sleep(1)
+    leftovers = processes_mentioning(text)
+    for line in leftovers:
+        try:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
+
+
+@pytest.mark.slow
+def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_path):
+    workspace = tmp_path / "ws"
+    base = free_port_base()
+    started = time.monotonic()
+    try:
+        edge_system("provision", workspace, tmp_path, "--port-base", str(base), timeout=120)
+        state = json.loads((workspace / "system.json").read_text())
+        assert [r["port"] for r in state["relays"]] == [base + 2, base + 3]
+        assert {c["name"]: c["relay"] for c in state["clients"]} == LEAVES
+        assert not any(c["parent"] for c in state["clients"]), "leaves are roots of the client hierarchy"
+        server_resources = json.loads(open(os.path.join(state["kits"], "server", "local", "resources.json")).read())
+        assert str(workspace / "storage") in json.dumps(server_resources)  # not /tmp/nvflare
+
+        edge_system("start", workspace, tmp_path, "--timeout", "150", timeout=180)
+        status = edge_system("status", workspace, tmp_path, timeout=60).stdout
+        assert "connected clients: ['site-1', 'site-2', 'site-3', 'site-4']" in status, status
+
+        job_flags = ["--devices-per-leaf", str(DEVICES_PER_LEAF), "--num-versions", str(VERSIONS)]
+        run = edge_system("run", workspace, tmp_path, "--timeout", "300", "--", *job_flags, timeout=360)
+        assert "FINISHED:COMPLETED" in run.stdout and "final accuracy" in run.stdout, run.stdout
+
+        # leaves reached the server through their relay: their cell names are relay-N.site-M
+        for site, relay in LEAVES.items():
+            port = base + 2 + int(relay[-1]) - 1
+            log = open(os.path.join(state["kits"], site, "log.txt"), encoding="utf-8").read()
+            assert f"{relay}.{site}: created backbone internal connector to tcp://localhost:{port}" in log, site
+
+        [job_file] = glob.glob(str(workspace / "results" / "*" / "job.json"))
+        job = json.loads(open(job_file).read())
+        assert job["status"] == "FINISHED:COMPLETED"
+        records = json.loads(open(job["results"]).read())["records"]
+        versions = [r["version"] for r in records]
+        accuracies = [r["accuracy"] for r in records]
+        losses = [r["loss"] for r in records]
+        assert versions == list(range(1, VERSIONS + 2)), versions
+        assert accuracies[-1] > CHANCE + 0.2, accuracies
+        assert losses[-1] < losses[0] - 0.3, losses
+        # synchronous FedAvg: every trained version averaged all 4 x 8 devices of the round
+        server_log = open(job["server_job_log"], encoding="utf-8").read()
+        built = [int(n) for n in re.findall(r"generated new model version \d+ with (\d+) updates", server_log)]
+        assert built[1:] == [len(LEAVES) * DEVICES_PER_LEAF] * VERSIONS, built
+
+        stop = edge_system("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
+        assert "no process of" in stop.stdout, stop.stdout
+        assert processes_mentioning(str(workspace)) == []
+    finally:
+        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
+                    env=isolated_env(tmp_path),
+                    capture_output=True,
+                    timeout=120,
+                )
+        leftovers = _end_leftovers(str(tmp_path))
+    assert not leftovers, leftovers
+    print(f"edge hierarchy test: {time.monotonic() - started:.1f}s")
