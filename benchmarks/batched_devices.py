@@ -7,7 +7,8 @@ worker trains that many devices at once as one ``torch.func.vmap`` computation o
 Each setting runs ``--rounds`` rounds (the first is a warm-up); throughput is device-samples per
 second over the median of the others. Printed: throughput, speedup against the thread pool, and the
 largest difference between the setting's leaf delta sum and the thread pool's, relative to the sum's
-largest entry (float rounding only: every device sees the same batches). Uses the GPU when there is one (``--compute-device``).
+largest entry (float rounding only: every device sees the same batches). Uses the GPU when there is
+one (``--compute-device``).
 
     .venv/bin/python benchmarks/batched_devices.py
     .venv/bin/python benchmarks/batched_devices.py --model resnet18_nonorm --devices 16 --samples 20 --batches 4,16

@@ -1,14 +1,35 @@
 """Sync FedAvg round time in the simulator against a tight single-process PyTorch loop.
 
 Both sides train exactly the same work: the same model, batch size and number of SGD steps over
-the same number of samples (selected devices x samples per device x epochs). The simulator
-side is the steady-state round time (median over rounds after warm-up, evaluation excluded:
-the server evaluates only after the last round). The baseline trains one model on one process
-with every core, with no federated machinery at all. The ratio is the overhead of simulating
-devices, leaves and the server.
+the same number of samples (selected devices x samples per device x 1 epoch). The simulator side
+(``jobs/pt_job_fedavg.py`` in NVFlare's simulator, ``sim`` mode, every device selected every round) is
+the steady-state round time: the median of the rounds after the warm-up rounds (the first round
+carries data loading and model building), measured from the server's send to the aggregated model;
+the server evaluates only after the last round, outside the timed part. The baseline trains one model
+in one process with no federated machinery at all, with torch at 1 thread and at every core, best of
+``--baseline-repeats`` runs (fewer when a run is long, see ``--baseline-budget``). The ratio sim /
+fastest loop is the overhead of simulating devices, leaves and the server (below 1: the simulator
+uses the cores better than one training loop can).
 
-    .venv/bin/python benchmarks/round_overhead.py                 # 2 leaves x 50 devices x 100 samples
+Single setting (default): 2 leaves x 50 devices x 100 samples, small CNN, batch 10.
+
+    .venv/bin/python benchmarks/round_overhead.py
     .venv/bin/python benchmarks/round_overhead.py --devices-per-leaf 500 --model resnet18
+
+Sweep (``--sweep``): selected devices per round x model, one table. ResNet-18 costs about 300x the
+small CNN per sample on a 2-core CPU, so its devices hold ``--resnet-samples-per-device`` samples
+(default 10, one SGD step at batch 10) and run ``--resnet-rounds`` rounds; the ResNet-18 x 1000 cell
+(about 40 minutes on 2 cores) is skipped unless ``--skip-cells none``. The default sweep (5 cells)
+took 19 minutes on 2 shared cores at load average 4-8 (5.7 of them in one 2-thread ResNet-18 loop
+slowed 7x by the load); expect 12-15 minutes on 2 quiet cores.
+
+    .venv/bin/python benchmarks/round_overhead.py --sweep
+    .venv/bin/python benchmarks/round_overhead.py --sweep --models cnn --devices 100,1000
+    .venv/bin/python benchmarks/round_overhead.py --sweep --skip-cells none            # all 6 cells
+    .venv/bin/python benchmarks/round_overhead.py --sweep --devices 10 --samples 20 --rounds 3  # smoke test
+
+Every simulator run uses a temporary workspace with HOME inside it, runs as its own process group,
+and is killed with every process it started after ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -17,10 +38,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,39 +49,72 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.device_data import Normaliser  # noqa: E402
 from processors.models import build_model  # noqa: E402
 
+SWEEP_DEVICES = "10,100,1000"
+SWEEP_MODELS = "cnn,resnet18"
+SWEEP_SKIP = "resnet18x1000"
 
-def simulated_round_seconds(args, workdir: str) -> list[float]:
-    """Per-round training seconds (server send -> aggregated) of a sim run; evaluation only at the end."""
-    selected = args.leaves * args.devices_per_leaf
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured setting: ``leaves x devices_per_leaf`` devices, all selected, ``samples`` each."""
+
+    model: str
+    leaves: int
+    devices_per_leaf: int
+    samples: int
+    batch_size: int
+    rounds: int
+    warmup_rounds: int
+
+    @property
+    def devices(self) -> int:
+        return self.leaves * self.devices_per_leaf
+
+    @property
+    def total_samples(self) -> int:
+        return self.devices * self.samples
+
+    @property
+    def steps(self) -> int:
+        return self.devices * -(-self.samples // self.batch_size)
+
+    @property
+    def train_size(self) -> int:
+        return max(20000, self.total_samples)
+
+
+def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str) -> list[dict]:
+    """Per-round records of a sim run (``train_seconds``: server send -> aggregated); evaluation only at the end."""
     cmd = [
         sys.executable,
         os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
         "--num-leaf-nodes",
-        str(args.leaves),
+        str(cell.leaves),
         "--devices-per-leaf",
-        str(args.devices_per_leaf),
+        str(cell.devices_per_leaf),
         "--device-selection-size",
-        str(selected),
+        str(cell.devices),
         "--samples-per-device",
-        str(args.samples),
+        str(cell.samples),
         "--local-epochs",
         "1",
         "--batch-size",
-        str(args.batch_size),
+        str(cell.batch_size),
         "--model",
-        args.model,
+        cell.model,
         "--num-rounds",
-        str(args.rounds),
+        str(cell.rounds),
         "--eval-frequency",
-        str(args.rounds),
+        str(cell.rounds),
         "--partition",
         "iid",
         "--synthetic-train-size",
-        str(max(20000, selected * args.samples)),
+        str(cell.train_size),
         "--workspace",
         os.path.join(workdir, "ws"),
         "--output-dir",
@@ -68,82 +122,249 @@ def simulated_round_seconds(args, workdir: str) -> list[float]:
     ]
     if args.num_workers:
         cmd += ["--num-workers", str(args.num_workers)]
-    env = dict(os.environ, HOME=os.path.join(workdir, "home"))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"simulation failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rc, _, tail = run_isolated(cmd, workdir, args.timeout)
+    if rc != 0:
+        status = f"timed out after {args.timeout:.0f} s" if rc is None else f"failed (exit {rc})"
+        raise RuntimeError(f"simulation {status}:\n{tail}")
     with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
-        rounds = json.load(stream)["rounds"]
-    return [r["train_seconds"] for r in rounds]
+        return json.load(stream)["rounds"]
 
 
-def tight_loop_seconds(args) -> tuple[float, int]:
-    """Seconds to train the same number of samples and steps in one process; returns (seconds, steps)."""
-    selected = args.leaves * args.devices_per_leaf
-    data = load_dataset("synthetic", None, train=True, synthetic_train_size=max(20000, selected * args.samples))
+def steady_parts(records: list[dict]) -> dict[str, float]:
+    """Median seconds of each timed part of a round (leaf compute, dispatch, return, ...) over ``records``."""
+    names = sorted({name for r in records for name in r.get("timing", {}).get("parts", {})})
+    parts = {}
+    for name in names:
+        values = [float(r["timing"]["parts"].get(name, 0.0)) for r in records if "timing" in r]
+        if values and name != "evaluation":
+            parts[name] = statistics.median(values)
+    return parts
+
+
+def tight_loop_data(cell: Cell) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell's training samples, normalised once (device d owns rows d * samples .. (d + 1) * samples)."""
+    data = load_dataset("synthetic", None, train=True, synthetic_train_size=cell.train_size)
     normalise = Normaliser(data.mean, data.std, torch.device("cpu"))
-    images = normalise(torch.from_numpy(data.images[: selected * args.samples]))
-    labels = torch.from_numpy(data.labels[: selected * args.samples])
-    model = build_model(args.model)
+    images = normalise(torch.from_numpy(data.images[: cell.total_samples]))
+    return images, torch.from_numpy(data.labels[: cell.total_samples].copy())
+
+
+def tight_loop_seconds(
+    cell: Cell, args: argparse.Namespace, threads: int, images: torch.Tensor, labels: torch.Tensor
+) -> tuple[float, int]:
+    """Best seconds to train the cell's samples and steps in one process at ``threads`` torch threads;
+    returns (seconds, runs). Repeats up to ``--baseline-repeats`` times while the next run fits in
+    ``--baseline-budget`` seconds (at least one run)."""
+    torch.set_num_threads(threads)
+    model = build_model(cell.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    steps_per_device = -(-args.samples // args.batch_size)
     model.train()
-    best = float("inf")
-    for _ in range(args.baseline_repeats):
+    best, spent, runs = float("inf"), 0.0, 0
+    while runs < args.baseline_repeats and (runs == 0 or spent + best <= args.baseline_budget):
         started = time.perf_counter()
-        for device in range(selected):
-            base = device * args.samples
-            order = torch.randperm(args.samples) + base
-            for start in range(0, args.samples, args.batch_size):
-                index = order[start : start + args.batch_size]
+        for device in range(cell.devices):
+            base = device * cell.samples
+            order = torch.randperm(cell.samples) + base
+            for start in range(0, cell.samples, cell.batch_size):
+                index = order[start : start + cell.batch_size]
                 loss = F.cross_entropy(model(images[index]), labels[index])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-        best = min(best, time.perf_counter() - started)
-    return best, selected * steps_per_device
+        seconds = time.perf_counter() - started
+        best, spent, runs = min(best, seconds), spent + seconds, runs + 1
+    return best, runs
+
+
+def measure(cell: Cell, args: argparse.Namespace) -> dict:
+    """Sim rounds and tight-loop times of one cell."""
+    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
+        records = simulated_rounds(cell, args, workdir)
+    sim_rounds = [float(r["train_seconds"]) for r in records]
+    steady = sim_rounds[cell.warmup_rounds :] or sim_rounds
+    parts = steady_parts(records[cell.warmup_rounds :] or records)
+    baselines = {}
+    default_threads = torch.get_num_threads()
+    images, labels = tight_loop_data(cell)
+    try:
+        for threads in sorted({1, default_threads}):
+            baselines[threads] = tight_loop_seconds(cell, args, threads, images, labels)
+    finally:
+        torch.set_num_threads(default_threads)
+    del images, labels
+    best_threads = min(baselines, key=lambda t: baselines[t][0])
+    sim = statistics.median(steady)
+    return {
+        "sim_rounds": sim_rounds,
+        "sim": sim,
+        "parts": parts,
+        "baselines": baselines,
+        "best_threads": best_threads,
+        "loop": baselines[best_threads][0],
+        "ratio": sim / baselines[best_threads][0],
+    }
+
+
+def describe(cell: Cell, result: dict) -> list[str]:
+    """Detail lines of one measured cell."""
+    lines = [
+        f"sim round times (s): {', '.join(f'{t:.3f}' for t in result['sim_rounds'])}",
+        f"sim steady-state round (median of rounds {cell.warmup_rounds + 1}..{cell.rounds}): {result['sim']:.3f} s "
+        f"({cell.total_samples / result['sim']:,.0f} samples/s)",
+        "sim steady round parts along the slowest leaf (medians, s): "
+        + ", ".join(f"{name} {value:.3f}" for name, value in result["parts"].items() if value >= 0.0005),
+    ]
+    for threads, (seconds, runs) in result["baselines"].items():
+        lines.append(
+            f"tight single-process loop, torch threads={threads} (best of {runs}): {seconds:.3f} s "
+            f"({cell.total_samples / seconds:,.0f} samples/s)"
+        )
+    lines.append(f"ratio sim / fastest tight loop (threads={result['best_threads']}): {result['ratio']:.3f}")
+    return lines
+
+
+def parse_list(text: str, kind: type, name: str, parser: argparse.ArgumentParser) -> list:
+    try:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"{name} takes a comma list, got {text!r}")
+    if not values:
+        parser.error(f"{name} is empty")
+    return values
+
+
+def sweep_cells(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[Cell], list[str]]:
+    """The sweep grid (models x devices) minus the skipped cells; returns (cells, skipped names)."""
+    devices = parse_list(args.devices, int, "--devices", parser)
+    models = parse_list(args.models, str, "--models", parser)
+    skip = set() if args.skip_cells.strip().lower() == "none" else set(parse_list(args.skip_cells, str, "", parser))
+    cells, skipped = [], []
+    for model in models:
+        for count in devices:
+            if count < args.leaves or count % args.leaves:
+                parser.error(f"--devices: {count} is not a multiple of --leaves {args.leaves}")
+            if f"{model}x{count}" in skip:
+                skipped.append(f"{model}x{count}")
+                continue
+            resnet = model.startswith("resnet")
+            cells.append(
+                Cell(
+                    model=model,
+                    leaves=args.leaves,
+                    devices_per_leaf=count // args.leaves,
+                    samples=args.resnet_samples_per_device if resnet else args.samples,
+                    batch_size=args.batch_size,
+                    rounds=args.resnet_rounds if resnet else args.rounds or 4,
+                    warmup_rounds=1 if args.warmup_rounds is None else args.warmup_rounds,
+                )
+            )
+    return cells, skipped
+
+
+def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    cells, skipped = sweep_cells(args, parser)
+    for cell in cells:
+        if cell.rounds <= cell.warmup_rounds:
+            parser.error(f"{cell.model}: rounds ({cell.rounds}) must exceed the warm-up rounds ({cell.warmup_rounds})")
+    print(
+        f"sweep: {len(cells)} cells, {args.leaves} leaves, every device selected, 1 epoch, batch {args.batch_size}; "
+        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {loadavg()}",
+        flush=True,
+    )
+    rows = []
+    for cell in cells:
+        print(
+            f"\n== {cell.model}, {cell.devices} devices ({cell.leaves} x {cell.devices_per_leaf}) x {cell.samples} "
+            f"samples: {cell.total_samples} samples, {cell.steps} SGD steps per round, {cell.rounds} rounds",
+            flush=True,
+        )
+        started = time.perf_counter()
+        try:
+            result = measure(cell, args)
+        except RuntimeError as error:
+            print(f"cell failed: {error}", flush=True)
+            rows.append((cell, None))
+            continue
+        for line in describe(cell, result):
+            print(line)
+        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {loadavg()}", flush=True)
+        rows.append((cell, result))
+
+    print()
+    header = (
+        f"{'devices':>7}  {'model':<9} {'samples/dev':>11} {'samples/round':>13} "
+        f"{'sim round s':>11} {'tight loop s':>12} {'ratio':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for cell, result in rows:
+        if result is None:
+            print(f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13}   failed")
+            continue
+        print(
+            f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13} "
+            f"{result['sim']:>11.3f} {result['loop']:>12.3f} {result['ratio']:>6.3f}"
+        )
+    print(
+        "sim round: median of the steady rounds (send -> aggregated); tight loop: fastest of torch threads "
+        f"{sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. Load average at end {loadavg()}"
+    )
+
+
+def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    cell = Cell(
+        model=args.model,
+        leaves=args.leaves,
+        devices_per_leaf=args.devices_per_leaf,
+        samples=args.samples,
+        batch_size=args.batch_size,
+        rounds=args.rounds or 8,
+        warmup_rounds=2 if args.warmup_rounds is None else args.warmup_rounds,
+    )
+    result = measure(cell, args)
+    print(
+        f"workload: {cell.leaves} leaves x {cell.devices_per_leaf} devices x {cell.samples} samples x 1 epoch, "
+        f"model {cell.model}, batch {cell.batch_size}: {cell.total_samples} samples, {cell.steps} SGD steps per round"
+    )
+    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}")
+    for line in describe(cell, result):
+        print(line)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leaves", type=int, default=2)
-    parser.add_argument("--devices-per-leaf", type=int, default=50, help="all are selected every round")
-    parser.add_argument("--samples", type=int, default=100, help="samples per device")
+    parser.add_argument("--devices-per-leaf", type=int, default=50, help="single setting: all are selected every round")
+    parser.add_argument("--samples", type=int, default=100, help="samples per device (sweep: the CNN's)")
     parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--model", default="cnn")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--warmup-rounds", type=int, default=2)
-    parser.add_argument("--num-workers", type=int, default=None)
-    parser.add_argument("--baseline-repeats", type=int, default=3)
+    parser.add_argument("--model", default="cnn", help="single setting's model")
+    parser.add_argument("--rounds", type=int, default=None, help="sim rounds (default 8; sweep: 4 per CNN cell)")
+    parser.add_argument(
+        "--warmup-rounds", type=int, default=None, help="rounds left out of the median (default 2; sweep: 1)"
+    )
+    parser.add_argument("--num-workers", type=int, default=None, help="device threads per leaf (default: automatic)")
+    parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")
+    parser.add_argument(
+        "--baseline-budget",
+        type=float,
+        default=60.0,
+        help="seconds per thread setting: no further tight-loop run once it would pass this (at least one run)",
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per simulator run before it is killed")
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument("--sweep", action="store_true", help="run the grid of --models x --devices instead")
+    sweep.add_argument("--devices", default=SWEEP_DEVICES, help="selected devices per round (split over --leaves)")
+    sweep.add_argument("--models", default=SWEEP_MODELS)
+    sweep.add_argument("--resnet-samples-per-device", type=int, default=10, help="samples per device for resnet*")
+    sweep.add_argument("--resnet-rounds", type=int, default=3, help="sim rounds of resnet* cells")
+    sweep.add_argument(
+        "--skip-cells", default=SWEEP_SKIP, help="comma list of MODELxDEVICES cells to leave out, or 'none'"
+    )
     args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-        sim_rounds = simulated_round_seconds(args, workdir)
-    steady = sim_rounds[args.warmup_rounds :] or sim_rounds
-    sim_median = statistics.median(steady)
-    baselines = {}
-    for threads in sorted({1, torch.get_num_threads()}):
-        torch.set_num_threads(threads)
-        baselines[threads], steps = tight_loop_seconds(args)
-    best_threads = min(baselines, key=baselines.get)
-    baseline = baselines[best_threads]
-    samples = args.leaves * args.devices_per_leaf * args.samples
-    print(
-        f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices x {args.samples} samples x 1 epoch, "
-        f"model {args.model}, batch {args.batch_size}: {samples} samples, {steps} SGD steps per round"
-    )
-    print(f"machine: {os.cpu_count()} cores")
-    print(f"sim round times (s): {', '.join(f'{t:.3f}' for t in sim_rounds)}")
-    print(
-        f"sim steady-state round (median of rounds {args.warmup_rounds + 1}..{len(sim_rounds)}): {sim_median:.3f} s "
-        f"({samples / sim_median:,.0f} samples/s)"
-    )
-    for threads, seconds in baselines.items():
-        print(
-            f"tight single-process loop, torch threads={threads} (best of {args.baseline_repeats}): {seconds:.3f} s "
-            f"({samples / seconds:,.0f} samples/s)"
-        )
-    print(f"ratio sim / fastest tight loop (threads={best_threads}): {sim_median / baseline:.3f}")
+    if args.sweep:
+        run_sweep(args, parser)
+    else:
+        run_single(args, parser)
 
 
 if __name__ == "__main__":
