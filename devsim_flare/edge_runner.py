@@ -19,8 +19,10 @@ given.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
@@ -76,6 +78,18 @@ class SharedProcessorFactory(DeviceFactory):
         self.processor.shutdown()
 
 
+def summarise_arrays_in_this_thread() -> None:
+    """Print NumPy arrays as one item per axis edge, in the calling thread only.
+
+    NVFlare's edge code builds debug messages with f-strings that format whole requests and replies
+    (the global model with every task, the delta with every result) even when debug logging is off:
+    about 60 ms per device for the 62k-parameter CNN, twice its training time. NumPy's print options
+    are context-local, so setting them in the simulator's own threads makes that formatting cheap
+    without changing how anything else in the process prints arrays.
+    """
+    np.set_printoptions(threshold=0, edgeitems=1)
+
+
 class FastDeviceSimulator(Simulator):
     """NVFlare's edge ``Simulator`` with immediate dispatch and a backoff poll instead of fixed pauses.
 
@@ -94,6 +108,8 @@ class FastDeviceSimulator(Simulator):
         **kwargs,
     ):
         Simulator.__init__(self, *args, **kwargs)
+        self.worker_pool.shutdown(wait=False)  # no thread started yet: replace it to set the initializer
+        self.worker_pool = ThreadPoolExecutor(self.num_workers, initializer=summarise_arrays_in_this_thread)
         self.min_poll_interval = float(min_poll_interval)
         self.max_poll_interval = float(max_poll_interval)
         self.dispatched = 0
@@ -145,6 +161,7 @@ class FastDeviceSimulator(Simulator):
         return False
 
     def _control_flow(self):
+        summarise_arrays_in_this_thread()
         job = self._wait_for_job()
         if job is None:
             return
