@@ -1,16 +1,26 @@
-"""Memory and open-file growth of the server and leaf processes over many sync rounds; population cost.
+"""Memory, open files and threads of the server and leaf processes over many sync rounds; population cost.
 
 Part 1 runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator for ``--rounds`` rounds (small setting:
 2 leaves x 20 devices, 10 selected per round, 20 samples per device, evaluation every 50 rounds, no
-checkpoints) while a sampler thread reads ``VmRSS`` from ``/proc/<pid>/status`` and counts the
-entries of ``/proc/<pid>/fd`` for the server and each leaf process every ``--interval`` seconds.
-The processes are found by walking ``/proc`` for descendants of the job subprocess: the simulator
-runs the server app (in a thread) in one process that spawns one ``simulator_worker --client
-site-N`` process per leaf, naming its parent with ``--parent_pid``. Samples are mapped to rounds by
-the time the server prints each ``round N/M`` progress line (the last sample taken at or before it).
-Printed: RSS (MB) and open fds of each process at round 10, at round ``eval_frequency + 10``
-(after the first evaluation allocated its buffers), halfway and at the last round, and the growth
-in percent from round 10 and from the post-evaluation round to the last round.
+checkpoints) while a sampler thread reads ``/proc/<pid>/status`` (``VmRSS``, its anonymous and
+file-backed parts ``RssAnon`` and ``RssFile``, ``Threads``) and counts the entries of
+``/proc/<pid>/fd`` for the server and each leaf process every ``--interval`` seconds. The processes
+are found by walking ``/proc`` for descendants of the job subprocess: the simulator runs the server
+app (in a thread) in one process that spawns one ``simulator_worker --client site-N`` process per
+leaf, naming its parent with ``--parent_pid``. Samples are mapped to rounds by the time the server
+prints each ``round N/M`` progress line; the figure for round r is the median of the samples taken
+from round r-5 to round r+5 (``--window``; 0: the last sample taken before round r's line), so that a
+sample caught amid one round's transient buffers does not stand for the round.
+
+The job runs with the project's runtime defaults (``devsim_flare.recipe.apply_runtime_env_defaults``,
+applied by the job for ``sim`` and ``poc``; printed first); ``--nvflare-defaults`` turns them off to
+measure NVFlare's and glibc's own defaults side by side.
+
+Printed: RSS (MB), open fds and threads of each process at round 10, at round ``eval_frequency + 10``
+(after the first evaluation), at round 200, halfway and at the last round; the growth in percent of
+RSS and of its anonymous part from round 10 to round 200, from round 10 to the last round and from the
+post-evaluation round to the last round; the peak; optionally every ``--trajectory`` rounds and every
+sample as CSV (``--samples-csv``).
 
 Part 2 measures, in this process, the memory added (tracemalloc: Python and NumPy allocations)
 by a registered device population: ``DevicePopulation`` with ``--population`` devices, IID and
@@ -18,7 +28,8 @@ Dirichlet partitioners over a 50,000-label array, and selecting ``--shards`` dev
 (and holding) their shards from both partitioners.
 
     .venv/bin/python benchmarks/memory_growth.py                 # 200 rounds, then the population part
-    .venv/bin/python benchmarks/memory_growth.py --rounds 600 --trajectory 50 --skip-population
+    .venv/bin/python benchmarks/memory_growth.py --rounds 500 --trajectory 50 --skip-population
+    .venv/bin/python benchmarks/memory_growth.py --nvflare-defaults --skip-population   # without the defaults
 """
 
 from __future__ import annotations
@@ -26,12 +37,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tracemalloc
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,10 +53,25 @@ sys.path.insert(0, REPO)
 
 from devsim.data.partition import make_partitioner  # noqa: E402
 from devsim.population import DevicePopulation  # noqa: E402
+from devsim_flare.recipe import (  # noqa: E402
+    RUNTIME_ENV_DEFAULTS,
+    RUNTIME_ENV_DEFAULTS_SWITCH,
+    apply_runtime_env_defaults,
+)
 
 ROUND_LINE = re.compile(r"^round (\d+)/(\d+)\b")
 CLIENT_ARG = re.compile(r"--client\s+(\S+)")
 PARENT_ARG = re.compile(r"--parent_pid\s+(\d+)")
+
+
+class Usage(NamedTuple):
+    """One process at one moment: resident memory (MB) and its anonymous and file-backed parts."""
+
+    rss: float
+    fds: int
+    threads: int
+    anon: float
+    file: float
 
 
 def _read(path: str) -> str | None:
@@ -94,29 +122,34 @@ def find_roles(root: int) -> dict[str, int]:
     return roles
 
 
-def read_usage(pid: int) -> tuple[float, int] | None:
-    """(VmRSS in MB, open fds) of ``pid``, or None when it is gone."""
+def read_usage(pid: int) -> Usage | None:
+    """Resident memory, open fds and live threads of ``pid``, or None when it is gone."""
     status = _read(f"/proc/{pid}/status")
     if status is None:
         return None
-    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
+
+    def field(name: str) -> int:
+        match = re.search(rf"^{name}:\s+(\d+)", status, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
     try:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    return (int(match.group(1)) / 1024.0 if match else 0.0), fds
+    return Usage(field("VmRSS") / 1024.0, fds, field("Threads"), field("RssAnon") / 1024.0, field("RssFile") / 1024.0)
 
 
 class Sampler(threading.Thread):
-    """Samples (time, {role: (rss_mb, fds)}) of the job's server and leaves every ``interval`` s."""
+    """Samples (time, {role: Usage}) of the job's server and leaves every ``interval`` s."""
 
     def __init__(self, root: int, interval: float) -> None:
         super().__init__(daemon=True)
         self.root = root
         self.interval = interval
-        self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
+        self.samples: list[tuple[float, dict[str, Usage]]] = []
         self.pids: dict[str, int] = {}
         self.stop = threading.Event()
+        self.started = time.monotonic()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -130,6 +163,16 @@ class Sampler(threading.Thread):
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
 
+def job_environment(args, workdir: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The job's environment, and the runtime variables it will run with (set here or by the job)."""
+    env = dict(os.environ, HOME=os.path.join(workdir, "home"), PYTHONUNBUFFERED="1")
+    if args.nvflare_defaults:
+        env[RUNTIME_ENV_DEFAULTS_SWITCH] = "0"
+    effective = dict(env)
+    apply_runtime_env_defaults(effective)  # what the job's build_env will do, on a copy
+    return env, {name: effective.get(name, "(unset)") for name in RUNTIME_ENV_DEFAULTS}
+
+
 def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
     """Run the sim job under the sampler; returns the sampler, round -> time its line was printed, wall s."""
     cmd = [
@@ -141,13 +184,15 @@ def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
         *("--checkpoint-frequency", "0", "--log-every", "1"),
         *("--workspace", os.path.join(workdir, "ws"), "--output-dir", os.path.join(workdir, "run")),
     ]
-    env = dict(os.environ, HOME=os.path.join(workdir, "home"), PYTHONUNBUFFERED="1")
+    env, runtime = job_environment(args, workdir)
+    print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()), flush=True)
     started = time.monotonic()
     round_times: dict[int, float] = {}
     tail: list[str] = []
     with open(os.path.join(workdir, "stderr.txt"), "w+", encoding="utf-8") as stderr:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
         sampler = Sampler(proc.pid, args.interval)
+        sampler.started = started
         sampler.start()
         try:
             for line in proc.stdout:
@@ -167,7 +212,7 @@ def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
     return sampler, round_times, time.monotonic() - started
 
 
-def sample_at(samples, when: float) -> tuple[float, dict[str, tuple[float, int]]] | None:
+def sample_at(samples, when: float) -> tuple[float, dict[str, Usage]] | None:
     """The last sample taken at or before ``when`` (the first one after it when none was)."""
     before = [s for s in samples if s[0] <= when]
     if before:
@@ -175,8 +220,31 @@ def sample_at(samples, when: float) -> tuple[float, dict[str, tuple[float, int]]
     return samples[0] if samples else None
 
 
+def window_samples(samples, round_times: dict[int, float], rnd: int, window: int) -> list:
+    """Samples taken between the progress lines of rounds ``rnd - window`` and ``rnd + window`` (clamped);
+    with ``window`` 0, the last sample taken at or before round ``rnd``'s line."""
+    if window <= 0:
+        sample = sample_at(samples, round_times[rnd])
+        return [sample] if sample else []
+    printed = sorted(round_times)
+    begin = round_times[max((r for r in printed if r <= max(rnd - window, printed[0])), default=printed[0])]
+    end = round_times[min((r for r in printed if r >= min(rnd + window, printed[-1])), default=printed[-1])]
+    return [s for s in samples if begin <= s[0] <= end] or ([sample_at(samples, round_times[rnd])] if samples else [])
+
+
+def median_usage(usages: list[Usage]) -> Usage | None:
+    """Field-wise median of ``usages`` (None when empty)."""
+    if not usages:
+        return None
+    return Usage(*(type(values[0])(statistics.median(values)) for values in zip(*usages, strict=True)))
+
+
 def natural_key(name: str) -> list[object]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def growth(begin: float, end: float) -> str:
+    return f"{100.0 * (end - begin) / begin:+.1f}%" if begin else "-"
 
 
 def part_rounds(args) -> None:
@@ -187,54 +255,85 @@ def part_rounds(args) -> None:
     last = max(round_times)
     first = min(10, last)
     after_eval = args.eval_frequency + 10
-    checkpoints = sorted({first, max(first, last // 2), last} | ({after_eval} if first < after_eval < last else set()))
+    marks = {first, max(first, last // 2), last} | {r for r in (after_eval, 200) if first < r < last}
+    checkpoints = sorted(r for r in marks if r in round_times)
     roles = sorted(sampler.pids, key=lambda r: (r != "server", natural_key(r)))
     print(
         f"part 1: {args.leaves} leaves x {args.devices_per_leaf} devices, {args.selected} selected per round, "
         f"{args.samples} samples per device, {last} rounds, eval every {args.eval_frequency}, no checkpoints; "
-        f"{len(sampler.samples)} samples every {args.interval} s over {wall:.1f} s wall; "
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+        f"{len(sampler.samples)} samples every {args.interval} s over {wall:.1f} s wall "
+        f"({wall / last:.2f} s per round); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
     )
     print("processes: " + ", ".join(f"{r} pid {sampler.pids[r]}" for r in roles))
-    picked = {}
+    usage_at: dict[str, dict[int, Usage | None]] = {role: {} for role in roles}
     for rnd in checkpoints:
-        sample = sample_at(sampler.samples, round_times[rnd])
-        picked[rnd] = sample
-        offset = (sample[0] - round_times[rnd]) if sample else float("nan")
-        print(f"  round {rnd:>4}: sample taken {offset:+.2f} s from its progress line")
-    header = f"{'process':<8}" + "".join(f"{'round ' + str(r) + ' MB':>15}{'fds':>6}" for r in checkpoints)
-    starts = [first] + ([after_eval] if after_eval in checkpoints else [])
-    for start in starts:
-        header += f"{f'RSS {start}->{last}':>14}{f'fds {start}->{last}':>14}"
-    print(header)
+        window = window_samples(sampler.samples, round_times, rnd, args.window)
+        for role in roles:
+            usage_at[role][rnd] = median_usage([u[role] for _, u in window if role in u])
+        span = f"rounds {max(rnd - args.window, 1)}..{min(rnd + args.window, last)}" if args.window else "point"
+        print(f"  round {rnd:>4}: {len(window)} samples ({span})")
+    what = f"medians over rounds r-{args.window}..r+{args.window}" if args.window else "last sample before round r"
+    print(f"RSS MB (anonymous MB) / open fds / threads, {what}:")
+    print(f"{'process':<8}" + "".join(f"{'round ' + str(r):>29}" for r in checkpoints))
     for role in roles:
-        cells, usage_at = "", {}
-        for rnd in checkpoints:
-            usage = picked[rnd][1].get(role) if picked[rnd] else None
-            usage_at[rnd] = usage
-            cells += f"{usage[0]:>15.1f}{usage[1]:>6d}" if usage else f"{'-':>15}{'-':>6}"
-        for start in starts:
-            begin, end = usage_at[start], usage_at[last]
-            if begin and end:
-                rss_growth = 100.0 * (end[0] - begin[0]) / begin[0]
-                fd_growth = 100.0 * (end[1] - begin[1]) / begin[1]
-                cells += f"{rss_growth:>+13.1f}%{fd_growth:>+13.1f}%"
-            else:
-                cells += f"{'-':>14}{'-':>14}"
+        cells = "".join(
+            f"{u.rss:>10.1f} ({u.anon:>6.1f}) / {u.fds:>3d} / {u.threads:>4d}" if u else f"{'-':>29}"
+            for u in usage_at[role].values()
+        )
         print(f"{role:<8}{cells}")
-    peak = {r: max((s[1][r][0] for s in sampler.samples if r in s[1]), default=0.0) for r in roles}
-    fds = {r: max((s[1][r][1] for s in sampler.samples if r in s[1]), default=0) for r in roles}
-    print("peak over the run: " + ", ".join(f"{r} {peak[r]:.1f} MB / {fds[r]} fds" for r in roles))
+    spans = [(first, r) for r in (200, last) if first < r <= last and r in round_times]
+    if after_eval in checkpoints:
+        spans.append((after_eval, last))
+    spans = list(dict.fromkeys(spans))
+    print("growth: RSS % (anonymous %), open fds and threads from -> to")
+    for role in roles:
+        parts = []
+        for begin_round, end_round in spans:
+            begin, end = usage_at[role].get(begin_round), usage_at[role].get(end_round)
+            if begin and end:
+                parts.append(
+                    f"{begin_round}->{end_round} {growth(begin.rss, end.rss)} ({growth(begin.anon, end.anon)}), "
+                    f"fds {begin.fds}->{end.fds}, threads {begin.threads}->{end.threads}"
+                )
+        print(f"  {role:<8}" + "; ".join(parts))
+    peak = {
+        r: tuple(max((s[1][r][i] for s in sampler.samples if r in s[1]), default=0) for i in range(3)) for r in roles
+    }
+    print(
+        "peak over the run: " + ", ".join(f"{r} {p[0]:.1f} MB / {p[1]} fds / {p[2]} threads" for r, p in peak.items())
+    )
+    if args.samples_csv:
+        write_samples_csv(args.samples_csv, sampler, round_times, roles)
+        print(f"every sample written to {args.samples_csv}")
     if args.trajectory:
-        print(f"RSS MB / fds every {args.trajectory} rounds:")
-        print(f"{'round':>7}" + "".join(f"{role:>16}" for role in roles))
+        print(f"RSS MB / open fds / threads every {args.trajectory} rounds (s: seconds since launch):")
+        print(f"{'round':>7}{'s':>7}" + "".join(f"{role:>22}" for role in roles))
         for rnd in range(args.trajectory, last + 1, args.trajectory):
             sample = sample_at(sampler.samples, round_times[rnd]) if rnd in round_times else None
             cells = ""
             for role in roles:
                 usage = sample[1].get(role) if sample else None
-                cells += f"{usage[0]:>11.1f} / {usage[1]:>2d}" if usage else f"{'-':>16}"
-            print(f"{rnd:>7}{cells}")
+                cells += f"{usage.rss:>10.1f} / {usage.fds:>3d} / {usage.threads:>4d}" if usage else f"{'-':>22}"
+            when = f"{round_times[rnd] - sampler.started:>7.1f}" if rnd in round_times else f"{'-':>7}"
+            print(f"{rnd:>7}{when}{cells}")
+
+
+def write_samples_csv(path: str, sampler: Sampler, round_times: dict[int, float], roles: list[str]) -> None:
+    """One row per sample: seconds since launch, the last round printed by then, and each role's usage."""
+    printed = sorted(round_times.items(), key=lambda item: item[1])
+    fields = Usage._fields
+    with open(path, "w", encoding="utf-8") as stream:
+        stream.write("seconds,round," + ",".join(f"{r}_{f}" for r in roles for f in fields) + "\n")
+        index, current = 0, 0
+        for when, usage in sampler.samples:
+            while index < len(printed) and printed[index][1] <= when:
+                current = printed[index][0]
+                index += 1
+            cells = []
+            for role in roles:
+                u = usage.get(role)
+                cells.append(",".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in u) if u else "," * 4)
+            stream.write(f"{when - sampler.started:.2f},{current}," + ",".join(cells) + "\n")
 
 
 def part_population(args) -> None:
@@ -296,6 +395,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20, help="samples per device in the job")
     parser.add_argument("--eval-frequency", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between /proc samples")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=5,
+        help="report round r as the medians of the samples over rounds r-N..r+N (0: the last sample before r)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is abandoned")
     parser.add_argument("--population", type=int, default=100_000, help="devices in the part-2 population")
     parser.add_argument("--population-leaves", type=int, default=100)
@@ -303,6 +408,12 @@ def main() -> None:
     parser.add_argument("--samples-per-device", type=int, default=100, help="shard size in part 2")
     parser.add_argument("--shards", type=int, default=1000, help="devices selected and sharded in part 2")
     parser.add_argument("--trajectory", type=int, default=0, help="also print RSS every N rounds (0: off)")
+    parser.add_argument("--samples-csv", default="", help="also write every /proc sample to this CSV file")
+    parser.add_argument(
+        "--nvflare-defaults",
+        action="store_true",
+        help=f"run the job with {RUNTIME_ENV_DEFAULTS_SWITCH}=0: NVFlare's and glibc's defaults, not the project's",
+    )
     parser.add_argument("--skip-rounds", action="store_true", help="only run part 2")
     parser.add_argument("--skip-population", action="store_true", help="only run part 1")
     args = parser.parse_args()
