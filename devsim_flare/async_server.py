@@ -21,6 +21,7 @@ from nvflare.collab import collab
 from devsim.asyncfl import AsyncScheduler, DeviceJob, SnapshotStore, load_schedule
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model
+from devsim.collection import PeriodicCollector
 from devsim.config import AsyncConfig
 from devsim.dropout import DropoutModel
 from devsim.evaluation import EvalResult
@@ -143,7 +144,9 @@ class AsyncServer:
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
+            collector = PeriodicCollector()
             while True:
+                collector.maybe_collect()
                 job = self.scheduler.next_arrival()
                 if job is None:
                     break

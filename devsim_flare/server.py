@@ -16,6 +16,7 @@ from nvflare.collab import collab
 
 from devsim.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.codec import load_numpy_into_model, weights_norm
+from devsim.collection import PeriodicCollector
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.dropout import min_devices_check
@@ -124,8 +125,12 @@ class SyncServer:
         progress = ProgressLine(config.num_rounds, every=config.log_every, start=start_round)
         metrics = MetricsWriter(output_dir)
         timings: list[RoundTiming] = []
+        collector = PeriodicCollector()
+        initial = self.evaluate()
+        print(f"[server] model before round {start_round + 1}: accuracy {initial['accuracy']:.4f}", flush=True)
         try:
             for round_num in range(start_round, config.num_rounds):
+                collector.maybe_collect()
                 round_started = time.time()
                 selected = population.select(round_num, config.device_selection_size)
                 assignments = {
@@ -182,6 +187,7 @@ class SyncServer:
         self.save_outputs(output_dir)
         recorder.finish(
             {
+                "initial_accuracy": initial["accuracy"],
                 "final_accuracy": evaluation["accuracy"] if evaluation else None,
                 "final_loss": evaluation["loss"] if evaluation else None,
                 "final_mean_leaf_accuracy": evaluation.get("mean_leaf_accuracy") if evaluation else None,

@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     from nvflare.recipe import SimEnv
 
-    from devsim_flare.recipe import console_log_config
+    from devsim_flare.recipe import apply_runtime_env_defaults, console_log_config
+
+    apply_runtime_env_defaults()
 
     workspace = os.path.abspath(args.workspace)
     env = SimEnv(
