@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from devsim_flare.recipe import apply_runtime_env_defaults  # noqa: E402
+
 DEFAULT_PROJECT = os.path.join(REPO, "app_configs", "edge_hierarchy", "project.yml")
 STATE_FILE = "system.json"
 SHUTDOWN_FILE = "shutdown.fl"  # NVFlare's site daemon (startup/sub_start.sh) exits when it finds this file
@@ -145,6 +149,7 @@ def site_env(lay: Layout) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PYTHONPATH", None)  # the job ships this project's packages in its custom/ folder
     env.pop("NVFL_WORKSPACE", None)  # would move every site's workspace to one folder
+    apply_runtime_env_defaults(env)  # NVFlare streaming and allocator settings that keep memory bounded
     return env
 
 
