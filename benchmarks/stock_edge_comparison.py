@@ -40,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from devsim_flare.edge_job import find_results  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
 CHILD_FLAG = "--run-stock-child"
@@ -111,24 +112,15 @@ def side_command(side: str, args: argparse.Namespace, workdir: str) -> list[str]
     return [*child, "--", *edge, "--runner", "stock", "--payloads", "lists"]
 
 
-def _newest(root: str, name: str) -> str | None:
-    found = []
-    for folder, _, files in os.walk(root):
-        if name in files:
-            path = os.path.join(folder, name)
-            found.append((os.path.getmtime(path), path))
-    return max(found)[1] if found else None
-
-
 def round_seconds(side: str, out_dir: str) -> list[float]:
     """Seconds of every trained round / version of a finished side, in order."""
     if side == "collab":
-        path = _newest(out_dir, "results.json")
+        path = find_results(out_dir, "results.json")
         if not path:
             return []
         with open(path, encoding="utf-8") as stream:
             return [float(r["round_seconds"]) for r in json.load(stream)["rounds"]]
-    path = _newest(out_dir, "edge_results.json")
+    path = find_results(out_dir, "edge_results.json")
     if not path:
         return []
     with open(path, encoding="utf-8") as stream:
@@ -139,7 +131,7 @@ def round_seconds(side: str, out_dir: str) -> list[float]:
 
 def collab_breakdown(out_dir: str, warmup: int) -> str:
     """Median training part (send -> aggregated) and evaluation part of the Collab job's steady rounds."""
-    path = _newest(out_dir, "results.json")
+    path = find_results(out_dir, "results.json")
     if not path:
         return ""
     with open(path, encoding="utf-8") as stream:

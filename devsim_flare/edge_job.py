@@ -400,12 +400,12 @@ class DevsimEdgeRecipe(Recipe):
         Recipe.__init__(self, job)
 
 
-def find_results(root: str) -> str | None:
-    """Newest ``edge_results.json`` under ``root`` (a workspace or output folder), or None."""
+def find_results(root: str, name: str = RESULTS_FILE) -> str | None:
+    """Newest file called ``name`` (default ``edge_results.json``) under ``root``, or None."""
     found = []
     for folder, _, files in os.walk(root):
-        if RESULTS_FILE in files:
-            path = os.path.join(folder, RESULTS_FILE)
+        if name in files:
+            path = os.path.join(folder, name)
             found.append((os.path.getmtime(path), path))
     return max(found)[1] if found else None
 

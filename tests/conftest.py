@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -51,6 +52,31 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
             f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def run_in_group(cmd: list[str], tmp_path, timeout: float, label: str) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group with an isolated HOME; the whole group is killed on timeout.
+
+    Fails the test (naming ``label``, with the output tails) on a timeout or a non-zero exit.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{label} did not finish in {timeout}s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{label} exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def refused_job(script: str, args: list[str], tmp_path) -> str:

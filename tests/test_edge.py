@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from devsim_flare.edge_job import NumpyBuffModelManager, seeded_initial_weights
 from devsim_flare.edge_runner import FastEdgeRunner, SharedProcessorFactory
 from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor, clear_workers, device_number
 from processors.models import build_model
-from tests.conftest import REPO, isolated_env, processes_mentioning
+from tests.conftest import REPO, processes_mentioning, run_in_group
 
 CHANCE = 0.10
 SETTINGS = {
@@ -151,24 +150,8 @@ def test_processor_survives_deepcopy_like_the_stock_device_factory():
 
 def _run_edge_job(args: list[str], tmp_path, timeout: float) -> subprocess.CompletedProcess:
     """Run jobs/pt_job_edge.py in its own process group; the whole group is killed on timeout."""
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *args],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"edge job did not finish in {timeout}s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"edge job exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *args]
+    return run_in_group(cmd, tmp_path, timeout, "edge job")
 
 
 def test_exported_edge_job_has_no_torchvision_components(tmp_path):

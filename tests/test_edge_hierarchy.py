@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, isolated_env, processes_mentioning
+from tests.conftest import REPO, isolated_env, processes_mentioning, run_in_group
 
 SCRIPT = os.path.join(REPO, "scripts", "edge_system.py")
 CHANCE = 0.10
@@ -52,28 +52,8 @@ def free_port_base(count: int = PORTS) -> int:
 
 def edge_system(command: str, workspace, tmp_path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
     """Run one subcommand of scripts/edge_system.py in its own process group; fail the test on error."""
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, command, "--workspace", str(workspace), *extra],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(
-            f"edge_system.py {command} did not finish in {timeout}s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
-        )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"edge_system.py {command} exited {proc.returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
-        )
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    cmd = [sys.executable, SCRIPT, command, "--workspace", str(workspace), *extra]
+    return run_in_group(cmd, tmp_path, timeout, f"edge_system.py {command}")
 
 
 def _end_leftovers(text: str) -> list[str]:
