@@ -141,10 +141,10 @@ class AsyncServer:
             accepted = 0
             arrivals = open(arrivals_path, "w", encoding="utf-8")  # noqa: SIM115
             arrivals.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
+        collector = PeriodicCollector().start()
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
-            collector = PeriodicCollector()
             while True:
                 collector.maybe_collect()
                 job = self.scheduler.next_arrival()
@@ -215,6 +215,7 @@ class AsyncServer:
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
         finally:
+            collector.stop()
             metrics.close()
             arrivals.close()
         if timings:

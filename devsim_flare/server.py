@@ -125,9 +125,9 @@ class SyncServer:
         progress = ProgressLine(config.num_rounds, every=config.log_every, start=start_round)
         metrics = MetricsWriter(output_dir)
         timings: list[RoundTiming] = []
-        collector = PeriodicCollector()
         initial = self.evaluate()
         print(f"[server] model before round {start_round + 1}: accuracy {initial['accuracy']:.4f}", flush=True)
+        collector = PeriodicCollector().start()
         try:
             for round_num in range(start_round, config.num_rounds):
                 collector.maybe_collect()
@@ -178,6 +178,7 @@ class SyncServer:
                     print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
                     return
         finally:
+            collector.stop()
             metrics.close()
         if timings:
             print(summarize(timings, unit="round"), flush=True)

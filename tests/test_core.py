@@ -220,21 +220,6 @@ def test_dropout_skips_silent_and_discards_dropped_devices():
     assert [m.device_id for m in result.device_metrics] == [d for d, o in sorted(outcomes.items()) if o == "ok"]
 
 
-def test_periodic_collector_collects_only_after_its_interval():
-    from devsim.collection import PeriodicCollector
-
-    now = [100.0]
-    collector = PeriodicCollector(5.0, clock=lambda: now[0])
-    assert not collector.maybe_collect()
-    now[0] += 4.9
-    assert not collector.maybe_collect()
-    now[0] += 0.2
-    assert collector.maybe_collect() and collector.collections == 1
-    assert not collector.maybe_collect()
-    with pytest.raises(ValueError, match="interval"):
-        PeriodicCollector(0)
-
-
 def test_runtime_env_defaults_keep_user_values_and_can_be_switched_off():
     from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults
 
