@@ -18,12 +18,15 @@ batches of cross-device FL: intra-op parallelism has little to split in a batch 
 GPU (``device == "cuda"`` or ``"cuda:N"``)::
 
     per_worker_bytes = estimate_worker_vram_bytes(num_params, batch_size)
-    vram_workers = floor(free_vram * vram_fraction / per_worker_bytes)
+    vram_workers = floor(free_vram * vram_fraction / leaves_on_gpu / per_worker_bytes)
     num_workers = max(1, min(vram_workers, 2 * cores_per_leaf, max_workers))
     threads_per_worker = 1
 
 The CPU threads mostly launch kernels and collate batches, so up to two workers per core keep the GPU
-busy; VRAM bounds the total. When free VRAM cannot be queried (no CUDA) the VRAM term is dropped.
+busy; VRAM bounds the total. ``free_vram`` is that of the leaf's own GPU (the one it sees as
+``cuda:0`` when ``--gpus`` spreads the leaves, see :mod:`devsim.gpu_placement`), shared by the
+``leaves_on_gpu`` leaves placed on it, which all size their pools at the same time. When free VRAM
+cannot be queried (no CUDA) the VRAM term is dropped.
 
 ``override`` (>= 1, from ``--num-workers``) replaces ``num_workers``; the rest of the plan is derived
 as above and ``reason`` notes what the formula would have chosen.
@@ -167,6 +170,7 @@ def _gpu_plan(
     free_vram: int | None,
     per_worker: int,
     vram_fraction: float,
+    leaves_on_gpu: int,
     cores_per_leaf: int,
     max_workers: int,
 ) -> tuple[int, str]:
@@ -179,11 +183,12 @@ def _gpu_plan(
             f"max_workers={max_workers})"
         )
         return num_workers, text
-    vram_workers = math.floor(free_vram * vram_fraction / per_worker)
+    vram_workers = math.floor(free_vram * vram_fraction / leaves_on_gpu / per_worker)
     num_workers = max(1, min(vram_workers, cpu_cap, max_workers))
+    shared = f" / {leaves_on_gpu} leaves on this GPU" if leaves_on_gpu > 1 else ""
     text = (
         f"{device}: max(1, min(vram {vram_workers} = floor({_fmt_bytes(free_vram)} free * {vram_fraction:g}"
-        f" / {_fmt_bytes(per_worker)} per worker), 2 * {cores_per_leaf} cores per leaf = {cpu_cap}, "
+        f"{shared} / {_fmt_bytes(per_worker)} per worker), 2 * {cores_per_leaf} cores per leaf = {cpu_cap}, "
         f"max_workers={max_workers}))"
     )
     return num_workers, text
@@ -199,11 +204,13 @@ def _validate(
     free_vram: int | None,
     max_workers: int,
     vram_fraction: float,
+    leaves_on_gpu: int,
 ) -> None:
     """Raise ValueError naming the first invalid argument of :func:`plan_workers`."""
     checks = [
         (override is not None and override < 1, f"num_workers (override) must be >= 1, got {override}"),
         (leaves_on_host < 1, f"leaves_on_host must be >= 1, got {leaves_on_host}"),
+        (leaves_on_gpu < 1, f"leaves_on_gpu must be >= 1, got {leaves_on_gpu}"),
         (num_params < 0, f"num_params must be >= 0, got {num_params}"),
         (batch_size < 1, f"batch_size must be >= 1, got {batch_size}"),
         (cpu_cores is not None and cpu_cores < 1, f"cpu_cores must be >= 1, got {cpu_cores}"),
@@ -227,6 +234,7 @@ def plan_workers(
     free_vram: int | None = None,
     max_workers: int = 64,
     vram_fraction: float = 0.8,
+    leaves_on_gpu: int = 1,
 ) -> WorkerPlan:
     """Size a leaf's worker pool with the formula in the module docstring.
 
@@ -240,6 +248,7 @@ def plan_workers(
         free_vram: free GPU memory in bytes; None queries :func:`free_vram_bytes` (tests inject a value).
         max_workers: upper bound on the formula's worker count.
         vram_fraction: share of the free VRAM the workers may use, in (0, 1].
+        leaves_on_gpu: leaf processes sharing this leaf's GPU (>= 1); each plans with its share.
 
     Raises:
         ValueError: on an invalid argument; the message names it (``num_workers`` for ``override``).
@@ -253,6 +262,7 @@ def plan_workers(
         free_vram=free_vram,
         max_workers=max_workers,
         vram_fraction=vram_fraction,
+        leaves_on_gpu=leaves_on_gpu,
     )
     dev = _normalize_device(device)
     cores = usable_cpu_cores() if cpu_cores is None else cpu_cores
@@ -262,7 +272,7 @@ def plan_workers(
     else:
         vram = free_vram_bytes(dev) if free_vram is None else free_vram
         per_worker = estimate_worker_vram_bytes(num_params, batch_size)
-        num_workers, text = _gpu_plan(dev, vram, per_worker, vram_fraction, cores_per_leaf, max_workers)
+        num_workers, text = _gpu_plan(dev, vram, per_worker, vram_fraction, leaves_on_gpu, cores_per_leaf, max_workers)
         threads = 1
     if override is None:
         reason = f"workers={num_workers} ({text}; {_threads_text(threads)}; {_OVERRIDE_HINT})"

@@ -17,6 +17,7 @@ import time
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig, flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
+from devsim.gpu_placement import leaf_gpu_groups, leaves_per_gpu, parse_gpu_ids
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
 
 _PARSERS = {"int": int, "float": float, "str": str}
@@ -68,6 +69,13 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         default="sim",
         help="sim: NVFlare simulator on this machine; poc: real processes on this machine; "
         "prod: a provisioned deployment (needs --startup-kit)",
+    )
+    run.add_argument(
+        "--gpus",
+        default=None,
+        metavar="IDS",
+        help="sim only: GPU ids to spread the leaf processes over, e.g. 0,1 (leaf i sees only the (i mod n)-th listed GPU); "
+        "default: every leaf and the server use the first visible GPU",
     )
     run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
     run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
@@ -206,7 +214,36 @@ def export_requested() -> bool:
     return bool(spec._peek_recipe_args()[0])
 
 
-def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> int:
+def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, ...]:
+    """The GPU ids of ``--gpus`` (empty when not given); a bad value ends the program naming the flag.
+
+    The ids are the host's (``nvidia-smi``) ids, which NVFlare's simulator puts in each leaf process's
+    ``CUDA_VISIBLE_DEVICES``. On a host without NVIDIA GPUs the placement is kept (the leaves then
+    train on the CPU) and a warning says so.
+    """
+    if args.gpus is None:
+        return ()
+    if args.env != "sim":
+        parser.error(
+            f"--gpus: places leaves only with --env sim, not {args.env}; in poc and prod each site's "
+            "CUDA_VISIBLE_DEVICES chooses its GPU"
+        )
+    try:
+        ids = parse_gpu_ids(args.gpus)
+    except ConfigError as error:
+        parser.error(str(error))
+    from nvflare.fuel.utils.gpu_utils import get_host_gpu_ids
+
+    host = [int(i) for i in get_host_gpu_ids() or []]
+    missing = sorted(set(ids) - set(host))
+    if host and missing:
+        parser.error(f"--gpus: GPU {', '.join(map(str, missing))} not on this host; its GPU ids are {host}")
+    if not host:
+        print("warning: --gpus: no NVIDIA GPU on this host; the leaves train on the CPU", file=sys.stderr)
+    return ids
+
+
+def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig, gpu_ids: tuple[int, ...] = ()) -> int:
     """Export or run ``recipe`` in the chosen environment; prints where results are. Returns an exit code."""
     workspace = os.path.abspath(args.workspace)
     env = build_env(
@@ -215,6 +252,7 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig) -> in
         os.path.join(workspace, "nvflare"),
         startup_kit=args.startup_kit,
         log_level=args.log_level,
+        gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
     started = time.perf_counter()
     try:
@@ -273,10 +311,18 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     elif args.output_dir and args.env != "prod":
         args.output_dir = os.path.abspath(args.output_dir)
     config = config_from_args(parser, args)
+    gpu_ids = gpu_ids_from_args(parser, args)
     prepare_data(parser, config)
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
-    recipe = build_recipe(config, server_cls, job_name=f"devsim_{server_cls.method}", leaves_on_host=leaves_on_host)
-    return run_recipe(recipe, args, config)
+    leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
+    recipe = build_recipe(
+        config,
+        server_cls,
+        job_name=f"devsim_{server_cls.method}",
+        leaves_on_host=leaves_on_host,
+        leaves_on_gpu=leaves_on_gpu,
+    )
+    return run_recipe(recipe, args, config, gpu_ids)
 
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app_configs", "presets")

@@ -9,6 +9,7 @@ sample-weighted deltas, the total weight and per-device metrics.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 
 import numpy as np
@@ -40,10 +41,12 @@ class LeafNode:
         num_workers: int | None = None,
         leaves_on_host: int = 1,
         processor: str = DEFAULT_PROCESSOR,
+        leaves_on_gpu: int = 1,
     ):
         self.settings = settings
         self.num_workers = num_workers
         self.leaves_on_host = leaves_on_host
+        self.leaves_on_gpu = leaves_on_gpu
         self.processor = processor
         self._runner: LeafRoundRunner | None = None
 
@@ -62,6 +65,7 @@ class LeafNode:
             batch_size=int(self.settings.get("batch_size", 32)),
             leaves_on_host=self.leaves_on_host,
             override=self.num_workers,
+            leaves_on_gpu=self.leaves_on_gpu,
         )
         torch.set_num_threads(plan.threads_per_worker)
         workers = [first]
@@ -79,7 +83,9 @@ class LeafNode:
         self._faults = FaultInjector(kinds, float(settings.get("fault_probability", 0.0)), int(settings.get("seed", 0)))
         self._leaf_index = natural_sort([client.name for client in collab.clients]).index(collab.site_name)
         group = f"; hidden group {settings['hidden_group']}" if int(settings.get("hidden_groups", 1)) > 1 else ""
-        print(f"[{collab.site_name}] {plan.reason}{group}", flush=True)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
+        print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
 
     def _norm_limit(self, weights: dict) -> float | None:
         """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""

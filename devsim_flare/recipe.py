@@ -57,16 +57,23 @@ def package_sources() -> list[tuple[str, str]]:
     return entries
 
 
-def build_recipe(config: SimulationConfig, server_cls: type, job_name: str, leaves_on_host: int = 1):
+def build_recipe(
+    config: SimulationConfig, server_cls: type, job_name: str, leaves_on_host: int = 1, leaves_on_gpu: int = 1
+):
     """A Collab recipe with ``server_cls`` on the server and a leaf node on each of the leaf sites.
 
     ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
-    ``sim`` and ``poc``; 1 in production), used to size each leaf's worker pool.
+    ``sim`` and ``poc``; 1 in production) and ``leaves_on_gpu`` how many share one GPU; both size
+    each leaf's worker pool.
     """
     settings = config.to_dict()
     server = server_cls(settings=settings)
     leaf = LeafNode(
-        settings=settings, num_workers=config.num_workers, leaves_on_host=leaves_on_host, processor=server_cls.processor
+        settings=settings,
+        num_workers=config.num_workers,
+        leaves_on_host=leaves_on_host,
+        processor=server_cls.processor,
+        leaves_on_gpu=leaves_on_gpu,
     )
     return DevsimRecipe(
         job_name=job_name,
@@ -153,18 +160,30 @@ def apply_runtime_env_defaults(environ=None) -> dict[str, str]:
 
 
 def build_env(
-    kind: str, num_leaf_nodes: int, workspace: str, startup_kit: str | None = None, log_level: str = "WARNING"
+    kind: str,
+    num_leaf_nodes: int,
+    workspace: str,
+    startup_kit: str | None = None,
+    log_level: str = "WARNING",
+    gpu_groups: str | None = None,
 ):
     """The execution environment named ``kind`` (one of ``sim``, ``poc``, ``prod``).
 
     ``sim`` and ``poc`` launch their processes from this one, after
-    :func:`apply_runtime_env_defaults` has set the project's runtime defaults.
+    :func:`apply_runtime_env_defaults` has set the project's runtime defaults. ``gpu_groups``
+    (``sim`` only) is NVFlare's ``-gpu`` string, one group per leaf
+    (:func:`devsim.gpu_placement.leaf_gpu_groups`).
     """
+    if gpu_groups and kind != "sim":
+        raise ConfigError("gpus", f"places leaves only with --env sim, not {kind}")
     if kind in ("sim", "poc"):
         apply_runtime_env_defaults()
     if kind == "sim":
         return SimEnv(
-            num_clients=num_leaf_nodes, workspace_root=workspace, log_config=console_log_config(log_level, workspace)
+            num_clients=num_leaf_nodes,
+            workspace_root=workspace,
+            log_config=console_log_config(log_level, workspace),
+            gpu_config=gpu_groups,
         )
     if kind == "poc":
         os.environ.setdefault("NVFLARE_POC_WORKSPACE", os.path.join(workspace, "poc"))

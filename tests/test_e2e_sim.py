@@ -57,6 +57,32 @@ def test_device_batch_run_follows_the_unbatched_run(sim_run, tmp_path):
     assert batched[-1] > CHANCE + 0.3, batched
 
 
+def test_gpus_flag_places_each_leaf_in_its_own_process_round_robin(tmp_path):
+    """3 leaves over ``--gpus 0,1``: one NVFlare GPU group per leaf, so all run at once and see their GPU.
+
+    On a host without GPUs the placement still sets each leaf's CUDA_VISIBLE_DEVICES (and NVFlare runs
+    the groups as it would on GPUs); the leaves then train on the CPU and the run must still learn.
+    """
+    args = [*SMALL_RUN, "--num-leaf-nodes", "3", "--num-rounds", "3", "--gpus", "0,1"]
+    proc = run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "ws")], tmp_path)
+    for site, gpu in (("site-1", 0), ("site-2", 1), ("site-3", 0)):
+        assert f"[{site}] workers=" in proc.stdout and f"CUDA_VISIBLE_DEVICES={gpu}" in _line_of(proc.stdout, site)
+    accuracies = [r["accuracy"] for r in find_results(tmp_path / "ws" / "runs")["rounds"]]
+    assert len(accuracies) == 3 and accuracies[-1] > CHANCE + 0.2, accuracies
+
+
+def _line_of(output: str, site: str) -> str:
+    return next(line for line in output.splitlines() if f"[{site}] workers=" in line)
+
+
+def test_gpus_flag_is_refused_outside_sim_and_when_malformed(tmp_path):
+    stderr = refused_job("pt_job_fedavg.py", ["--gpus", "0,0", "--workspace", str(tmp_path / "ws")], tmp_path)
+    assert "--gpus" in stderr and "twice" in stderr
+    stderr = refused_job("pt_job_fedavg.py", ["--gpus", "0", "--env", "poc"], tmp_path)
+    assert "--gpus" in stderr and "--env sim" in stderr
+    assert not (tmp_path / "ws").exists()
+
+
 def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     job_dir = tmp_path / "job"
     proc = run_job("pt_job_fedavg.py", [*SMALL_RUN, "--export", "--export-dir", str(job_dir)], tmp_path)

@@ -117,6 +117,18 @@ def test_gpu_vram_limits_workers() -> None:
     assert "2 * 16 cores per leaf = 32" in plan.reason
 
 
+def test_leaves_sharing_a_gpu_split_its_free_vram() -> None:
+    per_worker = estimate_worker_vram_bytes(RESNET_PARAMS, 32)
+    free = 10 * GIB
+    args = {"device": "cuda", "num_params": RESNET_PARAMS, "batch_size": 32, "cpu_cores": 64, "free_vram": free}
+    plan = plan_workers(leaves_on_gpu=3, **args)
+    assert plan.num_workers == int(free * 0.8 / 3 // per_worker) == 9
+    assert "/ 3 leaves on this GPU" in plan.reason
+    assert plan_workers(**args).num_workers == 27
+    with pytest.raises(ValueError, match="leaves_on_gpu"):
+        plan_workers(leaves_on_gpu=0, **args)
+
+
 def test_gpu_core_cap_and_max_workers() -> None:
     kwargs = {"device": "cuda:0", "num_params": CNN_PARAMS, "batch_size": 32, "free_vram": 100 * GIB}
     assert plan_workers(cpu_cores=4, leaves_on_host=2, **kwargs).num_workers == 4
