@@ -19,7 +19,7 @@ Single setting (default): 2 leaves x 50 devices x 100 samples, small CNN, batch 
 Sweep (``--sweep``): selected devices per round x model, one table. ResNet-18 costs about 300x the
 small CNN per sample on a 2-core CPU, so its devices hold ``--resnet-samples-per-device`` samples
 (default 10, one SGD step at batch 10) and run ``--resnet-rounds`` rounds; the ResNet-18 x 1000 cell
-(about 40 minutes on 2 cores) is skipped unless ``--skip-cells none``. The default sweep (5 cells)
+(27.5 minutes on 2 cores) is skipped unless ``--skip-cells none``. The default sweep (5 cells)
 took 19 minutes on 2 shared cores at load average 4-8 (5.7 of them in one 2-thread ResNet-18 loop
 slowed 7x by the load); expect 12-15 minutes on 2 quiet cores.
 
