@@ -74,8 +74,8 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         "--gpus",
         default=None,
         metavar="IDS",
-        help="sim only: GPU ids to spread the leaf processes over, e.g. 0,1 (leaf i sees only the (i mod n)-th listed GPU); "
-        "default: every leaf and the server use the first visible GPU",
+        help="sim only: GPU ids to spread the leaf processes over, e.g. 0,1 "
+        "(leaf i sees only the (i mod n)-th listed GPU); default: every leaf and the server use the first visible GPU",
     )
     run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
     run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
@@ -178,13 +178,13 @@ def _summary_written(config: SimulationConfig) -> bool:
         return False
 
 
-def wait_for_job(run, config: SimulationConfig, timeout: float) -> tuple[str | None, str | None]:
+def wait_for_job(run, timeout: float, server_done=lambda: False) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
     NVFlare ends a job only once every site has ended it, so a job whose leaf died keeps RUNNING after
-    the server has finished and written its results. When the results are complete and the job has
-    not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is complete). Every wait
-    is bounded by ``timeout`` seconds, after which the job is aborted too.
+    the server has finished and written its results. When ``server_done()`` (the results are complete)
+    and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
+    complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too.
     """
     deadline = time.monotonic() + timeout
     finished_at = None
@@ -192,7 +192,7 @@ def wait_for_job(run, config: SimulationConfig, timeout: float) -> tuple[str | N
         status = run.get_status() or ""
         if status.startswith("FINISHED"):
             return status, run.get_result(timeout=60.0)
-        if finished_at is None and _summary_written(config):
+        if finished_at is None and server_done():
             finished_at = time.monotonic()
         if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
             print(
@@ -265,7 +265,7 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig, gpu_i
         )
         return 1
     if args.env != "sim":
-        status, result = wait_for_job(run, config, args.job_timeout)
+        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config))
         print(f"job status: {status}; server result folder: {result}")
         if result is None and not _summary_written(config):
             return 1

@@ -4,8 +4,11 @@ python jobs/pt_job_edge.py                                   # 2 leaves x 16 dev
 python jobs/pt_job_edge.py --mode fedbuff --buffer-size 4 --device-selection-size 8 --global-lr 0.5
 python jobs/pt_job_edge.py --runner stock --payloads lists  # NVFlare's own device runner and list payloads
 python jobs/pt_job_edge.py --export --export-dir fl_job      # then: nvflare simulator fl_job/devsim_edge -n 2 -t 2
+python jobs/pt_job_edge.py --env prod --startup-kit KITS/admin@devsim.org --username admin@devsim.org \
+    --num-leaf-nodes 4                                       # a running deployment (scripts/edge_system.py)
 
-Flat topology only (every NVFlare client is a leaf; simulator threads = clients). Needs no torchvision.
+In `sim`, a flat topology (every NVFlare client is a leaf; simulator threads = clients). In `prod`, the
+deployment's own hierarchy (relays, leaf clients). Needs no torchvision.
 """
 
 from __future__ import annotations
@@ -75,8 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic-train-size", type=int, default=20000)
     p.add_argument("--synthetic-test-size", type=int, default=2000)
     # run
+    p.add_argument(
+        "--env",
+        choices=("sim", "prod"),
+        default="sim",
+        help="sim: NVFlare's simulator on this machine; prod: submit to a running deployment (needs --startup-kit)",
+    )
+    p.add_argument("--startup-kit", default=None, help="prod: the admin's startup kit folder")
+    p.add_argument("--username", default=None, help="prod: the admin's name in the project (default: NVFlare's)")
+    p.add_argument("--job-timeout", type=float, default=24 * 3600.0, help="prod: seconds before the job is aborted")
     p.add_argument("--workspace", default="workspace/edge", help="NVFlare simulator workspace root")
-    p.add_argument("--output-dir", default=None, help="evaluator output folder (default: server run folder)")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="evaluator output folder, a path on the server (default: the server's run folder)",
+    )
     p.add_argument("--log-level", choices=("WARNING", "INFO", "DEBUG"), default="WARNING")
     return p
 
@@ -101,8 +117,13 @@ def settings_from(args: argparse.Namespace) -> dict:
     return settings
 
 
-def build_recipe(args: argparse.Namespace, output_dir: str | None) -> DevsimEdgeRecipe:
-    """The edge recipe for parsed flags; ValueError names the offending setting."""
+def build_recipe(
+    args: argparse.Namespace, output_dir: str | None, leaves_on_host: int | None = None
+) -> DevsimEdgeRecipe:
+    """The edge recipe for parsed flags; ValueError names the offending setting.
+
+    ``leaves_on_host``: leaf processes sharing one machine's cores (default: all of them, as in `sim`).
+    """
     return DevsimEdgeRecipe(
         settings=settings_from(args),
         num_leaf_nodes=args.num_leaf_nodes,
@@ -116,7 +137,7 @@ def build_recipe(args: argparse.Namespace, output_dir: str | None) -> DevsimEdge
         num_workers=args.num_workers,
         runner=args.runner,
         numpy_payloads=args.payloads == "numpy",
-        leaves_on_host=args.num_leaf_nodes,
+        leaves_on_host=args.num_leaf_nodes if leaves_on_host is None else leaves_on_host,
         update_interval=args.update_interval,
         update_timeout=args.update_timeout,
         eval_frequency=args.eval_frequency,
@@ -124,31 +145,18 @@ def build_recipe(args: argparse.Namespace, output_dir: str | None) -> DevsimEdge
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    output_dir = os.path.abspath(args.output_dir) if args.output_dir else None
-    try:
-        recipe = build_recipe(args, output_dir)
-    except ValueError as error:
-        parser.error(str(error))
-    from nvflare.recipe import SimEnv
+def check_prod_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (naming the flag) a `prod` run without a usable startup kit."""
+    if not args.startup_kit:
+        parser.error("--startup-kit: --env prod needs the admin's startup kit folder")
+    if not os.path.isdir(args.startup_kit):
+        parser.error(f"--startup-kit: folder {args.startup_kit!r} does not exist")
+    if args.job_timeout <= 0:
+        parser.error(f"--job-timeout: must be > 0 seconds, got {args.job_timeout}")
 
-    from devsim_flare.recipe import apply_runtime_env_defaults, console_log_config
 
-    apply_runtime_env_defaults()
-
-    workspace = os.path.abspath(args.workspace)
-    env = SimEnv(
-        num_clients=args.num_leaf_nodes,
-        num_threads=args.num_leaf_nodes,  # flat topology: every client a leaf, threads = clients
-        workspace_root=workspace,
-        log_config=console_log_config(args.log_level, workspace),
-    )
-    started = time.perf_counter()
-    run = recipe.execute(env)  # exports and exits instead when --export was given
-    status = run.get_status() or "finished"  # SimEnv has no status; a failed simulation raised above
-    wall = time.perf_counter() - started
+def print_outcome(status: str, output_dir: str | None, workspace: str, wall: float) -> int:
+    """Print the final accuracy from the evaluator's results under ``output_dir`` (else ``workspace``)."""
     path = find_results(output_dir or workspace)
     if not path:
         print(f"job status {status}; no results under {output_dir or workspace}", file=sys.stderr)
@@ -165,6 +173,66 @@ def main(argv: list[str] | None = None) -> int:
         f"(initial {records[0]['accuracy']:.4f}); {per_version:.2f}s per version; {wall:.1f}s wall; results: {path}"
     )
     return 0
+
+
+def run_sim(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str | None) -> int:
+    """Run (or, with --export, export) the job in NVFlare's simulator and print its outcome."""
+    from nvflare.recipe import SimEnv
+
+    from devsim_flare.recipe import apply_runtime_env_defaults, console_log_config
+
+    apply_runtime_env_defaults()
+    workspace = os.path.abspath(args.workspace)
+    env = SimEnv(
+        num_clients=args.num_leaf_nodes,
+        num_threads=args.num_leaf_nodes,  # flat topology: every client a leaf, threads = clients
+        workspace_root=workspace,
+        log_config=console_log_config(args.log_level, workspace),
+    )
+    started = time.perf_counter()
+    run = recipe.execute(env)  # exports and exits instead when --export was given
+    status = run.get_status() or "finished"  # SimEnv has no status; a failed simulation raised above
+    return print_outcome(status, output_dir, workspace, time.perf_counter() - started)
+
+
+def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str | None) -> int:
+    """Submit the job to a running deployment, wait (bounded by --job-timeout) and print its outcome.
+
+    The results are written on the server: they are printed when ``--output-dir`` is readable here
+    (a deployment on this machine), otherwise the server's result folder is named.
+    """
+    from nvflare.recipe import ProdEnv
+
+    from devsim_flare.cli import wait_for_job
+
+    user = {"username": args.username} if args.username else {}
+    env = ProdEnv(startup_kit_location=os.path.abspath(args.startup_kit), login_timeout=30.0, **user)
+    started = time.perf_counter()
+    run = recipe.execute(env)
+    print(f"submitted job {run.get_job_id()}; waiting up to {args.job_timeout:g}s", flush=True)
+    status, result = wait_for_job(run, args.job_timeout)
+    wall = time.perf_counter() - started
+    print(f"job status: {status}; server result folder: {result}")
+    if output_dir and os.path.isdir(output_dir):
+        outcome = print_outcome(status, output_dir, output_dir, wall)
+    else:
+        outcome = 0
+    return outcome if status == "FINISHED:COMPLETED" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.env == "prod":
+        check_prod_args(parser, args)
+    output_dir = os.path.abspath(args.output_dir) if args.output_dir else None
+    try:
+        recipe = build_recipe(args, output_dir, leaves_on_host=args.num_leaf_nodes if args.env == "sim" else 1)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.env == "prod":
+        return run_prod(recipe, args, output_dir)
+    return run_sim(recipe, args, output_dir)
 
 
 if __name__ == "__main__":

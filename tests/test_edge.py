@@ -170,6 +170,25 @@ def test_exported_edge_job_has_no_torchvision_components(tmp_path):
     assert meta["edge_method"] == "edge" and meta["min_clients"] == 2
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env", "prod"], "--startup-kit: --env prod needs"),
+        (["--env", "prod", "--startup-kit", "missing-kit"], "--startup-kit: folder 'missing-kit' does not exist"),
+        (["--env", "cloud"], "--env: invalid choice"),
+    ],
+)
+def test_prod_submission_is_refused_without_a_startup_kit(flags, message, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
     workspace = tmp_path / "ws"
     output = tmp_path / "out"

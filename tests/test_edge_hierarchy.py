@@ -1,8 +1,9 @@
 """A provisioned NVFlare edge hierarchy on this machine: server, 2 relays, 4 leaf clients (slow; CI runs it).
 
 Drives ``scripts/edge_system.py`` the way a user would (provision with free ports, start, status, run the
-edge job, stop) and checks that the job learned, that every version was built from all devices, that the
-leaves reached the server through their relays, and that no process of the workspace survives.
+edge job, stop), submits the job once more with ``jobs/pt_job_edge.py --env prod``, and checks that the
+job learned, that every version was built from all devices, that the leaves reached the server through
+their relays, and that no process of the workspace survives.
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
         server_log = open(job["server_job_log"], encoding="utf-8").read()
         built = [int(n) for n in re.findall(r"generated new model version \d+ with (\d+) updates", server_log)]
         assert built[1:] == [len(LEAVES) * DEVICES_PER_LEAF] * VERSIONS, built
+
+        # the job script itself submits to the same running deployment
+        prod_out = tmp_path / "prod_out"
+        submit = [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), "--env", "prod"]
+        submit += ["--startup-kit", os.path.join(state["kits"], state["admin"]), "--username", state["admin"]]
+        submit += ["--num-leaf-nodes", str(len(LEAVES)), "--devices-per-leaf", str(DEVICES_PER_LEAF)]
+        submit += ["--num-versions", "1", "--output-dir", str(prod_out), "--job-timeout", "240"]
+        prod = run_in_group(submit, tmp_path, 300, "pt_job_edge.py --env prod")
+        assert "job status: FINISHED:COMPLETED" in prod.stdout and "final accuracy" in prod.stdout, prod.stdout
+        prod_records = json.loads((prod_out / "edge_results.json").read_text())["records"]
+        assert [r["version"] for r in prod_records] == [1, 2], prod_records
 
         stop = edge_system("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
         assert "no process of" in stop.stdout, stop.stdout
