@@ -208,7 +208,11 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
     user = {"username": args.username} if args.username else {}
     env = ProdEnv(startup_kit_location=os.path.abspath(args.startup_kit), login_timeout=30.0, **user)
     started = time.perf_counter()
-    run = recipe.execute(env)
+    try:
+        run = recipe.execute(env)
+    except RuntimeError as error:
+        print(f"error: {error}; is the deployment of --startup-kit {args.startup_kit} running?", file=sys.stderr)
+        return 1
     print(f"submitted job {run.get_job_id()}; waiting up to {args.job_timeout:g}s", flush=True)
     status, result = wait_for_job(run, args.job_timeout)
     wall = time.perf_counter() - started
