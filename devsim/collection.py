@@ -1,17 +1,20 @@
-"""Frequent, cheap full garbage collection for long-running server loops.
+"""Frequent, cheap full garbage collection for long-running server and leaf processes.
 
 NVFlare 2.9 allocates a chunk-sized buffer for every message stream it sends, held in a reference
 cycle between the stream's sender and its result, so it is freed only by a full (generation 2)
 collection. In a process with a few hundred thousand long-lived objects (NVFlare plus PyTorch,
 ~195,000 tracked objects) such a collection takes ~50 ms and Python runs it rarely; between two of
 them a fast job (a round every 0.1 s) leaves tens of MB of dead buffers, which glibc then keeps as
-resident memory (``benchmarks/memory_growth.py``).
+resident memory (``benchmarks/memory_growth.py``). The leaves send a reply stream every round and
+keep their buffers the same way.
 
 :class:`PeriodicCollector` therefore moves every object alive when the loop starts into the permanent
 generation (``gc.freeze``, after one full collection so that nothing dead is frozen) for the length
 of the loop. A full collection then only traverses objects created since, which takes microseconds to
 a few milliseconds, so it can run every ``interval`` seconds (default 1 s). Leaving the ``with`` block
-unfreezes them, so objects that die later are collected as usual.
+unfreezes them, so objects that die later are collected as usual. The servers freeze for their run
+loop; a leaf freezes after its start-up for the rest of its (per-job) process and collects at the
+start of each call.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.codec import weights_norm
+from devsim.collection import PeriodicCollector
 from devsim.data.groups import leaf_group
 from devsim.dropout import DropoutModel
 from devsim.faults import FaultInjector
@@ -86,6 +87,7 @@ class LeafNode:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
+        self._collector = PeriodicCollector().start()
 
     def _norm_limit(self, weights: dict) -> float | None:
         """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""
@@ -107,6 +109,7 @@ class LeafNode:
     def train_round(self, round_num: int, weights: dict, assignments: dict) -> dict:
         """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``."""
         received_at = time.time()
+        self._collector.maybe_collect()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
         result = self._runner.run_round(round_num, weights, device_ids, self._dropout, self._faults, max_norm)
@@ -134,6 +137,7 @@ class LeafNode:
         :meth:`devsim.leaf_runner.LeafRoundRunner.run_jobs`.
         """
         received_at = time.time()
+        self._collector.maybe_collect()
         payload = self._runner.run_jobs(
             weights,
             np.asarray(job_ids).tolist(),
