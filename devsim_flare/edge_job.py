@@ -7,7 +7,8 @@ import torchvision:
 
 - server: :class:`SeededModelPersistor` (initial model from the run seed, as the Collab jobs build it),
   :class:`NumpyBuffModelManager` (NVFlare's ``BuffModelManager`` with float32 arrays instead of lists;
-  the stock one with ``numpy_payloads=False``), ``BuffDeviceManager``, ``ModelUpdateAssessor`` under
+  the stock one with ``numpy_payloads=False``), :class:`~devsim_flare.edge_selection.SeededDeviceManager`
+  (NVFlare's ``BuffDeviceManager`` with seeded selections), ``ModelUpdateAssessor`` under
   ``ScatterAndGatherForEdge`` (``EdgeJob.configure_server``), plus :class:`EdgeGlobalEvaluator` (ours,
   in place of the torchvision ``GlobalEvaluator``) that scores every global model version on the run's
   test split and writes ``edge_results.json`` and ``final_model.pt``;
@@ -42,7 +43,6 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
 from nvflare.edge.aggregators.model_update_dxo_factory import ModelUpdateDXOAggrFactory
-from nvflare.edge.assessors.buff_device_manager import BuffDeviceManager
 from nvflare.edge.assessors.buff_model_manager import BuffModelManager, _ModelState
 from nvflare.edge.assessors.model_update import ModelUpdateAssessor
 from nvflare.edge.tools.edge_job import EdgeJob
@@ -53,6 +53,7 @@ from nvflare.widgets.widget import Widget
 from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.config import DATASET_CLASSES
 from devsim.seeding import derive_seed
+from devsim_flare.edge_selection import SeededDeviceManager
 from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor
 from processors.models import build_model
 
@@ -357,11 +358,12 @@ class DevsimEdgeRecipe(Recipe):
             id="model_manager",
         )
         device_manager_id = job.to_server(
-            BuffDeviceManager(
+            SeededDeviceManager(
                 device_selection_size=selection,
                 initial_min_client_num=num_leaf_nodes,
                 min_hole_to_fill=min_hole,
                 device_reuse=True,
+                seed=int(self.settings.get("seed", 0)),
             ),
             id="device_manager",
         )

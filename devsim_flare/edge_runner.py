@@ -36,6 +36,7 @@ from nvflare.edge.web.models.user_info import UserInfo
 from nvflare.edge.widgets.runner import SimulationRunner
 
 from devsim.workers import plan_workers
+from devsim_flare.edge_selection import leaf_device_prefix
 
 DEFAULT_MIN_POLL_S = 0.02
 DEFAULT_MAX_POLL_S = 0.5
@@ -97,6 +98,8 @@ class FastDeviceSimulator(Simulator):
         min_poll_interval, max_poll_interval: seconds between selection polls while the leaf has no new
             device to start; the interval doubles from the minimum after each empty poll and resets when
             a device starts.
+        device_id_prefix: stable prefix of this leaf's device ids
+            (:func:`devsim_flare.edge_selection.leaf_device_prefix`); None keeps NVFlare's per-run UUID.
         Other arguments as NVFlare's ``Simulator``.
     """
 
@@ -105,9 +108,12 @@ class FastDeviceSimulator(Simulator):
         *args,
         min_poll_interval: float = DEFAULT_MIN_POLL_S,
         max_poll_interval: float = DEFAULT_MAX_POLL_S,
+        device_id_prefix: str | None = None,
         **kwargs,
     ):
         Simulator.__init__(self, *args, **kwargs)
+        if device_id_prefix is not None:
+            self.device_id_prefix = device_id_prefix
         self.worker_pool.shutdown(wait=False)  # no thread started yet: replace it to set the initializer
         self.worker_pool = ThreadPoolExecutor(self.num_workers, initializer=summarise_arrays_in_this_thread)
         self.min_poll_interval = float(min_poll_interval)
@@ -265,6 +271,7 @@ class FastEdgeRunner(SimulationRunner):
             get_job_timeout=self.job_timeout,
             min_poll_interval=self.min_poll_interval,
             max_poll_interval=self.max_poll_interval,
+            device_id_prefix=leaf_device_prefix(fl_ctx.get_identity_name()),
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -187,6 +188,33 @@ def test_prod_submission_is_refused_without_a_startup_kit(flags, message, tmp_pa
         timeout=120,
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_partial_device_selections_repeat_with_the_seed(tmp_path):
+    """4 of 8 devices per version: two runs with one seed select the same devices and reach the same models.
+
+    The updates of a version are summed in arrival order, so the weights agree to float rounding.
+    """
+    flags = [*EDGE_RUN, "--num-versions", "3", "--device-selection-size", "4"]  # the last value of a flag wins
+    selections, records, finals = [], [], []
+    for name in ("first", "second"):
+        workspace, output = tmp_path / name / "ws", tmp_path / name / "out"
+        _run_edge_job([*flags, "--workspace", str(workspace), "--output-dir", str(output)], tmp_path, 240)
+        server_log = (workspace / "devsim_edge" / "server" / "log.txt").read_text()
+        found = re.findall(r"current selection with 4 items: V\d+; (\{'[^']+': (\d+).*\})", server_log)
+        # versions 1..4 are trained; a selection for version 5 may or may not be made before the job ends
+        selections.append([text for text, version in found if int(version) <= 4])
+        records.append([(r["version"], r["accuracy"], r["loss"]) for r in _records(output)])
+        finals.append(torch.load(output / "final_model.pt")["state_dict"])
+    assert len(selections[0]) == 4 and selections[0] == selections[1], selections
+    assert all(s.count("site-1/#") == 2 for s in selections[0]), selections[0]
+    assert records[0] == records[1]
+    for key, value in finals[0].items():
+        assert np.allclose(np.asarray(value), np.asarray(finals[1][key]), atol=1e-5), key
+
+
+def _records(output) -> list[dict]:
+    return json.loads((output / "edge_results.json").read_text())["records"]
 
 
 def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
