@@ -193,24 +193,25 @@ def test_prod_submission_is_refused_without_a_startup_kit(flags, message, tmp_pa
 def test_partial_device_selections_repeat_with_the_seed(tmp_path):
     """4 of 8 devices per version: two runs with one seed select the same devices and reach the same models.
 
-    The updates of a version are summed in arrival order, so the weights agree to float rounding.
+    Versions 1..4 are the trained ones. NVFlare's assessor sometimes still selects devices for a fifth
+    version, and builds it, before the job ends (seen in one run of five), so only versions 1..4 are
+    compared. A version's updates are summed in arrival order, so its model agrees to float rounding.
     """
     flags = [*EDGE_RUN, "--num-versions", "3", "--device-selection-size", "4"]  # the last value of a flag wins
-    selections, records, finals = [], [], []
+    selections, records = [], []
     for name in ("first", "second"):
         workspace, output = tmp_path / name / "ws", tmp_path / name / "out"
         _run_edge_job([*flags, "--workspace", str(workspace), "--output-dir", str(output)], tmp_path, 240)
         server_log = (workspace / "devsim_edge" / "server" / "log.txt").read_text()
         found = re.findall(r"current selection with 4 items: V\d+; (\{'[^']+': (\d+).*\})", server_log)
-        # versions 1..4 are trained; a selection for version 5 may or may not be made before the job ends
         selections.append([text for text, version in found if int(version) <= 4])
-        records.append([(r["version"], r["accuracy"], r["loss"]) for r in _records(output)])
-        finals.append(torch.load(output / "final_model.pt")["state_dict"])
+        records.append({r["version"]: (r["accuracy"], r["loss"]) for r in _records(output) if r["version"] <= 4})
     assert len(selections[0]) == 4 and selections[0] == selections[1], selections
     assert all(s.count("site-1/#") == 2 for s in selections[0]), selections[0]
-    assert records[0] == records[1]
-    for key, value in finals[0].items():
-        assert np.allclose(np.asarray(value), np.asarray(finals[1][key]), atol=1e-5), key
+    assert sorted(records[0]) == sorted(records[1]) == [1, 2, 3, 4]
+    for version, (accuracy, loss) in records[0].items():
+        other_accuracy, other_loss = records[1][version]
+        assert abs(accuracy - other_accuracy) <= 0.002 and abs(loss - other_loss) <= 1e-4 * abs(loss), version
 
 
 def _records(output) -> list[dict]:
