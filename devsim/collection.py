@@ -11,7 +11,7 @@ keep their buffers the same way.
 :class:`PeriodicCollector` therefore moves every object alive when the loop starts into the permanent
 generation (``gc.freeze``, after one full collection so that nothing dead is frozen) for the length
 of the loop. A full collection then only traverses objects created since, which takes microseconds to
-a few milliseconds, so it can run every ``interval`` seconds (default 1 s). Leaving the ``with`` block
+a few milliseconds, so it can run every ``interval`` seconds (default 1 s). :meth:`PeriodicCollector.stop`
 unfreezes them, so objects that die later are collected as usual. The servers freeze for their run
 loop; a leaf freezes after its start-up for the rest of its (per-job) process and collects at the
 start of each call.
@@ -28,8 +28,8 @@ DEFAULT_INTERVAL_S = 1.0
 class PeriodicCollector:
     """Runs ``gc.collect()`` when at least ``interval`` seconds have passed since the last one.
 
-    :meth:`start` (or entering a ``with`` block) collects and freezes the objects alive then (see the
-    module docstring); :meth:`stop` (or leaving the block) unfreezes them.
+    :meth:`start` collects and freezes the objects alive then (see the module docstring); :meth:`stop`
+    unfreezes them.
 
     Args:
         interval: seconds between full collections (> 0).
@@ -54,12 +54,6 @@ class PeriodicCollector:
     def stop(self) -> None:
         """Unfreeze: objects frozen by :meth:`start` are collected as usual again."""
         gc.unfreeze()
-
-    def __enter__(self) -> PeriodicCollector:
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def maybe_collect(self) -> bool:
         """Collect if the interval has passed; True when a collection ran."""

@@ -10,7 +10,6 @@ same time (the server waits for all of them each round), so a job gets one group
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 from devsim.config import ConfigError
 
@@ -39,5 +38,5 @@ def leaf_gpu_groups(gpu_ids: tuple[int, ...], num_leaves: int) -> str:
 
 def leaves_per_gpu(gpu_ids: tuple[int, ...], num_leaves: int) -> int:
     """Most leaves that share one GPU under :func:`leaf_gpu_groups` (each sizes its pool from a share of its VRAM)."""
-    groups = leaf_gpu_groups(gpu_ids, num_leaves).split(",")
-    return max(Counter(groups).values())
+    leaf_gpu_groups(gpu_ids, num_leaves)  # same argument checks
+    return -(-num_leaves // len(gpu_ids))

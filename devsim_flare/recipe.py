@@ -170,12 +170,10 @@ def build_env(
     """The execution environment named ``kind`` (one of ``sim``, ``poc``, ``prod``).
 
     ``sim`` and ``poc`` launch their processes from this one, after
-    :func:`apply_runtime_env_defaults` has set the project's runtime defaults. ``gpu_groups``
-    (``sim`` only) is NVFlare's ``-gpu`` string, one group per leaf
-    (:func:`devsim.gpu_placement.leaf_gpu_groups`).
+    :func:`apply_runtime_env_defaults` has set the project's runtime defaults. ``gpu_groups`` is
+    NVFlare's ``-gpu`` string, one group per leaf (:func:`devsim.gpu_placement.leaf_gpu_groups`);
+    only ``sim`` places leaves (the CLI refuses ``--gpus`` elsewhere).
     """
-    if gpu_groups and kind != "sim":
-        raise ConfigError("gpus", f"places leaves only with --env sim, not {kind}")
     if kind in ("sim", "poc"):
         apply_runtime_env_defaults()
     if kind == "sim":

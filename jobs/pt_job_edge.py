@@ -155,11 +155,11 @@ def check_prod_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--job-timeout: must be > 0 seconds, got {args.job_timeout}")
 
 
-def print_outcome(status: str, output_dir: str | None, workspace: str, wall: float) -> int:
-    """Print the final accuracy from the evaluator's results under ``output_dir`` (else ``workspace``)."""
-    path = find_results(output_dir or workspace)
+def print_outcome(status: str, results_root: str, wall: float) -> int:
+    """Print the final accuracy from the evaluator's newest results under ``results_root``."""
+    path = find_results(results_root)
     if not path:
-        print(f"job status {status}; no results under {output_dir or workspace}", file=sys.stderr)
+        print(f"job status {status}; no results under {results_root}", file=sys.stderr)
         return 1
     records = load_results(path)["records"]
     if not records:
@@ -192,7 +192,7 @@ def run_sim(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str 
     started = time.perf_counter()
     run = recipe.execute(env)  # exports and exits instead when --export was given
     status = run.get_status() or "finished"  # SimEnv has no status; a failed simulation raised above
-    return print_outcome(status, output_dir, workspace, time.perf_counter() - started)
+    return print_outcome(status, output_dir or workspace, time.perf_counter() - started)
 
 
 def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str | None) -> int:
@@ -218,7 +218,7 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
     wall = time.perf_counter() - started
     print(f"job status: {status}; server result folder: {result}")
     if output_dir and os.path.isdir(output_dir):
-        outcome = print_outcome(status, output_dir, output_dir, wall)
+        outcome = print_outcome(status, output_dir, wall)
     else:
         outcome = 0
     return outcome if status == "FINISHED:COMPLETED" else 1

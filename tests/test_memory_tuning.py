@@ -83,9 +83,12 @@ def test_periodic_collector_collects_only_after_its_interval():
 
 def test_collector_freezes_start_up_objects_for_the_loop_only():
     gc.unfreeze()
-    with PeriodicCollector(60.0) as collector:
+    collector = PeriodicCollector(60.0).start()
+    try:
         assert gc.get_freeze_count() > 0
         assert not collector.maybe_collect()
+    finally:
+        collector.stop()
     assert gc.get_freeze_count() == 0
 
 
@@ -94,7 +97,8 @@ def test_collector_still_frees_cycles_made_during_the_loop():
         pass
 
     now = [0.0]
-    with PeriodicCollector(1.0, clock=lambda: now[0]) as collector:
+    collector = PeriodicCollector(1.0, clock=lambda: now[0]).start()
+    try:
         node = Node()
         node.self = node
         ref = weakref.ref(node)
@@ -103,3 +107,5 @@ def test_collector_still_frees_cycles_made_during_the_loop():
         now[0] += 1.5
         assert collector.maybe_collect()
         assert ref() is None
+    finally:
+        collector.stop()
