@@ -62,7 +62,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the partition")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--codecs", default=",".join(CODECS), help="comma list of " + ", ".join(CODECS))
+    parser.add_argument(
+        "--codecs", default=",".join(CODECS), help="comma list of " + ", ".join(CODECS).replace("%", "%%")
+    )
     parser.add_argument("--target", type=float, default=None, help="target accuracy; default 0.95 x none's best")
     parser.add_argument("--uplink-mbps", type=float, default=1.0, help="median device uplink (Mbit/s)")
     parser.add_argument("--downlink-mbps", type=float, default=10.0, help="median device downlink (Mbit/s)")

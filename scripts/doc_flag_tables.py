@@ -51,7 +51,11 @@ def actions(parser: argparse.ArgumentParser, title: str) -> dict[str, argparse.A
 
 
 def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "combined"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "mode", nargs="?", default="combined", choices=("combined", "run"), help="which table (default: combined)"
+    )
+    mode = parser.parse_args().mode
     if mode == "run":
         print("| flag | default | meaning |\n| --- | --- | --- |")
         for action in actions(build_parser(""), "run").values():
