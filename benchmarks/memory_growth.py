@@ -27,6 +27,9 @@ by a registered device population: ``DevicePopulation`` with ``--population`` de
 Dirichlet partitioners over a 50,000-label array, and selecting ``--shards`` devices and deriving
 (and holding) their shards from both partitioners.
 
+The script is a little over 400 lines because the /proc sampler, the round-to-sample mapping and the
+report belong to one measurement and are not used elsewhere.
+
     .venv/bin/python benchmarks/memory_growth.py                 # 200 rounds, then the population part
     .venv/bin/python benchmarks/memory_growth.py --rounds 500 --trajectory 50 --skip-population
     .venv/bin/python benchmarks/memory_growth.py --nvflare-defaults --skip-population   # without the defaults
