@@ -1,6 +1,8 @@
-"""FedRevive's fast server path: the vectorised teacher ensemble equals the per-teacher loop, KD reuse (kd_interval)."""
+"""FedRevive's fast server path: vectorised teachers equal the loop, fused generator upsampling, KD reuse."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 from devsim.aggregation.fedrevive import Synthesizer, SyntheticPool, distill
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
+from devsim.aggregation.fedrevive.generator import Generator, upsample_conv3x3
 from devsim.codec import model_to_numpy
 from devsim.models import build_model, feature_trackers
 from tests.test_fedrevive import _arrival_inputs, _reviver, one_hot_q, tiny_config, toy_images, toy_teacher
@@ -153,3 +156,36 @@ def test_kd_interval_reuses_last_kd_delta() -> None:
     delta_b, info_b = restored.on_arrival(global_w, 13, base, client, q, 4)
     assert info_a["distilled"] and info_b["distilled"]
     assert all(np.array_equal(delta_a[k], delta_b[k]) for k in delta_a)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_upsample_conv_equals_interpolate_then_conv(bias: bool) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(3, 5, 6, 7, requires_grad=True)
+    conv = torch.nn.Conv2d(5, 4, 3, padding=1, bias=bias)
+    fused = upsample_conv3x3(x, conv.weight, conv.bias)
+    reference = conv(torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"))
+    assert fused.shape == reference.shape == (3, 4, 12, 14)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    inputs = [x, conv.weight] + ([conv.bias] if bias else [])
+    grads = torch.autograd.grad(fused.square().sum(), inputs)
+    ref_grads = torch.autograd.grad(reference.square().sum(), inputs)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_generator_fused_upsample_matches_reference() -> None:
+    torch.manual_seed(4)
+    fused = Generator(latent_dim=16, width=8, num_classes=5).train()
+    literal = copy.deepcopy(fused)
+    literal.fused_upsample = False
+    z, labels = torch.randn(6, 16), torch.tensor([0, 1, 2, 3, 4, 0])
+    out, ref = fused(z, labels), literal(z, labels)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, got), want in zip(fused.named_parameters(), literal.parameters(), strict=True):
+        scale = float(want.grad.abs().max())  # summation order differs: errors are relative to the largest entry
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    for got, want in zip(fused.buffers(), literal.buffers(), strict=True):  # BatchNorm running statistics
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
