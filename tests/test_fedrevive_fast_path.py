@@ -133,13 +133,15 @@ def test_kd_interval_reuses_last_kd_delta() -> None:
     _, info = reviver.on_arrival(global_w, 6, base, client, q, 4)
     assert not info["synthesized"]
     reviver.synthesizer.synthesize(reviver._loaded_teachers())
-    flags, deltas, betas = [], [], []
+    flags, deltas, betas, loaded = [], [], [], []
     for version, staleness in [(9, 4), (10, 1), (11, 4), (12, 4)]:
         delta, info = reviver.on_arrival(global_w, version, base, client, q, staleness)
         flags.append((info["distilled"], info["kd_reused"]))
         deltas.append(delta)
         betas.append(info["beta"])
+        loaded.append(reviver.teachers[0].uid in reviver._teacher_modules)
     assert flags == [(True, False), (False, True), (True, False), (False, True)]
+    assert loaded == [True, False, True, False]  # a reuse-only arrival loads no teacher module
     assert (reviver.state.kd_runs, reviver.kd_updates) == (2, 4)
     params = [k for k in plain if ".running_" not in k]
 
