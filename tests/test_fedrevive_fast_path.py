@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from devsim.aggregation.fedrevive import Synthesizer, SyntheticPool, distill
+from devsim.aggregation.fedrevive._common import adam
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
 from devsim.aggregation.fedrevive.generator import Generator, upsample_conv3x3
 from devsim.codec import model_to_numpy
@@ -190,4 +191,22 @@ def test_generator_fused_upsample_matches_reference() -> None:
         scale = float(want.grad.abs().max())  # summation order differs: errors are relative to the largest entry
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
     for got, want in zip(fused.buffers(), literal.buffers(), strict=True):  # BatchNorm running statistics
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adam_matches_default_adam() -> None:
+    torch.manual_seed(5)
+    fused_model = Generator(latent_dim=16, width=8, num_classes=5)
+    plain_model = copy.deepcopy(fused_model)
+    kwargs = {"lr": 3e-3, "betas": (0.5, 0.999), "weight_decay": 1e-5}
+    fused_opt = adam(fused_model.parameters(), torch.device("cpu"), **kwargs)
+    plain_opt = torch.optim.Adam(plain_model.parameters(), **kwargs)
+    assert fused_opt.param_groups[0]["fused"]
+    z, labels = torch.randn(4, 16), torch.tensor([0, 1, 2, 3])
+    for _ in range(4):
+        for model, opt in ((fused_model, fused_opt), (plain_model, plain_opt)):
+            opt.zero_grad()
+            model(z, labels).square().mean().backward()
+            opt.step()
+    for got, want in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
