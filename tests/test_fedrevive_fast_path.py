@@ -10,6 +10,7 @@ import torch
 
 from devsim.aggregation.fedrevive import Synthesizer, SyntheticPool, distill
 from devsim.aggregation.fedrevive._common import adam
+from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
 from devsim.aggregation.fedrevive.generator import Generator, upsample_conv3x3
 from devsim.codec import model_to_numpy
@@ -210,3 +211,18 @@ def test_fused_adam_matches_default_adam() -> None:
             opt.step()
     for got, want in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_augment_crop_equals_per_sample_slices() -> None:
+    images = torch.rand(5, 3, 8, 6)
+    mean, std = torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.25, 0.3])
+    out = augment_images(images, mean, std, padding=2, generator=torch.Generator().manual_seed(9))
+    draws = torch.Generator().manual_seed(9)  # the same draws in the same order: offsets, then flips
+    offsets = torch.randint(0, 5, (2, 5), generator=draws)
+    flips = torch.rand(5, generator=draws) < 0.5
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
+    for i in range(5):
+        row, col = int(offsets[0, i]), int(offsets[1, i])
+        crop = padded[i, :, row : row + 8, col : col + 6]
+        crop = crop.flip(2) if flips[i] else crop
+        torch.testing.assert_close(out[i], (crop - mean.view(3, 1, 1)) / std.view(3, 1, 1))
