@@ -3,7 +3,8 @@
 Runs the server-side reviver alone (no NVFlare, no clients) with the settings ``benchmarks/async_quality.py`` gives
 the server (``fedrevive_small_cpu`` preset, CNN, K = 50, B = 1, so s_max = 37.5 and staleness ~50 keeps
 beta > 0): random client models arrive one per version; after the gates open (freeze 10, warm-up 20) ``--arrivals``
-arrivals (rounded up to whole synthesis / KD cycles) are timed, then the same number again under
+arrivals (rounded up to whole synthesis / KD cycles) are timed (wall, and CPU time of the calling thread, which
+the machine's load does not inflate; run with ``OMP_NUM_THREADS=1``), then the same number again under
 ``torch.profiler`` for the phase breakdown (the ``fedrevive.*`` ``record_function`` labels in synthesis.py and
 distill.py; CPU ms per arrival, profiler overhead included). Columns:
 
@@ -60,28 +61,32 @@ def make_reviver(preset: dict, teacher_batching: str, kd_interval: int, generati
     return Reviver(lambda: build_model("cnn", num_classes=10, track_features=True), config, seed=0)
 
 
-def drive(reviver: Reviver, versions: range, seed: int) -> float:
-    """Feed one perturbed client model per version (staleness 50); return the seconds spent in ``on_arrival``."""
+def drive(reviver: Reviver, versions: range, seed: int) -> tuple[float, float]:
+    """Feed one perturbed client model per version (staleness 50); return wall and thread-CPU seconds in
+    ``on_arrival``."""
     rng = np.random.default_rng(seed)
     base = {k: v.numpy().copy() for k, v in build_model("cnn", track_features=True).state_dict().items()}
-    seconds = 0.0
+    seconds = cpu_seconds = 0.0
     for version in versions:
         client = {k: (x + 0.01 * rng.standard_normal(x.shape)).astype(np.float32) for k, x in base.items()}
         q = rng.dirichlet(np.full(10, 0.3))
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         reviver.on_arrival(base, version, base, client, q, 50.0)
         seconds += time.perf_counter() - started
-    return seconds
+        cpu_seconds += time.thread_time() - cpu_started
+    return seconds, cpu_seconds
 
 
-def measure(preset: dict, arrivals: int, **settings) -> tuple[float, dict[str, float]]:
-    """Seconds per arrival (unprofiled) and CPU ms per arrival for each ``fedrevive.*`` phase (profiled)."""
+def measure(preset: dict, arrivals: int, **settings) -> tuple[tuple[float, float], dict[str, float]]:
+    """Wall and CPU seconds per arrival (unprofiled) and CPU ms per arrival for each ``fedrevive.*`` phase
+    (profiled)."""
     reviver = make_reviver(preset, **settings)
     interval = settings["generation_interval"] * settings["kd_interval"]
     arrivals = -(-arrivals // interval) * interval  # whole synthesis and KD cycles, so their shares are exact
     start = preset["warmup_version"] + 20
     drive(reviver, range(start), 0)
-    per_arrival = drive(reviver, range(start, start + arrivals), 1) / arrivals
+    wall, cpu = drive(reviver, range(start, start + arrivals), 1)
+    per_arrival = (wall / arrivals, cpu / arrivals)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         drive(reviver, range(start + arrivals, start + 2 * arrivals), 2)
     phases: dict[str, float] = defaultdict(float)
@@ -116,9 +121,10 @@ def main() -> None:
     keys = sorted({key for _, phases in results.values() for key in phases})
     for key in keys:
         print(f"{key:<28}" + "".join(f"{results[n][1].get(key, 0.0):>20.1f}" for n in names))
-    print(f"{'wall s / arrival':<28}" + "".join(f"{results[n][0]:>20.3f}" for n in names))
-    first = results[names[0]][0]
-    print(f"{'speed-up vs first column':<28}" + "".join(f"{first / results[n][0]:>19.2f}x" for n in names))
+    print(f"{'wall s / arrival':<28}" + "".join(f"{results[n][0][0]:>20.3f}" for n in names))
+    print(f"{'CPU s / arrival (thread)':<28}" + "".join(f"{results[n][0][1]:>20.3f}" for n in names))
+    first = results[names[0]][0][1]
+    print(f"{'CPU speed-up vs first col.':<28}" + "".join(f"{first / results[n][0][1]:>19.2f}x" for n in names))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def test_fedrevive_run_completes_with_kd_engaged(tmp_path):
     assert summary["kd_updates"] > 0, proc.stdout[-2000:]
     assert summary["synth_steps"] > 0 and 0 < summary["kd_runs"] <= summary["kd_updates"]
     assert summary["revive_seconds_per_arrival"] > 0
+    assert 0 < summary["revive_cpu_seconds_per_arrival"] <= summary["revive_seconds_per_arrival"] + 1e-3
 
 
 def test_paper_preset_is_refused_without_cifar(tmp_path):

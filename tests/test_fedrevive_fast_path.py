@@ -1,13 +1,18 @@
-"""FedRevive's fast server path: the vectorised teacher ensemble equals the per-teacher loop, KD reuse (kd_interval)."""
+"""FedRevive's fast server path: vectorised teachers equal the loop, fused generator upsampling, KD reuse."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
 
 from devsim.aggregation.fedrevive import Synthesizer, SyntheticPool, distill
+from devsim.aggregation.fedrevive._common import adam
+from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
+from devsim.aggregation.fedrevive.generator import Generator, upsample_conv3x3
 from devsim.codec import model_to_numpy
 from devsim.models import build_model, feature_trackers
 from tests.test_fedrevive import _arrival_inputs, _reviver, one_hot_q, tiny_config, toy_images, toy_teacher
@@ -130,13 +135,15 @@ def test_kd_interval_reuses_last_kd_delta() -> None:
     _, info = reviver.on_arrival(global_w, 6, base, client, q, 4)
     assert not info["synthesized"]
     reviver.synthesizer.synthesize(reviver._loaded_teachers())
-    flags, deltas, betas = [], [], []
+    flags, deltas, betas, loaded = [], [], [], []
     for version, staleness in [(9, 4), (10, 1), (11, 4), (12, 4)]:
         delta, info = reviver.on_arrival(global_w, version, base, client, q, staleness)
         flags.append((info["distilled"], info["kd_reused"]))
         deltas.append(delta)
         betas.append(info["beta"])
+        loaded.append(reviver.teachers[0].uid in reviver._teacher_modules)
     assert flags == [(True, False), (False, True), (True, False), (False, True)]
+    assert loaded == [True, False, True, False]  # a reuse-only arrival loads no teacher module
     assert (reviver.state.kd_runs, reviver.kd_updates) == (2, 4)
     params = [k for k in plain if ".running_" not in k]
 
@@ -153,3 +160,69 @@ def test_kd_interval_reuses_last_kd_delta() -> None:
     delta_b, info_b = restored.on_arrival(global_w, 13, base, client, q, 4)
     assert info_a["distilled"] and info_b["distilled"]
     assert all(np.array_equal(delta_a[k], delta_b[k]) for k in delta_a)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_upsample_conv_equals_interpolate_then_conv(bias: bool) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(3, 5, 6, 7, requires_grad=True)
+    conv = torch.nn.Conv2d(5, 4, 3, padding=1, bias=bias)
+    fused = upsample_conv3x3(x, conv.weight, conv.bias)
+    reference = conv(torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"))
+    assert fused.shape == reference.shape == (3, 4, 12, 14)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    inputs = [x, conv.weight] + ([conv.bias] if bias else [])
+    grads = torch.autograd.grad(fused.square().sum(), inputs)
+    ref_grads = torch.autograd.grad(reference.square().sum(), inputs)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_generator_fused_upsample_matches_reference() -> None:
+    torch.manual_seed(4)
+    fused = Generator(latent_dim=16, width=8, num_classes=5).train()
+    literal = copy.deepcopy(fused)
+    literal.fused_upsample = False
+    z, labels = torch.randn(6, 16), torch.tensor([0, 1, 2, 3, 4, 0])
+    out, ref = fused(z, labels), literal(z, labels)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, got), want in zip(fused.named_parameters(), literal.parameters(), strict=True):
+        scale = float(want.grad.abs().max())  # summation order differs: errors are relative to the largest entry
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    for got, want in zip(fused.buffers(), literal.buffers(), strict=True):  # BatchNorm running statistics
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adam_matches_default_adam() -> None:
+    torch.manual_seed(5)
+    fused_model = Generator(latent_dim=16, width=8, num_classes=5)
+    plain_model = copy.deepcopy(fused_model)
+    kwargs = {"lr": 3e-3, "betas": (0.5, 0.999), "weight_decay": 1e-5}
+    fused_opt = adam(fused_model.parameters(), torch.device("cpu"), **kwargs)
+    plain_opt = torch.optim.Adam(plain_model.parameters(), **kwargs)
+    assert fused_opt.param_groups[0]["fused"]
+    z, labels = torch.randn(4, 16), torch.tensor([0, 1, 2, 3])
+    for _ in range(4):
+        for model, opt in ((fused_model, fused_opt), (plain_model, plain_opt)):
+            opt.zero_grad()
+            model(z, labels).square().mean().backward()
+            opt.step()
+    for got, want in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_augment_crop_equals_per_sample_slices() -> None:
+    images = torch.rand(5, 3, 8, 6)
+    mean, std = torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.25, 0.3])
+    out = augment_images(images, mean, std, padding=2, generator=torch.Generator().manual_seed(9))
+    draws = torch.Generator().manual_seed(9)  # the same draws in the same order: offsets, then flips
+    offsets = torch.randint(0, 5, (2, 5), generator=draws)
+    flips = torch.rand(5, generator=draws) < 0.5
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
+    for i in range(5):
+        row, col = int(offsets[0, i]), int(offsets[1, i])
+        crop = padded[i, :, row : row + 8, col : col + 6]
+        crop = crop.flip(2) if flips[i] else crop
+        torch.testing.assert_close(out[i], (crop - mean.view(3, 1, 1)) / std.view(3, 1, 1))

@@ -67,6 +67,7 @@ class FedReviveServer(AsyncServer):
         self.estimator = GaussianProbeEstimator(seed=config.seed) if config.class_proportions == "estimated" else None
         self.probe_model = build_model(config.model, num_classes=config.num_classes, track_features=True).to(device)
         self.revive_seconds = 0.0
+        self.revive_cpu_seconds = 0.0
         self.arrivals = 0
         print(
             f"[server] FedRevive: s_max {s_max:g}, freeze at version {config.freeze_version}, "
@@ -76,7 +77,7 @@ class FedReviveServer(AsyncServer):
         )
 
     def revise_delta(self, job: DeviceJob, result: dict, staleness: int, base: Weights) -> Weights:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         client = {k: base[k] + result["delta"][k] for k in base}
         if self.estimator is None:
             q = proportions_from_counts(np.asarray(result["label_hist"], dtype=np.float64))
@@ -85,6 +86,7 @@ class FedReviveServer(AsyncServer):
             q = self.estimator.observe(job.device_id, self.probe_model)
         delta, _ = self.reviver.on_arrival(self.weights, self.scheduler.version, base, client, q, staleness)
         self.revive_seconds += time.perf_counter() - started
+        self.revive_cpu_seconds += time.thread_time() - cpu_started
         self.arrivals += 1
         return delta
 
@@ -95,6 +97,7 @@ class FedReviveServer(AsyncServer):
             "kd_runs": int(state.kd_runs),
             "synth_steps": int(state.synth_steps),
             "revive_seconds_per_arrival": self.revive_seconds / max(self.arrivals, 1),
+            "revive_cpu_seconds_per_arrival": self.revive_cpu_seconds / max(self.arrivals, 1),
         }
 
     def method_state(self) -> dict:
@@ -102,6 +105,7 @@ class FedReviveServer(AsyncServer):
             "reviver": self.reviver.state_dict(),
             "estimator": self.estimator.state_dict() if self.estimator is not None else None,
             "revive_seconds": self.revive_seconds,
+            "revive_cpu_seconds": self.revive_cpu_seconds,
             "arrivals": self.arrivals,
         }
 
@@ -110,4 +114,5 @@ class FedReviveServer(AsyncServer):
         if self.estimator is not None and state["estimator"] is not None:
             self.estimator.load_state_dict(state["estimator"])
         self.revive_seconds = float(state["revive_seconds"])
+        self.revive_cpu_seconds = float(state.get("revive_cpu_seconds", 0.0))
         self.arrivals = int(state["arrivals"])

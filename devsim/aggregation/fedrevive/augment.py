@@ -31,8 +31,10 @@ def augment_images(
             offsets = torch.randint(0, 2 * padding + 1, (2, batch), generator=generator).to(x.device)
             rows = offsets[0, :, None] + torch.arange(height, device=x.device)
             cols = offsets[1, :, None] + torch.arange(width, device=x.device)
-            x = padded.gather(2, rows[:, None, :, None].expand(batch, channels, height, width + 2 * padding))
-            x = x.gather(3, cols[:, None, None, :].expand(batch, channels, height, width))
+            # One gather over the flattened padded plane (row * padded width + column) crops every sample.
+            index = (rows[:, :, None] * (width + 2 * padding) + cols[:, None, :]).view(batch, 1, height * width)
+            x = padded.flatten(2).gather(2, index.expand(batch, channels, height * width))
+            x = x.view(batch, channels, height, width)
         flip = (torch.rand(batch, generator=generator) < 0.5).to(x.device)
         x = torch.where(flip[:, None, None, None], x.flip(3), x)
     return (x - mean.view(1, channels, 1, 1)) / std.view(1, channels, 1, 1)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from devsim.aggregation.fedrevive._common import TeacherModel, frozen, kl_per_sample, proportions_tensor
+from devsim.aggregation.fedrevive._common import TeacherModel, adam, frozen, kl_per_sample, proportions_tensor
 from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.config import DFKDConfig
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward
@@ -35,7 +35,7 @@ def distill(
     """Distil ``teachers`` into ``student_weights`` and return ``delta_KD = student - student_weights``.
 
     ``student`` is a scratch module of the same architecture (its device is used); it is overwritten with
-    ``student_weights`` and left holding the distilled weights. Training: fresh Adam (``config.kd_lr``, L2
+    ``student_weights`` and left holding the distilled weights. Training: fresh (fused) Adam (``config.kd_lr``, L2
     ``config.kd_weight_decay``) for ``config.kd_iterations`` steps; per step every teacher ``k`` draws
     ``config.kd_batch_per_teacher`` pool images with class probabilities ``q_k`` (one multinomial draw for all
     teachers; optionally cropped / flipped, always normalised) and the loss is
@@ -61,7 +61,7 @@ def distill(
     temperature = config.kd_temperature
     was_training = student.training
     student.eval()
-    optimizer = torch.optim.Adam(student.parameters(), lr=config.kd_lr, weight_decay=config.kd_weight_decay)
+    optimizer = adam(student.parameters(), device, lr=config.kd_lr, weight_decay=config.kd_weight_decay)
     try:
         with frozen(modules):
             if config.teacher_batching != "all":

@@ -183,8 +183,15 @@ class Reviver:
         }
         synthesize = version % cfg.generation_interval == 0
         if weight > 0 and version >= cfg.freeze_version and (synthesize or (warm and len(self.pool) > 0)):
-            teachers = self._loaded_teachers()
-            ensemble = self._teacher_ensemble(teachers)
+            fresh = self._delta_kd is None or self.state.kd_since_run >= cfg.kd_interval
+            # Teachers are loaded into modules (and stacked) only when something runs them: an arrival that
+            # only reuses delta_KD (kd_interval > 1) needs neither; the ensemble serves synthesis, and KD
+            # only with teacher_batching "all".
+            teachers, ensemble = [], None
+            if synthesize or (warm and fresh):
+                teachers = self._loaded_teachers()
+                if synthesize or cfg.dfkd.teacher_batching == "all":
+                    ensemble = self._teacher_ensemble(teachers)
             if synthesize:
                 synth_start = time.perf_counter()
                 if warm:
@@ -197,7 +204,6 @@ class Reviver:
                 self.state.synth_seconds += info["synth_seconds"]
             if warm and len(self.pool) > 0:
                 kd_start = time.perf_counter()
-                fresh = self._delta_kd is None or self.state.kd_since_run >= cfg.kd_interval
                 if fresh:
                     kd_losses: list[float] = []
                     delta_kd = distill(

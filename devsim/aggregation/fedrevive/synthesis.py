@@ -12,6 +12,7 @@ from torch.profiler import record_function
 
 from devsim.aggregation.fedrevive._common import (
     TeacherModel,
+    adam,
     class_weight_matrix,
     frozen,
     kl_per_sample,
@@ -46,7 +47,7 @@ class Synthesizer:
             channels=cfg.image_channels,
             embedding_weight=cfg.embedding_weight,
         ).to(self.device)
-        self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.meta_lr, betas=cfg.adam_betas)
+        self.meta_optimizer = adam(self.generator.parameters(), self.device, lr=cfg.meta_lr, betas=cfg.adam_betas)
         self.pool = SyntheticPool(
             capacity=cfg.pool_capacity,
             image_shape=(cfg.image_channels, cfg.image_size, cfg.image_size),
@@ -144,11 +145,12 @@ class Synthesizer:
         sample_weights = class_weight_matrix(qs)[:, labels]
         z = torch.randn(cfg.synth_batch_size, cfg.latent_dim, generator=self.rng).to(self.device).requires_grad_(True)
         fast = copy.deepcopy(self.generator).train()
-        optimizer = torch.optim.Adam(
+        optimizer = adam(
             [
                 {"params": fast.body_parameters(), "lr": cfg.generator_lr},
                 {"params": [z, *fast.embedding_parameters()], "lr": cfg.latent_lr},
             ],
+            self.device,
             betas=cfg.adam_betas,
         )
         adversary = student if warm and cfg.adv_weight != 0 else None
