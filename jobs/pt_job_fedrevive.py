@@ -1,7 +1,7 @@
 """FedRevive: asynchronous FedBuff-style aggregation revived by server-side data-free knowledge distillation.
 
 python jobs/pt_job_fedrevive.py                                         # synthetic data, CPU-sized DFKD
-python jobs/pt_job_fedrevive.py --dataset digits                        # real digits
+python jobs/pt_job_fedrevive.py --dataset digits                        # real digits: 0.94-0.95 (seeds 0, 1)
 python jobs/pt_job_fedrevive.py --preset fedrevive_small_cpu          # the stale `paper_shifted` setting, 200 devices
 python jobs/pt_job_fedrevive.py --preset fedrevive_paper_cifar10 --data-root data --download   # GPU machine
 python jobs/pt_job_fedrevive.py --preset fedrevive_paper_cifar10_shifted --data-root data

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="num_versions",
         type=int,
         default=20,
-        help="trained global model versions (FedAvg: rounds); 20 reaches ~0.96 on --dataset digits",
+        help="trained global model versions (FedAvg: rounds); 20 reach about 0.95 test accuracy on --dataset digits",
     )
     p.add_argument("--device-selection-size", type=int, default=None, help="default: every device")
     p.add_argument("--mode", choices=MODES, default="fedavg")
