@@ -1,6 +1,6 @@
 """This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation).
 
-python jobs/pt_job_edge.py                                   # 2 leaves x 16 devices, FedAvg, 5 versions
+python jobs/pt_job_edge.py                                   # 2 leaves x 16 devices, FedAvg, 20 versions
 python jobs/pt_job_edge.py --mode fedbuff --buffer-size 4 --device-selection-size 8 --global-lr 0.5
 python jobs/pt_job_edge.py --runner stock --payloads lists  # NVFlare's own device runner and list payloads
 python jobs/pt_job_edge.py --export --export-dir fl_job      # then: nvflare simulator fl_job/devsim_edge -n 2 -t 2

