@@ -43,6 +43,9 @@ class ClusterServer(SyncServer):
             global_lr=config.global_lr,
             gate_margin=config.gate_margin,
             reference=self.weights,
+            min_silhouette=config.min_silhouette,
+            centre=config.centre_similarity,
+            confirm_rounds=config.confirm_rounds,
         )
         self.current: dict[str, Weights] = {leaf: self.weights for leaf in self.leaves}
 
