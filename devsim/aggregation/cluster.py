@@ -106,8 +106,9 @@ def cosine_similarity_centred(vectors: np.ndarray) -> np.ndarray:
 
     Returns:
         ``float64`` array of shape ``(L, L)``, exactly symmetric, values in ``[-1, 1]``, diagonal 1. A row
-        equal to the mean (so every row when ``L == 1``) has similarity 0 to every other row. With two
-        equal-sized groups of identical rows, pairs of one group score 1 and pairs across groups -1.
+        equal to the mean up to rounding (largest centred entry at most ``1e-9`` of the largest entry of
+        ``vectors``; so every row when ``L == 1`` or all rows are equal) has similarity 0 to every other
+        row. With two equal-sized groups of identical rows, pairs of one group score 1, across groups -1.
     """
     x = np.asarray(vectors, dtype=np.float64)
     if x.ndim != 2:
@@ -117,7 +118,9 @@ def cosine_similarity_centred(vectors: np.ndarray) -> np.ndarray:
     centred = x - x.mean(axis=0, keepdims=True) if x.shape[0] else x
     # Same scaling as cosine_similarity_abs (largest magnitude first), then the signed Gram matrix.
     peak = np.max(np.abs(centred), axis=1, keepdims=True) if x.shape[1] else np.zeros((x.shape[0], 1))
-    scaled = np.divide(centred, peak, out=np.zeros_like(centred), where=peak > 0)
+    # What is left of a row equal to the mean is rounding error, not a direction.
+    floor = 1e-9 * float(np.max(np.abs(x))) if x.size else 0.0
+    scaled = np.divide(centred, peak, out=np.zeros_like(centred), where=peak > floor)
     norms = np.linalg.norm(scaled, axis=1)
     unit = np.divide(scaled, norms[:, None], out=np.zeros_like(scaled), where=norms[:, None] > 0)
     gram = unit @ unit.T
