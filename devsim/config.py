@@ -569,7 +569,7 @@ class ClusterConfig(SimulationConfig):
         metadata=_help("unset --tau, drift sources: decide splits on cosines of drift minus the leaves' mean drift"),
     )
     confirm_rounds: int = field(
-        default=2,
+        default=3,
         metadata=_help("a new partition takes effect once proposed in this many consecutive rounds (1: at once)"),
     )
 

@@ -24,7 +24,7 @@ replaying per-round similarities of leaves that trained alone (benchmarks/README
   (of the same leaves) has been proposed in that many consecutive rounds; until then the leaves keep
   their clusters. Drift accumulates, so a true split, once visible, is proposed round after round,
   while a chance split of one round (4 leaves reach a silhouette of 0.4 by chance) is not. This is
-  what lets the bar ``min_silhouette`` sit lower (0.25 in the job) than the 0.4 a single round needs.
+  what lets the bar ``min_silhouette`` sit lower (0.25 with 3 rounds in the job) than the 0.4 a single round needs.
 
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
