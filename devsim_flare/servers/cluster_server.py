@@ -72,6 +72,7 @@ class ClusterServer(SyncServer):
             "cluster_thresholds": [round(t, 4) for t in result.thresholds],
             "similarity_summary": _rounded(result.similarity_summary),
             "churn": int(result.churn),
+            "pending_rounds": int(result.pending),
             "gated": list(result.gated),
         }
 
