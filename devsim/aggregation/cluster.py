@@ -11,20 +11,22 @@ and the connected components of that graph are the clusters. The threshold is ``
 sample-weighted model next round. With the split source ``layer_updates`` leaves are compared only
 with leaves that trained from the same model, so clusters only ever split.
 
-Drift sources with the automatic threshold (the job's default) add two steps (issue #20), chosen by
-replaying per-round similarities of leaves that trained alone (benchmarks/README.md):
+Two steps added for issue #20, chosen by replaying per-round similarities of leaves that trained alone
+(benchmarks/cluster_replay.py, docs/concepts.md#cluster-aggregation); the job turns both on:
 
-* ``centre``: the split is decided on the *centred* cosine (:func:`cosine_similarity_centred`: the mean
-  vector of this round's leaves is subtracted first, and the sign is kept). Every leaf's drift shares
-  what all leaves learn alike; that common part raises every absolute cosine and, with 2 groups of 2,
-  could rank a pair of different groups above a pair of the same group for all 15 rounds. What is left
-  after centring is what sets a leaf apart, and leaves of different groups point opposite ways. Whether
-  every pair agrees (one cluster without hidden groups) is still judged on the absolute cosines.
-* ``confirm_rounds``: a partition other than the one in force takes effect only once the same partition
-  (of the same leaves) has been proposed in that many consecutive rounds; until then the leaves keep
-  their clusters. Drift accumulates, so a true split, once visible, is proposed round after round,
-  while a chance split of one round (4 leaves reach a silhouette of 0.4 by chance) is not. This is
-  what lets the bar ``min_silhouette`` sit lower (0.25 with 3 rounds in the job) than the 0.4 a single round needs.
+* ``centre`` (drift sources, automatic threshold): the split is decided on the *centred* cosine
+  (:func:`cosine_similarity_centred`: the mean vector of this round's leaves is subtracted first, and the
+  sign is kept). Every leaf's drift shares what all leaves learn alike; that common part raises every
+  absolute cosine and, with 2 groups of 2, could rank a pair of different groups above a pair of the
+  same group for all 15 rounds. What is left after centring is what sets a leaf apart, and leaves of
+  different groups point opposite ways. Whether every pair agrees (one cluster without hidden groups)
+  is still judged on the absolute cosines.
+* ``confirm_rounds`` (every source but ``layer_updates``): a partition other than the one in force takes
+  effect only once the same partition (of the same leaves) has been proposed in that many consecutive
+  rounds; until then the leaves keep their clusters. Drift accumulates, so a true split, once visible,
+  is proposed round after round, while a chance split of one round (4 leaves reach a silhouette of 0.4
+  by chance) is not. This is what lets the bar ``min_silhouette`` sit lower (0.25 with 3 rounds in the
+  job) than the 0.4 a single round needs.
 
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
