@@ -158,3 +158,11 @@ def test_invalid_settings_rejected() -> None:
         ClusterConfig(min_silhouette=1.0).validate()
     with pytest.raises(ConfigError, match="--min-silhouette"):
         ClusterConfig(min_silhouette=float("nan")).validate()
+
+
+def test_all_leaves_agreeing_join_at_once() -> None:
+    """No hidden groups: every pair's absolute cosine is above 0.5 and no centred split clears the bar, so
+    all leaves form one cluster in the first round (FedAvg), without waiting for confirmation."""
+    drifts = {"a": [10.0, 0.1, 0.0], "b": [10.0, 0.0, 0.1], "c": [10.0, -0.1, 0.0], "d": [10.0, 0.0, -0.1]}
+    result = _round(_strategy(centre=True, confirm_rounds=3, min_silhouette=0.25), drifts)
+    assert result.num_clusters == 1 and result.pending == 0

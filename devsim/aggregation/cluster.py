@@ -26,7 +26,8 @@ Two steps added for issue #20, chosen by replaying per-round similarities of lea
   rounds; until then the leaves keep their clusters. Drift accumulates, so a true split, once visible,
   is proposed round after round, while a chance split of one round (4 leaves reach a silhouette of 0.4
   by chance) is not. This is what lets the bar ``min_silhouette`` sit lower (0.25 with 3 rounds in the
-  job) than the 0.4 a single round needs.
+  job) than the 0.4 a single round needs. Exception: with a drift source and the automatic threshold,
+  all leaves joining because every pair agrees (no hidden groups) takes effect at once.
 
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
@@ -425,8 +426,11 @@ class ClusterAggregation:
                     if self.centre:
                         compared = cosine_similarity_centred(vectors)
                 threshold = choose_threshold(compared, self.threshold_method, self.min_silhouette, fallback, agree)
-            labels = self._confirmed(order, components_above(compared, threshold))
-            return labels, [threshold], compared
+            proposal = components_above(compared, threshold)
+            # A drift source's one-cluster proposal comes only from "every pair agrees" (a silhouette split has
+            # 2+ clusters): no hidden groups, FedAvg from then on, taken at once as before confirmation existed.
+            at_once = agree is not None and proposal.size > 1 and int(proposal.max()) == 0
+            return self._confirmed(order, proposal, at_once), [threshold], compared
         compared = np.full(similarity.shape, np.nan)
         ids: list[tuple[int, int]] = [(0, 0)] * len(order)
         thresholds: list[float] = []
@@ -449,15 +453,15 @@ class ClusterAggregation:
         self._pair_similarity = memory
         return canonical_labels(ids), thresholds, compared
 
-    def _confirmed(self, order: list[str], proposal: np.ndarray) -> np.ndarray:
+    def _confirmed(self, order: list[str], proposal: np.ndarray, at_once: bool = False) -> np.ndarray:
         """The labels of ``order`` in force after this round's ``proposal`` (see ``confirm_rounds``).
 
         The partition in force is last round's labels of ``order`` (leaves never labelled: alone). A different
         proposal replaces it once the same partition of the same leaves was proposed ``confirm_rounds``
-        rounds in a row; any other round (the partition in force proposed again, or a different proposal)
-        restarts the count.
+        rounds in a row (or at once with ``at_once``); any other round (the partition in force proposed
+        again, or a different proposal) restarts the count.
         """
-        if self.confirm_rounds == 1:
+        if self.confirm_rounds == 1 or at_once:
             self._pending = None
             return proposal
         current = canonical_labels([self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order])
