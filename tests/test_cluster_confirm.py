@@ -30,8 +30,8 @@ def _strategy(**kwargs) -> ClusterAggregation:
 
 
 def _split(first: tuple[str, str]) -> dict[str, list[float]]:
-    """Drifts sharing a large common part; the two leaves of ``first`` lean one way, the others the other way."""
-    return {leaf: [10.0, 1.0 if leaf in first else -1.0, 0.0] for leaf in LEAVES}
+    """Drifts sharing a common part; the two leaves of ``first`` lean one way, the others the other way."""
+    return {leaf: [1.0, 1.0 if leaf in first else -1.0, 0.0] for leaf in LEAVES}
 
 
 # --- cosine_similarity_centred -----------------------------------------------------------------------
@@ -166,3 +166,13 @@ def test_all_leaves_agreeing_join_at_once() -> None:
     drifts = {"a": [10.0, 0.1, 0.0], "b": [10.0, 0.0, 0.1], "c": [10.0, -0.1, 0.0], "d": [10.0, 0.0, -0.1]}
     result = _round(_strategy(centre=True, confirm_rounds=3, min_silhouette=0.25), drifts)
     assert result.num_clusters == 1 and result.pending == 0
+
+
+def test_agreement_comes_before_a_centred_split_of_noise() -> None:
+    """Leaves that all agree (absolute cosines above 0.5) but whose small differences, centred, form a clear
+    split: no hidden groups, so they join (centred, that noise alone would have been proposed)."""
+    drifts = {"a": [10.0, 1.0, 0.0], "b": [10.0, -1.0, 0.0], "c": [10.0, 1.0, 0.0], "d": [10.0, -1.0, 0.0]}
+    assert _round(_strategy(centre=True, confirm_rounds=1), drifts).num_clusters == 1
+    # Without the agreement (a larger difference), the same split is found.
+    drifts = {"a": [1.0, 1.0, 0.0], "b": [1.0, -1.0, 0.0], "c": [1.0, 1.0, 0.0], "d": [1.0, -1.0, 0.0]}
+    assert _round(_strategy(centre=True, confirm_rounds=1), drifts).labels == {"a": 0, "b": 1, "c": 0, "d": 1}

@@ -19,8 +19,9 @@ Two steps added for issue #20, chosen by replaying per-round similarities of lea
   sign is kept). Every leaf's drift shares what all leaves learn alike; that common part raises every
   absolute cosine and, with 2 groups of 2, could rank a pair of different groups above a pair of the
   same group for all 15 rounds. What is left after centring is what sets a leaf apart, and leaves of
-  different groups point opposite ways. Whether every pair agrees (one cluster without hidden groups)
-  is still judged on the absolute cosines.
+  different groups point opposite ways. Whether every pair agrees (absolute cosines all above 0.5: no
+  hidden groups) is judged on the absolute cosines, and comes first: centring leaves only noise when
+  the leaves do not differ, and noise can clear the bar.
 * ``confirm_rounds`` (every source but ``layer_updates``): a partition other than the one in force takes
   effect only once the same partition (of the same leaves) has been proposed in that many consecutive
   rounds; until then the leaves keep their clusters. Drift accumulates, so a true split, once visible,
@@ -50,8 +51,10 @@ import numpy as np
 from devsim.aggregation.base import LeafUpdate, Weights
 from devsim.aggregation.cluster_similarity import DRIFT_SOURCES, SIMILARITY_SOURCES, SPLIT_SOURCES, leaf_vector
 from devsim.aggregation.cluster_threshold import (
+    AGREE_LEVEL,
     DEFAULT_MIN_SILHOUETTE,
     THRESHOLD_METHODS,
+    all_in_one_threshold,
     canonical_labels,
     choose_threshold,
     components_above,
@@ -167,6 +170,12 @@ def assignment_churn(previous_labels: Sequence[Any] | np.ndarray, labels: Sequen
     same_prev = prev[:, None] == prev[None, :]
     same_cur = cur[:, None] == cur[None, :]
     return int(np.count_nonzero(np.any(same_prev != same_cur, axis=1)))
+
+
+def _all_pairs_agree(similarity: np.ndarray) -> bool:
+    """Whether every pair's absolute similarity is above :data:`AGREE_LEVEL` (at least one pair)."""
+    pairs = similarity[np.triu_indices(similarity.shape[0], k=1)]
+    return bool(pairs.size) and float(pairs.min()) > AGREE_LEVEL
 
 
 def _same_model_groups(order: list[str], models: Mapping[str, Weights]) -> list[list[int]]:
@@ -425,7 +434,12 @@ class ClusterAggregation:
                     fallback, agree = "alone", similarity
                     if self.centre:
                         compared = cosine_similarity_centred(vectors)
-                threshold = choose_threshold(compared, self.threshold_method, self.min_silhouette, fallback, agree)
+                if self.centre and agree is not None and _all_pairs_agree(similarity):
+                    # Centring leaves only noise when the leaves do not differ, and noise can clear the bar; the
+                    # absolute cosines say the leaves agree, so they join (as the uncentred rule would).
+                    threshold = all_in_one_threshold(compared)
+                else:
+                    threshold = choose_threshold(compared, self.threshold_method, self.min_silhouette, fallback, agree)
             proposal = components_above(compared, threshold)
             # A drift source's one-cluster proposal comes only from "every pair agrees" (a silhouette split has
             # 2+ clusters): no hidden groups, FedAvg from then on, taken at once as before confirmation existed.
