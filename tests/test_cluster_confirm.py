@@ -176,3 +176,12 @@ def test_agreement_comes_before_a_centred_split_of_noise() -> None:
     # Without the agreement (a larger difference), the same split is found.
     drifts = {"a": [1.0, 1.0, 0.0], "b": [1.0, -1.0, 0.0], "c": [1.0, 1.0, 0.0], "d": [1.0, -1.0, 0.0]}
     assert _round(_strategy(centre=True, confirm_rounds=1), drifts).labels == {"a": 0, "b": 1, "c": 0, "d": 1}
+
+
+def test_agreement_does_not_undo_a_split_in_force() -> None:
+    """Cluster models average their members' noise away, which lifts absolute cosines above 0.5; once a
+    split is in force, only the centred split decides (issue #20, 2 x 2 input seed 2 merged back otherwise)."""
+    strategy = _strategy(centre=True, confirm_rounds=1)
+    assert _round(strategy, _split(("a", "c"))).labels == {"a": 0, "b": 1, "c": 0, "d": 1}
+    agreeing = {leaf: [10.0, v[1], 0.0] for leaf, v in _split(("a", "c")).items()}
+    assert _round(strategy, agreeing).labels == {"a": 0, "b": 1, "c": 0, "d": 1}

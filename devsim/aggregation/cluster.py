@@ -20,8 +20,8 @@ Two steps added for issue #20, chosen by replaying per-round similarities of lea
   absolute cosine and, with 2 groups of 2, could rank a pair of different groups above a pair of the
   same group for all 15 rounds. What is left after centring is what sets a leaf apart, and leaves of
   different groups point opposite ways. Whether every pair agrees (absolute cosines all above 0.5: no
-  hidden groups) is judged on the absolute cosines, and comes first: centring leaves only noise when
-  the leaves do not differ, and noise can clear the bar.
+  hidden groups) is judged on the absolute cosines, and while every leaf is still alone it comes
+  first: centring leaves only noise when the leaves do not differ, and noise can clear the bar.
 * ``confirm_rounds`` (every source but ``layer_updates``): a partition other than the one in force takes
   effect only once the same partition (of the same leaves) has been proposed in that many consecutive
   rounds; until then the leaves keep their clusters. Drift accumulates, so a true split, once visible,
@@ -434,9 +434,12 @@ class ClusterAggregation:
                     fallback, agree = "alone", similarity
                     if self.centre:
                         compared = cosine_similarity_centred(vectors)
-                if self.centre and agree is not None and _all_pairs_agree(similarity):
+                alone = len({self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order}) == len(order)
+                if self.centre and agree is not None and alone and _all_pairs_agree(similarity):
                     # Centring leaves only noise when the leaves do not differ, and noise can clear the bar; the
-                    # absolute cosines say the leaves agree, so they join (as the uncentred rule would).
+                    # absolute cosines say the leaves agree, so they join (as the uncentred rule would). Only
+                    # while every leaf is alone: a cluster's model averages its members' noise away, which
+                    # lifts its absolute cosines, so after a split "agree" would undo true groups.
                     threshold = all_in_one_threshold(compared)
                 else:
                     threshold = choose_threshold(compared, self.threshold_method, self.min_silhouette, fallback, agree)
