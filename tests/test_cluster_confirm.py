@@ -185,3 +185,16 @@ def test_agreement_does_not_undo_a_split_in_force() -> None:
     assert _round(strategy, _split(("a", "c"))).labels == {"a": 0, "b": 1, "c": 0, "d": 1}
     agreeing = {leaf: [10.0, v[1], 0.0] for leaf, v in _split(("a", "c")).items()}
     assert _round(strategy, agreeing).labels == {"a": 0, "b": 1, "c": 0, "d": 1}
+
+
+@pytest.mark.parametrize("source", ["model_drift", "last_layer_updates"])
+def test_fixed_tau_is_confirmed_too(source: str) -> None:
+    """A fixed tau skips the automatic threshold (and the agreement step) but not the confirmation."""
+    strategy = ClusterAggregation(
+        tau=0.5, similarity_on=source, last_layer_keys=["w.weight"], reference=ZERO, confirm_rounds=2
+    )
+    first = _round(strategy, _split(("a", "c")))
+    assert first.num_clusters == 4 and first.pending == 1
+    assert _round(strategy, _split(("a", "c"))).labels == {"a": 0, "b": 1, "c": 0, "d": 1}
+    fedavg = ClusterAggregation(tau=-1.0, similarity_on=source, last_layer_keys=["w.weight"], reference=ZERO)
+    assert _round(fedavg, _split(("a", "c"))).num_clusters == 1

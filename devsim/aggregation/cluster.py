@@ -425,9 +425,9 @@ class ClusterAggregation:
         model); leaves of different groups are never linked (non-compared pairs are NaN in the result).
         """
         if self.similarity_on not in SPLIT_SOURCES:
-            threshold, compared = self.tau, similarity
+            threshold, compared, agree = self.tau, similarity, None
             if threshold is None:
-                fallback, agree = "together", None
+                fallback = "together"
                 if self.similarity_on in DRIFT_SOURCES:
                     # Merging is hard to undo (members then share a model), so without a clear split every
                     # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
