@@ -49,11 +49,20 @@ def run_one(task: tuple) -> dict:
         data_seed=seed,
         tau=args.tau,
         similarity_on=args.similarity_on,
+        min_silhouette=args.min_silhouette,
+        centre_similarity=args.centre_similarity,
+        confirm_rounds=args.confirm_rounds,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
     strategy = ClusterAggregation(
-        tau=config.tau, similarity_on=config.similarity_on, last_layer_keys=keys, reference=reference
+        tau=config.tau,
+        similarity_on=config.similarity_on,
+        last_layer_keys=keys,
+        reference=reference,
+        min_silhouette=config.min_silhouette,
+        centre=config.centre_similarity,
+        confirm_rounds=config.confirm_rounds,
     )
     clustered = simulate_clusters(config, strategy)
     cluster_seconds = time.time() - started
@@ -79,7 +88,9 @@ def run_one(task: tuple) -> dict:
         "true_groups": clustered.true_groups,
         "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
         "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
-        "rounds": [{k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette")} for r in clustered.rounds],
+        "rounds": [
+            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending")} for r in clustered.rounds
+        ],
         "margin": last.get("margin"),
         "thresholds": last.get("thresholds"),
         "cluster_seconds": cluster_seconds,
@@ -98,6 +109,11 @@ def main() -> None:
     parser.add_argument("--devices-per-round", type=int, default=10, help="devices selected per leaf per round")
     parser.add_argument("--similarity-on", default=ClusterConfig.similarity_on)
     parser.add_argument("--tau", type=float, default=None, help="fixed threshold; unset: chosen each round")
+    parser.add_argument("--min-silhouette", type=float, default=ClusterConfig.min_silhouette)
+    parser.add_argument(
+        "--centre-similarity", action=argparse.BooleanOptionalAction, default=ClusterConfig.centre_similarity
+    )
+    parser.add_argument("--confirm-rounds", type=int, default=ClusterConfig.confirm_rounds)
     parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
@@ -116,7 +132,8 @@ def main() -> None:
     )
     tasks = [(*cell, args) for cell in grid]
     print(
-        f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}; "
+        f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
+        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )

@@ -560,10 +560,25 @@ class ClusterConfig(SimulationConfig):
         default=None,
         metadata=_help("accuracy gate: a leaf keeps its model when the cluster model is worse by more than this"),
     )
+    min_silhouette: float = field(
+        default=0.25,
+        metadata=_help("unset --tau: a split is proposed when its mean silhouette reaches this, in [0, 1)"),
+    )
+    centre_similarity: bool = field(
+        default=True,
+        metadata=_help("unset --tau, drift sources: decide splits on cosines of drift minus the leaves' mean drift"),
+    )
+    confirm_rounds: int = field(
+        default=3,
+        metadata=_help("a new partition takes effect once proposed in this many consecutive rounds (1: at once)"),
+    )
 
     def validate(self) -> ClusterConfig:
         super().validate()
         _check_choice("similarity_on", self.similarity_on, SIMILARITY_SOURCES)
+        if not (math.isfinite(self.min_silhouette) and 0.0 <= self.min_silhouette < 1.0):
+            raise ConfigError("min_silhouette", f"{self.min_silhouette} is outside the allowed range [0, 1)")
+        _check_min("confirm_rounds", self.confirm_rounds, 1)
         if self.tau is not None and not (math.isfinite(self.tau) and 0.0 <= self.tau <= 1.0):
             raise ConfigError("tau", f"{self.tau} is outside the allowed range [0, 1]")
         if self.gate_margin is not None and not math.isfinite(self.gate_margin):

@@ -11,6 +11,25 @@ and the connected components of that graph are the clusters. The threshold is ``
 sample-weighted model next round. With the split source ``layer_updates`` leaves are compared only
 with leaves that trained from the same model, so clusters only ever split.
 
+Two steps added for issue #20, chosen by replaying per-round similarities of leaves that trained alone
+(benchmarks/cluster_replay.py, docs/concepts.md#cluster-aggregation); the job turns both on:
+
+* ``centre`` (drift sources, automatic threshold): the split is decided on the *centred* cosine
+  (:func:`cosine_similarity_centred`: the mean vector of this round's leaves is subtracted first, and the
+  sign is kept). Every leaf's drift shares what all leaves learn alike; that common part raises every
+  absolute cosine and, with 2 groups of 2, could rank a pair of different groups above a pair of the
+  same group for all 15 rounds. What is left after centring is what sets a leaf apart, and leaves of
+  different groups point opposite ways. Whether every pair agrees (absolute cosines all above 0.5: no
+  hidden groups) is judged on the absolute cosines, and while every leaf is still alone it comes
+  first: centring leaves only noise when the leaves do not differ, and noise can clear the bar.
+* ``confirm_rounds`` (every source but ``layer_updates``): a partition other than the one in force takes
+  effect only once the same partition (of the same leaves) has been proposed in that many consecutive
+  rounds; until then the leaves keep their clusters. Drift accumulates, so a true split, once visible,
+  is proposed round after round, while a chance split of one round (4 leaves reach a silhouette of 0.4
+  by chance) is not. This is what lets the bar ``min_silhouette`` sit lower (0.25 with 3 rounds in the
+  job) than the 0.4 a single round needs. Exception: with a drift source and the automatic threshold,
+  all leaves joining because every pair agrees (no hidden groups) takes effect at once.
+
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
 exactly orthogonal is linked (zero vectors stay alone, their similarity to others is 0).
@@ -32,7 +51,10 @@ import numpy as np
 from devsim.aggregation.base import LeafUpdate, Weights
 from devsim.aggregation.cluster_similarity import DRIFT_SOURCES, SIMILARITY_SOURCES, SPLIT_SOURCES, leaf_vector
 from devsim.aggregation.cluster_threshold import (
+    AGREE_LEVEL,
+    DEFAULT_MIN_SILHOUETTE,
     THRESHOLD_METHODS,
+    all_in_one_threshold,
     canonical_labels,
     choose_threshold,
     components_above,
@@ -49,6 +71,7 @@ __all__ = [
     "cluster_by_similarity",
     "components_above",
     "cosine_similarity_abs",
+    "cosine_similarity_centred",
     "leaf_models_for_round",
 ]
 
@@ -77,6 +100,37 @@ def cosine_similarity_abs(vectors: np.ndarray) -> np.ndarray:
     unit = np.divide(x, norms[:, None], out=np.zeros_like(x), where=nonzero & (norms[:, None] > 0))
     gram = unit @ unit.T
     similarity = np.clip(np.abs((gram + gram.T) / 2.0), 0.0, 1.0)
+    np.fill_diagonal(similarity, 1.0)
+    return similarity
+
+
+def cosine_similarity_centred(vectors: np.ndarray) -> np.ndarray:
+    """Signed cosine similarity of every pair of rows after subtracting the mean row.
+
+    Args:
+        vectors: Real array of shape ``(L, D)`` with finite entries.
+
+    Returns:
+        ``float64`` array of shape ``(L, L)``, exactly symmetric, values in ``[-1, 1]``, diagonal 1. A row
+        equal to the mean up to rounding (largest centred entry at most ``1e-9`` of the largest entry of
+        ``vectors``; so every row when ``L == 1`` or all rows are equal) has similarity 0 to every other
+        row. With two equal-sized groups of identical rows, pairs of one group score 1, across groups -1.
+    """
+    x = np.asarray(vectors, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"vectors must have shape (L, D), got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("vectors must be finite")
+    centred = x - x.mean(axis=0, keepdims=True) if x.shape[0] else x
+    # Same scaling as cosine_similarity_abs (largest magnitude first), then the signed Gram matrix.
+    peak = np.max(np.abs(centred), axis=1, keepdims=True) if x.shape[1] else np.zeros((x.shape[0], 1))
+    # What is left of a row equal to the mean is rounding error, not a direction.
+    floor = 1e-9 * float(np.max(np.abs(x))) if x.size else 0.0
+    scaled = np.divide(centred, peak, out=np.zeros_like(centred), where=peak > floor)
+    norms = np.linalg.norm(scaled, axis=1)
+    unit = np.divide(scaled, norms[:, None], out=np.zeros_like(scaled), where=norms[:, None] > 0)
+    gram = unit @ unit.T
+    similarity = np.clip((gram + gram.T) / 2.0, -1.0, 1.0)
     np.fill_diagonal(similarity, 1.0)
     return similarity
 
@@ -116,6 +170,12 @@ def assignment_churn(previous_labels: Sequence[Any] | np.ndarray, labels: Sequen
     same_prev = prev[:, None] == prev[None, :]
     same_cur = cur[:, None] == cur[None, :]
     return int(np.count_nonzero(np.any(same_prev != same_cur, axis=1)))
+
+
+def _all_pairs_agree(similarity: np.ndarray) -> bool:
+    """Whether every pair's absolute similarity is above :data:`AGREE_LEVEL` (at least one pair)."""
+    pairs = similarity[np.triu_indices(similarity.shape[0], k=1)]
+    return bool(pairs.size) and float(pairs.min()) > AGREE_LEVEL
 
 
 def _same_model_groups(order: list[str], models: Mapping[str, Weights]) -> list[list[int]]:
@@ -161,8 +221,11 @@ class ClusterResult:
             that trained from the same model, in order of their first leaf.
         similarity_summary: :func:`~devsim.aggregation.cluster_threshold.split_summary` of this round's
             partition of ``leaf_order`` on the similarities it was decided from (split sources: the
-            smoothed ones, pairs that trained from different models left out): ``within_min``,
-            ``between_max``, ``margin``, ``thresholds``, ``silhouette``.
+            smoothed ones, pairs that trained from different models left out; with ``centre`` the
+            centred ones): ``within_min``, ``between_max``, ``margin``, ``thresholds``, ``silhouette``.
+        pending: With ``confirm_rounds > 1``: how many consecutive rounds (this one included) the latest
+            proposal that differs from the partition in force has been made; 0 when this round's
+            proposal is the partition in force (or took effect this round).
     """
 
     leaf_models: dict[str, Weights]
@@ -174,6 +237,7 @@ class ClusterResult:
     gated: list[str] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
     similarity_summary: dict[str, float | None] = field(default_factory=dict)
+    pending: int = 0
 
 
 class ClusterAggregation:
@@ -195,6 +259,11 @@ class ClusterAggregation:
     ``score(leaf, cluster_model) < score(leaf, previous_model) - gate_margin`` the leaf keeps its
     previous model (the one it trained from this round) and is listed in ``gated``; it keeps its
     cluster label. A negative margin demands an improvement of at least ``-gate_margin``.
+
+    ``min_silhouette`` is the bar of the automatic threshold; ``centre`` (drift sources, automatic
+    threshold) and ``confirm_rounds`` (every source but ``layer_updates``) are described in the module
+    docstring. The constructor keeps the earlier behaviour by default (0.4, no centring, at once); the
+    cluster job passes ``ClusterConfig``'s values.
     """
 
     name = "cluster"
@@ -210,6 +279,9 @@ class ClusterAggregation:
         gate_margin: float | None = None,
         reference: Weights | None = None,
         memory: float = 0.5,
+        min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
+        centre: bool = False,
+        confirm_rounds: int = 1,
     ):
         if tau is not None and not math.isfinite(float(tau)):
             raise ValueError(f"tau must be finite or None, got {tau!r}")
@@ -237,6 +309,14 @@ class ClusterAggregation:
         if not 0.0 <= float(memory) < 1.0:
             raise ValueError(f"memory must lie in [0, 1), got {memory!r}")
         self.memory = float(memory)
+        if not (math.isfinite(float(min_silhouette)) and -1.0 <= float(min_silhouette) < 1.0):
+            raise ValueError(f"min_silhouette must lie in [-1, 1), got {min_silhouette!r}")
+        self.min_silhouette = float(min_silhouette)
+        self.centre = bool(centre)
+        if isinstance(confirm_rounds, bool) or int(confirm_rounds) != confirm_rounds or confirm_rounds < 1:
+            raise ValueError(f"confirm_rounds must be an int >= 1, got {confirm_rounds!r}")
+        self.confirm_rounds = int(confirm_rounds)
+        self._pending: tuple[tuple[tuple[str, int], ...], int] | None = None
         self._previous_labels: dict[str, int] = {}
         self._pair_similarity: dict[tuple[str, str], float] = {}
 
@@ -267,10 +347,11 @@ class ClusterAggregation:
         if order:
             vectors = np.stack([self._vector(models[leaf], by_leaf[leaf]) for leaf in order])
             similarity = cosine_similarity_abs(vectors)
-            round_labels, thresholds, compared = self._partition(order, models, similarity)
+            round_labels, thresholds, compared = self._partition(order, models, similarity, vectors)
         else:
             round_labels, similarity = np.zeros(0, dtype=np.int64), np.zeros((0, 0))
             thresholds, compared = [], similarity
+        pending = self._pending[1] if self._pending is not None else 0
 
         new_models: dict[str, Weights] = dict(leaf_models)
         gated: list[str] = []
@@ -304,14 +385,19 @@ class ClusterAggregation:
             gated=sorted(gated),
             thresholds=[float(t) for t in thresholds],
             similarity_summary=split_summary(compared, round_labels, thresholds) if order else {},
+            pending=pending,
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumable state: the labels of the last round (``{"previous_labels": {leaf: int}}``) and, for split
-        sources once pairs were compared, their smoothed similarity (``"pair_similarity": [[a, b, value], ...]``)."""
+        """Resumable state: the labels of the last round (``{"previous_labels": {leaf: int}}``); for split
+        sources once pairs were compared, their smoothed similarity (``"pair_similarity": [[a, b, value], ...]``);
+        while a proposal awaits confirmation, its labels and count (``"pending": {"labels": {leaf: int},
+        "rounds": int}``)."""
         state: dict[str, Any] = {"previous_labels": dict(self._previous_labels)}
         if self._pair_similarity:
             state["pair_similarity"] = [[a, b, value] for (a, b), value in sorted(self._pair_similarity.items())]
+        if self._pending is not None:
+            state["pending"] = {"labels": dict(self._pending[0]), "rounds": self._pending[1]}
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -321,9 +407,14 @@ class ClusterAggregation:
             raise ValueError("state must hold 'previous_labels' as a mapping of leaf name to int label")
         self._previous_labels = {str(leaf): int(label) for leaf, label in labels.items()}
         self._pair_similarity = {(str(a), str(b)): float(v) for a, b, v in state.get("pair_similarity", [])}
+        pending = state.get("pending")
+        self._pending = None
+        if pending is not None:
+            proposal = tuple(sorted((str(leaf), int(label)) for leaf, label in pending["labels"].items()))
+            self._pending = (proposal, int(pending["rounds"]))
 
     def _partition(
-        self, order: list[str], models: Mapping[str, Weights], similarity: np.ndarray
+        self, order: list[str], models: Mapping[str, Weights], similarity: np.ndarray, vectors: np.ndarray
     ) -> tuple[np.ndarray, list[float], np.ndarray]:
         """This round's labels of ``order``, the thresholds used and the similarities they were decided on.
 
@@ -334,12 +425,29 @@ class ClusterAggregation:
         model); leaves of different groups are never linked (non-compared pairs are NaN in the result).
         """
         if self.similarity_on not in SPLIT_SOURCES:
-            threshold = self.tau
+            threshold, compared, agree = self.tau, similarity, None
             if threshold is None:
-                # Drift sources: merging is hard to undo (members then share a model), so without a clear
-                # split every leaf stays alone.
-                threshold = choose_threshold(similarity, self.threshold_method, fallback="alone")
-            return components_above(similarity, threshold), [threshold], similarity
+                fallback = "together"
+                if self.similarity_on in DRIFT_SOURCES:
+                    # Merging is hard to undo (members then share a model), so without a clear split every
+                    # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
+                    fallback, agree = "alone", similarity
+                    if self.centre:
+                        compared = cosine_similarity_centred(vectors)
+                alone = len({self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order}) == len(order)
+                if self.centre and agree is not None and alone and _all_pairs_agree(similarity):
+                    # Centring leaves only noise when the leaves do not differ, and noise can clear the bar; the
+                    # absolute cosines say the leaves agree, so they join (as the uncentred rule would). Only
+                    # while every leaf is alone: a cluster's model averages its members' noise away, which
+                    # lifts its absolute cosines, so after a split "agree" would undo true groups.
+                    threshold = all_in_one_threshold(compared)
+                else:
+                    threshold = choose_threshold(compared, self.threshold_method, self.min_silhouette, fallback, agree)
+            proposal = components_above(compared, threshold)
+            # A drift source's one-cluster proposal comes only from "every pair agrees" (a silhouette split has
+            # 2+ clusters): no hidden groups, FedAvg from then on, taken at once as before confirmation existed.
+            at_once = agree is not None and proposal.size > 1 and int(proposal.max()) == 0
+            return self._confirmed(order, proposal, at_once), [threshold], compared
         compared = np.full(similarity.shape, np.nan)
         ids: list[tuple[int, int]] = [(0, 0)] * len(order)
         thresholds: list[float] = []
@@ -361,6 +469,29 @@ class ClusterAggregation:
                 ids[i] = (number, label)
         self._pair_similarity = memory
         return canonical_labels(ids), thresholds, compared
+
+    def _confirmed(self, order: list[str], proposal: np.ndarray, at_once: bool = False) -> np.ndarray:
+        """The labels of ``order`` in force after this round's ``proposal`` (see ``confirm_rounds``).
+
+        The partition in force is last round's labels of ``order`` (leaves never labelled: alone). A different
+        proposal replaces it once the same partition of the same leaves was proposed ``confirm_rounds``
+        rounds in a row (or at once with ``at_once``); any other round (the partition in force proposed
+        again, or a different proposal) restarts the count.
+        """
+        if self.confirm_rounds == 1 or at_once:
+            self._pending = None
+            return proposal
+        current = canonical_labels([self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order])
+        if np.array_equal(current, proposal):
+            self._pending = None
+            return proposal
+        key = tuple(zip(order, proposal.tolist(), strict=True))
+        count = self._pending[1] + 1 if self._pending is not None and self._pending[0] == key else 1
+        if count >= self.confirm_rounds:
+            self._pending = None
+            return proposal
+        self._pending = (key, count)
+        return current
 
     def _check_updates(
         self, leaf_models: Mapping[str, Weights], updates: Sequence[LeafUpdate]

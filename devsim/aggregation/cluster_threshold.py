@@ -6,7 +6,9 @@ tries every threshold that gives a different partition (the midpoints between co
 pair similarities) and keeps the one whose partition has the highest mean silhouette under the
 distance ``1 - similarity``. Partitions with a single cluster or with only singletons have no
 silhouette; when no candidate reaches ``min_silhouette`` the similarities show no clear split and the
-threshold puts every leaf in one cluster (FedAvg).
+threshold puts every leaf in one cluster (FedAvg). The similarities may be signed (the centred cosines
+of :func:`~devsim.aggregation.cluster.cosine_similarity_centred`, in ``[-1, 1]``); thresholds and
+silhouettes work the same way on them.
 
 :func:`largest_gap_threshold` is the simpler rule (midpoint of the largest gap between sorted pair
 similarities), kept for comparison; :func:`adjusted_rand_index` scores recovered against true groups.
@@ -80,9 +82,11 @@ FALLBACKS: tuple[str, ...] = ("together", "alone")
 all pairs agree (every pair similarity above :data:`AGREE_LEVEL`, then one cluster)."""
 
 DEFAULT_MIN_SILHOUETTE: float = 0.4
-"""Mean silhouette a split must reach to be used (in [-1, 1]). Measured on drift similarities of 6 leaves in 3
-hidden groups (benchmarks/cluster_similarity_layers.py): wrong early partitions reached at most 0.34, the
-true partition 0.42 or more once visible; 0.4 separates the two."""
+"""Mean silhouette a split must reach to be used (in [-1, 1]) unless the caller passes another bar. Measured on
+absolute drift similarities of 6 leaves in 3 hidden groups (benchmarks/cluster_similarity_layers.py): wrong
+early partitions reached at most 0.34, the true partition 0.42 or more once visible. The cluster job uses 0.25
+on centred similarities with a three-round confirmation instead (``ClusterConfig.min_silhouette``,
+``confirm_rounds``): with 4 leaves the true split of absolute similarities stayed below 0.4."""
 
 AGREE_LEVEL: float = 0.5
 """With ``fallback="alone"`` and no clear split, all leaves form one cluster when every pair is above this."""
@@ -143,18 +147,26 @@ def all_in_one_threshold(similarity: np.ndarray) -> float:
 
 
 def silhouette_threshold(
-    similarity: np.ndarray, min_silhouette: float = DEFAULT_MIN_SILHOUETTE, fallback: str = "together"
+    similarity: np.ndarray,
+    min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
+    fallback: str = "together",
+    agree_similarity: np.ndarray | None = None,
 ) -> float:
     """The candidate threshold whose partition has the highest mean silhouette (ties: the lower threshold).
 
     When no partition with 2..L-1 clusters reaches ``min_silhouette``: with ``fallback="together"``
     :func:`all_in_one_threshold` (one cluster); with ``"alone"`` 1.0 (no link, every leaf alone) unless
-    every pair similarity is above :data:`AGREE_LEVEL`, then one cluster too.
+    every pair of ``agree_similarity`` (default: ``similarity``; pass the absolute cosines when
+    ``similarity`` is centred, whose pairs can never all agree) is above :data:`AGREE_LEVEL`, then one
+    cluster too.
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     pairs = _pairs(similarity)
-    agree = pairs.size > 0 and float(pairs.min()) > AGREE_LEVEL
+    agree_pairs = pairs if agree_similarity is None else _pairs(agree_similarity)
+    if agree_pairs.shape != pairs.shape:
+        raise ValueError("agree_similarity must have the shape of similarity")
+    agree = agree_pairs.size > 0 and float(agree_pairs.min()) > AGREE_LEVEL
     best = all_in_one_threshold(similarity) if fallback == "together" or agree else 1.0
     best_score = float(min_silhouette)
     for tau in candidate_thresholds(similarity):
@@ -175,11 +187,15 @@ def largest_gap_threshold(similarity: np.ndarray) -> float:
 
 
 def choose_threshold(
-    similarity: np.ndarray, method: str, min_silhouette: float = DEFAULT_MIN_SILHOUETTE, fallback: str = "together"
+    similarity: np.ndarray,
+    method: str,
+    min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
+    fallback: str = "together",
+    agree_similarity: np.ndarray | None = None,
 ) -> float:
     """The threshold of ``method`` (one of :data:`THRESHOLD_METHODS`) for this similarity matrix."""
     if method == "silhouette":
-        return silhouette_threshold(similarity, min_silhouette, fallback)
+        return silhouette_threshold(similarity, min_silhouette, fallback, agree_similarity)
     if method == "gap":
         return largest_gap_threshold(similarity)
     raise ValueError(f"threshold method must be one of {', '.join(THRESHOLD_METHODS)}, got {method!r}")

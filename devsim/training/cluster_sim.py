@@ -49,8 +49,9 @@ class ClusterSimResult:
         true_groups: Hidden group of each leaf, in ``leaf_order``.
         labels: Final cluster label of each leaf, in ``leaf_order``.
         leaf_accuracy: Final accuracy in [0, 1] of each leaf's model on its group's view of the test set.
-        rounds: One dict per round: ``round`` (1-based), ``num_clusters``, ``labels`` (list, ``leaf_order``)
-            and the strategy's ``similarity_summary`` when it has one.
+        rounds: One dict per round: ``round`` (1-based), ``num_clusters``, ``labels`` (list, ``leaf_order``),
+            ``pending`` (rounds an unconfirmed proposal has been made, see ``ClusterResult.pending``) and the
+            strategy's ``similarity_summary`` when it has one.
     """
 
     leaf_order: list[str]
@@ -136,6 +137,7 @@ def simulate_clusters(
             "round": round_num + 1,
             "num_clusters": int(result.num_clusters),
             "labels": [int(result.labels[leaf]) for leaf in leaves],
+            "pending": int(result.pending),
         }
         record.update(result.similarity_summary)
         records.append(record)

@@ -43,6 +43,9 @@ class ClusterServer(SyncServer):
             global_lr=config.global_lr,
             gate_margin=config.gate_margin,
             reference=self.weights,
+            min_silhouette=config.min_silhouette,
+            centre=config.centre_similarity,
+            confirm_rounds=config.confirm_rounds,
         )
         self.current: dict[str, Weights] = {leaf: self.weights for leaf in self.leaves}
 
@@ -69,6 +72,7 @@ class ClusterServer(SyncServer):
             "cluster_thresholds": [round(t, 4) for t in result.thresholds],
             "similarity_summary": _rounded(result.similarity_summary),
             "churn": int(result.churn),
+            "pending_rounds": int(result.pending),
             "gated": list(result.gated),
         }
 

@@ -404,4 +404,6 @@ def _round_summary(record: dict) -> str:
         text += f"  clusters {record['num_clusters']}"
     if record.get("cluster_thresholds"):
         text += "  tau " + "/".join(f"{t:.3f}" for t in record["cluster_thresholds"])
+    if record.get("pending_rounds"):
+        text += f"  pending {record['pending_rounds']}"
     return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"
