@@ -35,7 +35,7 @@ from devsim.clock import NetworkModel, SyncRoundClock, load_schedule  # noqa: E4
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.compression import CodecSpec, UplinkCompressor, payload_bytes  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
-from devsim.data import load_dataset  # noqa: E402
+from devsim.data import load_config_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
 from devsim.seeding import derive_seed  # noqa: E402
@@ -133,14 +133,7 @@ def main() -> None:
         seed=args.seed,
         synthetic_train_size=max(20000, args.devices * args.samples),
     ).validate()
-    test = load_dataset(
-        config.dataset,
-        config.data_root,
-        train=False,
-        seed=config.data_seed,
-        synthetic_train_size=config.synthetic_train_size,
-        synthetic_test_size=config.synthetic_test_size,
-    )
+    test = load_config_split(config, train=False)
     evaluator = Evaluator(test, torch.device("cpu"), config.eval_batch_size)
     names = [n.strip() for n in args.codecs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CODECS]

@@ -185,15 +185,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             hidden_group=self.hidden_group,
             group_kind=self.group_kind,
         )
-        spec = LocalTrainingSpec(
-            epochs=self.local_epochs,
-            iterations=self.local_iterations,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            momentum=self.momentum,
-            optimizer=self.optimizer,
-            augment=self.augment,
-        )
+        spec = LocalTrainingSpec.from_settings(self)
         net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset], track_features=self.track_features)
         self._trainer = LocalTrainer(net, spec, self.torch_device)
 

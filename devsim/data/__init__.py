@@ -2,7 +2,7 @@
 
 from devsim.data.cifar import CIFAR_SPECS, download_cifar, load_cifar
 from devsim.data.datasets import DatasetUnavailableError, ImageDataset
-from devsim.data.loading import DATASET_NAMES, load_dataset
+from devsim.data.loading import DATASET_NAMES, load_config_split, load_dataset
 from devsim.data.partition import (
     PARTITION_KINDS,
     DirichletPartitioner,
@@ -23,6 +23,7 @@ __all__ = [
     "Partitioner",
     "download_cifar",
     "load_cifar",
+    "load_config_split",
     "load_dataset",
     "make_partitioner",
     "make_synthetic",

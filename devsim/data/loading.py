@@ -5,10 +5,15 @@ It sits above the readers (`cifar`, `digits`, `synthetic`), which know nothing o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from devsim.data.cifar import load_cifar
 from devsim.data.datasets import ImageDataset
 from devsim.data.digits import load_digits_split
 from devsim.data.synthetic import make_synthetic
+
+if TYPE_CHECKING:
+    from devsim.config import SimulationConfig
 
 DATASET_NAMES: tuple[str, ...] = ("synthetic", "digits", "cifar10", "cifar100")
 """Names accepted by :func:`load_dataset`."""
@@ -59,3 +64,16 @@ def load_dataset(
             "(or use --dataset synthetic, which needs no files)"
         )
     return load_cifar(root, name, train, download=download)
+
+
+def load_config_split(config: SimulationConfig, train: bool) -> ImageDataset:
+    """The train or test split of a run's dataset, as its config names it (dataset, data root, data seed,
+    synthetic sizes): the one place the servers, the core simulations and the benchmarks read it from."""
+    return load_dataset(
+        config.dataset,
+        config.data_root,
+        train=train,
+        seed=config.data_seed,
+        synthetic_train_size=config.synthetic_train_size,
+        synthetic_test_size=config.synthetic_test_size,
+    )

@@ -26,7 +26,7 @@ from devsim.codec import float_state_keys
 from devsim.config import ClusterConfig, device_batch_value
 from devsim.data.device_shards import DeviceDataSource
 from devsim.data.groups import grouped_dataset, leaf_group
-from devsim.data.loading import load_dataset
+from devsim.data.loading import load_config_split
 from devsim.data.partition import make_partitioner
 from devsim.models import build_model, last_layer_names
 from devsim.population.devices import DevicePopulation
@@ -89,15 +89,7 @@ def simulate_clusters(
     net = build_model(config.model, num_classes=config.num_classes).to(torch_device)
     keys = float_state_keys(net)
     initial = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in net.state_dict().items() if k in keys}
-    spec = LocalTrainingSpec(
-        epochs=config.local_epochs,
-        iterations=config.local_iterations,
-        batch_size=config.batch_size,
-        lr=config.lr,
-        momentum=config.momentum,
-        optimizer=config.optimizer,
-        augment=config.augment,
-    )
+    spec = LocalTrainingSpec.from_settings(config)
     trainer = LocalTrainer(net, spec, torch_device)
     device_batch = plan_device_batch(
         device_batch_value(config.device_batch),
@@ -169,13 +161,8 @@ def _group_data(
     config: ClusterConfig, device: torch.device
 ) -> tuple[dict[int, DeviceDataSource], dict[int, Evaluator]]:
     """Per hidden group: the device data source (train split through the group transform) and the test evaluator."""
-    kwargs = dict(
-        seed=config.data_seed,
-        synthetic_train_size=config.synthetic_train_size,
-        synthetic_test_size=config.synthetic_test_size,
-    )
-    train = load_dataset(config.dataset, config.data_root, train=True, **kwargs)
-    test = load_dataset(config.dataset, config.data_root, train=False, **kwargs)
+    train = load_config_split(config, train=True)
+    test = load_config_split(config, train=False)
     sources, evaluators = {}, {}
     for g in range(config.hidden_groups):
         grouped = grouped_dataset(train, g, config.group_kind, seed=config.data_seed)

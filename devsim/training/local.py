@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,20 @@ class LocalTrainingSpec:
     weight_decay: float = 0.0
     optimizer: str = "sgd"
     augment: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> LocalTrainingSpec:
+        """The spec named by a run's settings: any object with ``local_epochs``, ``local_iterations``,
+        ``batch_size``, ``lr``, ``momentum``, ``optimizer`` and ``augment`` (a config, a task processor)."""
+        return cls(
+            epochs=settings.local_epochs,
+            iterations=settings.local_iterations,
+            batch_size=settings.batch_size,
+            lr=settings.lr,
+            momentum=settings.momentum,
+            optimizer=settings.optimizer,
+            augment=settings.augment,
+        )
 
     def steps_for(self, num_samples: int) -> int:
         """SGD steps a device with ``num_samples`` samples takes."""

@@ -9,7 +9,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.config import SimulationConfig
-from devsim.data import load_dataset
+from devsim.data import load_config_split
 from devsim.data.groups import grouped_dataset
 from devsim.models import build_model
 from devsim.population.devices import natural_sort
@@ -72,14 +72,7 @@ def central_evaluator(config: SimulationConfig, device: torch.device) -> Evaluat
 
 def group_evaluators(config: SimulationConfig, device: torch.device, groups: int | None = None) -> dict[int, Evaluator]:
     """One evaluator per hidden group: the test split as that group's leaves see it (group 0: as is)."""
-    test = load_dataset(
-        config.dataset,
-        config.data_root,
-        train=False,
-        seed=config.data_seed,
-        synthetic_train_size=config.synthetic_train_size,
-        synthetic_test_size=config.synthetic_test_size,
-    )
+    test = load_config_split(config, train=False)
     count = config.hidden_groups if groups is None else groups
     return {
         g: Evaluator(grouped_dataset(test, g, config.group_kind, seed=config.data_seed), device, config.eval_batch_size)
