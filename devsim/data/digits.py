@@ -105,11 +105,10 @@ def holdout_fraction(environ: dict[str, str] | None = None) -> float:
     return value
 
 
-_HOLDOUT_NOTED: set[float] = set()
-
-
 @functools.lru_cache(maxsize=4)
 def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
+    """The (train, evaluation) datasets; cached, so it runs, and prints its validation note, once per
+    process and holdout fraction."""
     if not sklearn_available():
         raise DatasetUnavailableError(INSTALL_HINT)
     from sklearn.datasets import load_digits
@@ -130,13 +129,11 @@ def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
             train_idx, test_size=holdout, stratify=labels[train_idx], random_state=DIGITS_HOLDOUT_SEED
         )
         train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
-        if holdout not in _HOLDOUT_NOTED:
-            _HOLDOUT_NOTED.add(holdout)
-            print(
-                f"digits: {HOLDOUT_ENV}={holdout:g}: validation mode, {train_idx.size} training images and "
-                f"{test_idx.size} held-out training images as the evaluation set (not the test split)",
-                file=sys.stderr,
-            )
+        print(
+            f"digits: {HOLDOUT_ENV}={holdout:g}: validation mode, {train_idx.size} training images and "
+            f"{test_idx.size} held-out training images as the evaluation set (not the test split)",
+            file=sys.stderr,
+        )
     scaled = grey[train_idx].astype(np.float64) / 255.0
     mean, std = float(scaled.mean()), float(scaled.std())
     return (
