@@ -86,22 +86,9 @@ def cosine_similarity_abs(vectors: np.ndarray) -> np.ndarray:
         ``float64`` array of shape ``(L, L)``, exactly symmetric, values in ``[0, 1]``. The diagonal
         is 1; a zero row has similarity 0 to every other row (and 1 to itself).
     """
-    x = np.asarray(vectors, dtype=np.float64)
-    if x.ndim != 2:
-        raise ValueError(f"vectors must have shape (L, D), got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("vectors must be finite")
-    # A row counts as zero when its L2 norm is 0 in float64; the others are scaled by their largest
-    # magnitude first, so squares of tiny entries do not underflow and lose precision.
-    nonzero = np.linalg.norm(x, axis=1)[:, None] > 0
-    peak = np.max(np.abs(x), axis=1, keepdims=True) if x.shape[1] else np.zeros((x.shape[0], 1))
-    x = np.divide(x, peak, out=np.zeros_like(x), where=nonzero & (peak > 0))
-    norms = np.linalg.norm(x, axis=1)
-    unit = np.divide(x, norms[:, None], out=np.zeros_like(x), where=nonzero & (norms[:, None] > 0))
-    gram = unit @ unit.T
-    similarity = np.clip(np.abs((gram + gram.T) / 2.0), 0.0, 1.0)
-    np.fill_diagonal(similarity, 1.0)
-    return similarity
+    x = _checked_rows(vectors)
+    # A row counts as zero when its L2 norm is 0 in float64.
+    return _signed_cosine(x, np.linalg.norm(x, axis=1)[:, None] > 0, absolute=True)
 
 
 def cosine_similarity_centred(vectors: np.ndarray) -> np.ndarray:
@@ -116,21 +103,39 @@ def cosine_similarity_centred(vectors: np.ndarray) -> np.ndarray:
         ``vectors``; so every row when ``L == 1`` or all rows are equal) has similarity 0 to every other
         row. With two equal-sized groups of identical rows, pairs of one group score 1, across groups -1.
     """
+    x = _checked_rows(vectors)
+    centred = x - x.mean(axis=0, keepdims=True) if x.shape[0] else x
+    # What is left of a row equal to the mean is rounding error, not a direction.
+    floor = 1e-9 * float(np.max(np.abs(x))) if x.size else 0.0
+    return _signed_cosine(centred, _row_peaks(centred) > floor, absolute=False)
+
+
+def _checked_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` as a ``float64`` ``(L, D)`` array; ValueError for another shape or a non-finite entry."""
     x = np.asarray(vectors, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"vectors must have shape (L, D), got {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("vectors must be finite")
-    centred = x - x.mean(axis=0, keepdims=True) if x.shape[0] else x
-    # Same scaling as cosine_similarity_abs (largest magnitude first), then the signed Gram matrix.
-    peak = np.max(np.abs(centred), axis=1, keepdims=True) if x.shape[1] else np.zeros((x.shape[0], 1))
-    # What is left of a row equal to the mean is rounding error, not a direction.
-    floor = 1e-9 * float(np.max(np.abs(x))) if x.size else 0.0
-    scaled = np.divide(centred, peak, out=np.zeros_like(centred), where=peak > floor)
-    norms = np.linalg.norm(scaled, axis=1)
-    unit = np.divide(scaled, norms[:, None], out=np.zeros_like(scaled), where=norms[:, None] > 0)
+    return x
+
+
+def _row_peaks(x: np.ndarray) -> np.ndarray:
+    """Largest magnitude of each row, shape ``(L, 1)`` (zeros when ``D == 0``)."""
+    return np.max(np.abs(x), axis=1, keepdims=True) if x.shape[1] else np.zeros((x.shape[0], 1))
+
+
+def _signed_cosine(x: np.ndarray, directed: np.ndarray, absolute: bool) -> np.ndarray:
+    """Cosine of every pair of rows of ``x`` ``(L, D)``; rows where ``directed`` ``(L, 1)`` is False count as
+    zero (similarity 0 to others). Rows are scaled by their largest magnitude first, so squares of tiny
+    entries do not underflow. Exactly symmetric, diagonal 1, in ``[0, 1]`` when ``absolute`` else ``[-1, 1]``."""
+    peak = _row_peaks(x)
+    scaled = np.divide(x, peak, out=np.zeros_like(x), where=directed & (peak > 0))
+    norms = np.linalg.norm(scaled, axis=1)[:, None]
+    unit = np.divide(scaled, norms, out=np.zeros_like(scaled), where=directed & (norms > 0))
     gram = unit @ unit.T
-    similarity = np.clip((gram + gram.T) / 2.0, -1.0, 1.0)
+    gram = (gram + gram.T) / 2.0
+    similarity = np.clip(np.abs(gram), 0.0, 1.0) if absolute else np.clip(gram, -1.0, 1.0)
     np.fill_diagonal(similarity, 1.0)
     return similarity
 
