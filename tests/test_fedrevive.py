@@ -29,6 +29,8 @@ from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.models import FeatureTracker, build_model, feature_trackers
 
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
 MEAN = (0.5, 0.5, 0.5)
 STD = (0.25, 0.25, 0.25)
 
@@ -93,15 +95,6 @@ def one_hot_q(classes: tuple[int, ...], num_classes: int = 10) -> np.ndarray:
     q = np.zeros(num_classes)
     q[list(classes)] = 1.0
     return q / q.sum()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny models run as fast on one thread, and far faster than two when the CPU is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------- feature trackers

@@ -17,13 +17,7 @@ from devsim.codec import model_to_numpy
 from devsim.models import build_model, feature_trackers
 from tests.test_fedrevive import _arrival_inputs, _reviver, one_hot_q, tiny_config, toy_images, toy_teacher
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def _random_teachers(name: str, count: int) -> list[torch.nn.Module]:
