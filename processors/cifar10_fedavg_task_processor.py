@@ -220,9 +220,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         trainer = self._ready()
         if self._batched is None:
             self._batched = BatchedTrainer(trainer.model, trainer.spec, self.torch_device)
-        shards = [self._data.shard(d) for d in device_ids]
         generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
-        return self._batched.train(device_ids, global_tensors, shards, generators)
+        return self._batched.train_pool(device_ids, global_tensors, self._data.shard_pool(device_ids), generators)
 
     def batching_obstacle(self) -> str | None:
         """Why this worker's devices cannot be trained as one batch (None: they can); see ``batching_obstacle``."""

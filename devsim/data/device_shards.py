@@ -6,10 +6,32 @@ is gathered and normalised to float32 only while that device trains, so idle dev
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from devsim.data import ImageDataset
 from devsim.data.partition import Partitioner
+
+
+@dataclass(frozen=True)
+class ShardPool:
+    """The samples of the devices being trained, as rows of one tensor, gathered step by step.
+
+    Attributes:
+        images: (M, C, H, W) samples of any dtype (a leaf passes its whole uint8 train set), on the
+            trainer's device.
+        labels: (M,) int64 labels.
+        indices: per device, an int64 tensor of its rows in ``images`` (its shard, in shard order).
+        prepare: maps gathered rows (n, C, H, W) to float32 inputs (e.g. a leaf's normaliser); None when
+            ``images`` already holds the inputs.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    indices: list[torch.Tensor]
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 class DeviceDataSource:
@@ -28,6 +50,11 @@ class DeviceDataSource:
         index = torch.from_numpy(self.partitioner.device_indices(device_id)).to(self.device)
         return self.normalise(self.images[index]), self.labels[index]
 
+    def shard_pool(self, device_ids: list[int]) -> ShardPool:
+        """The shards of ``device_ids`` as rows of the shared uint8 train set, normalised per gathered batch."""
+        rows = [torch.from_numpy(self.partitioner.device_indices(d)).to(self.device) for d in device_ids]
+        return ShardPool(self.images, self.labels, rows, self.normalise)
+
 
 class Normaliser:
     """Maps uint8 images (n, C, H, W) to float32 ``(x / 255 - mean) / std`` with per-channel constants."""
@@ -39,4 +66,4 @@ class Normaliser:
         self._scale = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255.0)
 
     def __call__(self, images_uint8: torch.Tensor) -> torch.Tensor:
-        return images_uint8.to(torch.float32).sub_(self._offset).mul_(self._scale)
+        return torch.sub(images_uint8, self._offset).mul_(self._scale)

@@ -24,6 +24,7 @@ statistics (with a numeric ``momentum``) or :class:`~devsim.models.FeatureTracke
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -33,6 +34,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from devsim.codec import float_state_keys
+from devsim.data.device_shards import ShardPool
 from devsim.models import FeatureTracker
 from devsim.training.local import DeviceMetrics, LocalTrainingSpec, batch_orders, crop_and_flip
 
@@ -125,7 +127,7 @@ class BatchedTrainer:
             logits = functional_call(self.model, (params, buffers), (inputs,))
             return F.cross_entropy(logits, targets), logits
 
-        self._step = vmap(grad_and_value(loss_and_logits, has_aux=True))
+        self._step = vmap(grad_and_value(loss_and_logits, has_aux=True), in_dims=(0, 0, 1, 1))
 
     def train(
         self,
@@ -147,19 +149,43 @@ class BatchedTrainer:
             One (D, *shape) tensor per key (trained state minus global, rows in ``device_ids`` order) and
             per-device metrics (compute_seconds is the bucket's wall time divided by its size).
         """
+        if not device_ids or len(shards) != len(device_ids):
+            raise ValueError("device_ids, shards and generators must be non-empty and of equal length")
+        sizes = [int(labels.shape[0]) for _, labels in shards]
+        starts = [0, *itertools.accumulate(sizes)][:-1]
+        pool = ShardPool(
+            images=torch.cat([images for images, _ in shards]),
+            labels=torch.cat([labels for _, labels in shards]),
+            indices=[torch.arange(s, s + n, device=self.device) for s, n in zip(starts, sizes, strict=True)],
+        )
+        return self.train_pool(device_ids, global_tensors, pool, generators)
+
+    def train_pool(
+        self,
+        device_ids: list[int],
+        global_tensors: list[torch.Tensor],
+        pool: ShardPool,
+        generators: list[torch.Generator],
+    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
+        """:meth:`train` with the devices' samples given as rows of one shared tensor (see :class:`ShardPool`).
+
+        Each step gathers only that step's rows (D devices x batch) and prepares them, so a round never
+        copies whole shards.
+        """
         count = len(device_ids)
-        if not count or len(shards) != count or len(generators) != count:
+        if not count or len(pool.indices) != count or len(generators) != count:
             raise ValueError("device_ids, shards and generators must be non-empty and of equal length")
         buckets: dict[int, list[int]] = {}
-        for i, (_, labels) in enumerate(shards):
-            buckets.setdefault(int(labels.shape[0]), []).append(i)
+        for i, rows in enumerate(pool.indices):
+            buckets.setdefault(int(rows.shape[0]), []).append(i)
         if len(buckets) == 1:
-            return self._train_bucket(device_ids, global_tensors, shards, generators)
+            return self._train_bucket(device_ids, global_tensors, pool, generators)
         deltas = [torch.empty((count, *g.shape), dtype=g.dtype, device=self.device) for g in global_tensors]
         metrics: list[DeviceMetrics | None] = [None] * count
         for rows in buckets.values():
+            part_pool = ShardPool(pool.images, pool.labels, [pool.indices[i] for i in rows], pool.prepare)
             part, part_metrics = self._train_bucket(
-                [device_ids[i] for i in rows], global_tensors, [shards[i] for i in rows], [generators[i] for i in rows]
+                [device_ids[i] for i in rows], global_tensors, part_pool, [generators[i] for i in rows]
             )
             index = torch.tensor(rows, device=self.device)
             for out, values in zip(deltas, part, strict=True):
@@ -172,13 +198,18 @@ class BatchedTrainer:
         self,
         device_ids: list[int],
         global_tensors: list[torch.Tensor],
-        shards: list[tuple[torch.Tensor, torch.Tensor]],
+        pool: ShardPool,
         generators: list[torch.Generator],
     ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
-        """Devices whose shards all hold the same number of samples, in lockstep."""
+        """Devices whose shards all hold the same number of samples, in lockstep.
+
+        A step's batch is gathered batch-major, (batch, D, C, H, W), and vmapped over dimension 1: the
+        batching rule of a convolution folds D into the channels, (batch, D * C, H, W), which is then a
+        view instead of a copy of every step's images.
+        """
         started = time.perf_counter()
         count = len(device_ids)
-        num_samples = int(shards[0][1].shape[0])
+        num_samples = int(pool.indices[0].shape[0])
         steps = self.spec.steps_for(num_samples)
         globals_by_key = dict(zip(self.keys, global_tensors, strict=True))
         model_buffers = dict(self.model.named_buffers())
@@ -190,9 +221,9 @@ class BatchedTrainer:
         params = {k: stacked(k) for k in self.param_keys}
         buffers = {k: stacked(k) for k in self.buffer_keys}
         optimizer = _StackedOptimizer(self.spec, list(params.values()))
-        images = torch.stack([s[0] for s in shards])
-        labels = torch.stack([s[1] for s in shards])
+        device_rows = torch.stack(list(pool.indices)).to(self.device)
         rows = torch.arange(count, device=self.device)[:, None]
+        sample_shape = tuple(pool.images.shape[1:])
         loss_sum = torch.zeros(count, device=self.device)
         correct = torch.zeros(count, device=self.device, dtype=torch.int64)
         seen = 0
@@ -200,14 +231,20 @@ class BatchedTrainer:
         self.model.train()
         for _ in range(steps):
             index = torch.stack([next(order) for order in orders]).to(self.device, non_blocking=True)
-            inputs, targets = images[rows, index], labels[rows, index]
+            flat = device_rows[rows, index].t().reshape(-1)
+            batch = int(index.shape[1])
+            inputs = pool.images.index_select(0, flat)
+            if pool.prepare is not None:
+                inputs = pool.prepare(inputs)
+            inputs = inputs.view(batch, count, *sample_shape)
+            targets = pool.labels.index_select(0, flat).view(batch, count)
             if self.spec.augment:
-                inputs = torch.stack([crop_and_flip(x, g) for x, g in zip(inputs, generators, strict=True)])
+                inputs = torch.stack([crop_and_flip(inputs[:, i], g) for i, g in enumerate(generators)], dim=1)
             grads, (loss, logits) = self._step(params, buffers, inputs, targets)
             optimizer.step([grads[k] for k in self.param_keys])
             loss_sum += loss.detach()
-            correct += (logits.detach().argmax(dim=-1) == targets).sum(dim=1)
-            seen += int(targets.shape[1])
+            correct += (logits.detach().argmax(dim=-1) == targets.t()).sum(dim=1)
+            seen += batch
         trained = {**params, **buffers}
         deltas = [trained[k] - globals_by_key[k].unsqueeze(0) for k in self.keys]
         per_device = (time.perf_counter() - started) / count

@@ -202,11 +202,8 @@ def _train_leaf(
         for start in range(0, len(devices), device_batch):
             chunk = devices[start : start + device_batch]
             seeds = [derive_seed(config.seed, "train", round_num, d) for d in chunk]
-            deltas, metrics = batched.train(
-                chunk,
-                global_tensors,
-                [source.shard(d) for d in chunk],
-                [torch.Generator().manual_seed(s) for s in seeds],
+            deltas, metrics = batched.train_pool(
+                chunk, global_tensors, source.shard_pool(chunk), [torch.Generator().manual_seed(s) for s in seeds]
             )
             weights = torch.tensor([float(m.num_samples) for m in metrics], dtype=torch.float32)
             by_key = dict(zip(batched.keys, deltas, strict=True))
