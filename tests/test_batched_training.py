@@ -9,6 +9,7 @@ from torch import nn
 
 from devsim.codec import model_to_numpy
 from devsim.config import ConfigError, SimulationConfig, device_batch_value
+from devsim.data.device_shards import Normaliser, ShardPool
 from devsim.models import ResNet18, build_model
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
@@ -218,3 +219,28 @@ def test_processor_reports_what_the_leaf_sizes_from():
     worker = _processors(1, model="cnn", optimizer="adam")[0]
     assert worker.batching_obstacle() is None
     assert worker.batched_device_bytes() == batched_device_bytes(build_model("cnn"), worker._ready().spec, 40)
+
+
+def test_pool_of_uint8_rows_trains_exactly_like_normalised_shards():
+    """train_pool gathers each step's rows from one shared uint8 tensor and normalises only them; the
+    deltas equal those of training on the devices' whole shards normalised up front, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (60, 3, 32, 32), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (60,), generator=gen)
+    normalise = Normaliser((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), torch.device("cpu"))
+    rows = [torch.tensor([5, 0, 17, 33, 2, 8, 41, 59]), torch.arange(20, 28), torch.tensor([1, 3, 50, 51, 52])]
+    spec = LocalTrainingSpec(epochs=2, batch_size=3, lr=0.05, momentum=0.9)
+    torch.manual_seed(1)
+    model = build_model("cnn")
+    global_tensors = [t.detach().clone() for t in model.state_dict().values() if t.is_floating_point()]
+    trainer = BatchedTrainer(model, spec, torch.device("cpu"))
+    ids = [4, 9, 2]
+    pooled, pooled_metrics = trainer.train_pool(
+        ids, global_tensors, ShardPool(images, labels, rows, normalise), [torch.Generator().manual_seed(i) for i in ids]
+    )
+    shards = [(normalise(images[r]), labels[r]) for r in rows]
+    sliced, sliced_metrics = trainer.train(ids, global_tensors, shards, [torch.Generator().manual_seed(i) for i in ids])
+    for a, b in zip(pooled, sliced, strict=True):
+        assert torch.equal(a, b)
+    assert [m.accuracy for m in pooled_metrics] == [m.accuracy for m in sliced_metrics]
+    assert float(pooled[0].abs().max()) > 0
