@@ -227,8 +227,16 @@ def _sizes(shapes) -> list[int]:
 
 def _topk_indices(magnitude: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of ``k`` largest entries (unordered): NumPy's introselect on the CPU (several times faster than
-    ``torch.topk`` there), ``torch.topk`` elsewhere. Both are deterministic for a given input."""
+    ``torch.topk`` there), ``torch.topk`` elsewhere. Both are deterministic for a given input.
+
+    On the CPU the k-th largest value is found with ``np.partition`` (it moves values, not indices) and the
+    indices are those at or above it; only when that is not exactly ``k`` indices (ties at the threshold, NaN)
+    does it fall back to ``np.argpartition``. Without ties the k largest are one set, so both pick the same."""
     if magnitude.is_cpu:
         values = magnitude.numpy()
-        return torch.from_numpy(np.argpartition(values, values.size - k)[values.size - k :].astype(np.int64))
+        cut = values.size - k
+        index = np.flatnonzero(values >= np.partition(values, cut)[cut]) if k else np.zeros(0, dtype=np.int64)
+        if index.size != k:
+            index = np.argpartition(values, cut)[cut:]
+        return torch.from_numpy(index.astype(np.int64, copy=False))
     return torch.topk(magnitude, k, sorted=False).indices
