@@ -51,13 +51,13 @@ CODECS = {
     "topk 1%": CodecSpec("topk", topk_fraction=0.01),
 }
 CODEC_FORMS = (
-    "none, fp16, int8, or 'topk P%' followed by 'fp16' (float16 values) and/or 'warmup W' (W warm-up rounds), "
-    "e.g. 'topk 2% fp16 warmup 2'"
+    "none, fp16, int8, or 'topk P%' followed by 'fp16' or 'int8' (float16 or int8 values) and/or 'warmup W' "
+    "(W warm-up rounds), e.g. 'topk 2% fp16 warmup 2'"
 )
 
 
 def codec_from_name(name: str) -> CodecSpec:
-    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` followed by ``fp16`` and/or ``warmup W``."""
+    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` then ``fp16`` or ``int8`` and/or ``warmup W``."""
     if name in CODECS:
         return CODECS[name]
     words = name.split()
@@ -69,8 +69,8 @@ def codec_from_name(name: str) -> CodecSpec:
         raise ValueError(f"{words[1]!r} is not a percentage") from None
     rest = words[2:]
     while rest:
-        if rest[0] == "fp16":
-            options["topk_values"], rest = "float16", rest[1:]
+        if rest[0] in ("fp16", "int8"):
+            options["topk_values"], rest = {"fp16": "float16", "int8": "int8"}[rest[0]], rest[1:]
         elif rest[0] == "warmup" and len(rest) > 1 and rest[1].isdigit():
             options["topk_warmup_rounds"], rest = int(rest[1]), rest[2:]
         else:

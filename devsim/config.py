@@ -29,7 +29,7 @@ AVAILABILITY_MODES = ("always", "diurnal", "trace")
 SPEED_DISTRIBUTIONS = ("profile", "lognormal", "trace")
 DATASET_CLASSES = {"synthetic": 10, "digits": 10, "cifar10": 10, "cifar100": 100}
 UPDATE_CODECS = ("none", "fp16", "int8", "topk")
-TOPK_VALUE_TYPES = ("float32", "float16")
+TOPK_VALUE_TYPES = ("float32", "float16", "int8")
 
 
 class ConfigError(ValueError):
@@ -170,7 +170,8 @@ class SimulationConfig:
         default="float32",
         metadata=_help(
             f"--update-codec topk: type of the values sent, one of {', '.join(TOPK_VALUE_TYPES)} "
-            "(float16: 2 bytes a value; its rounding stays in the residual)"
+            "(float16: 2 bytes a value; int8: 1 byte a value and one float32 scale max|v|/127 per update; "
+            "the rounding stays in the residual)"
         ),
     )
     topk_warmup_rounds: int = field(

@@ -34,6 +34,7 @@ SPECS = [
     CodecSpec("topk", topk_fraction=0.1),
     CodecSpec("topk", topk_fraction=1.0),
     CodecSpec("topk", topk_fraction=0.3, topk_values="float16"),
+    CodecSpec("topk", topk_fraction=0.3, topk_values="int8"),
 ]
 
 shapes = st.lists(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9), min_size=1, max_size=4)
@@ -72,9 +73,13 @@ def test_round_trip_shapes_bytes_and_error_bounds(tensors, spec):
         k = spec.topk_count(x.size)
         kept = np.flatnonzero(y != 0)
         assert kept.size <= k
+        if spec.topk_values != "float32":  # a kept value may round to 0
+            kept = np.flatnonzero(np.isin(np.arange(x.size), encoded.parts[0].to(torch.int64).numpy()))
         if spec.topk_values == "float16":
             np.testing.assert_allclose(y[kept], x[kept], rtol=1e-3, atol=1e-7)
-            kept = np.flatnonzero(np.isin(np.arange(x.size), encoded.parts[0].to(torch.int64).numpy()))
+        elif spec.topk_values == "int8":
+            scale = np.abs(x[kept]).max(initial=0.0) / 127
+            assert np.all(np.abs(y[kept] - x[kept]) <= scale / 2 * (1 + 1e-5) + 1e-12)
         else:
             np.testing.assert_array_equal(y[kept], x[kept])
         dropped = np.abs(np.delete(x, kept))
@@ -101,6 +106,7 @@ def test_topk_indices_take_the_narrowest_exact_integer_type():
         assert encoded.nbytes == dtype.itemsize + 4 and decode(encoded, spec)[0][-1] == 5.0
     half = CodecSpec("topk", topk_fraction=0.01, topk_values="float16")
     assert payload_bytes([(62006,)], half) == 621 * (2 + 2) and payload_bytes([(62006,)], CodecSpec("topk")) == 621 * 6
+    assert payload_bytes([(62006,)], CodecSpec("topk", topk_values="int8")) == 621 * (2 + 1) + 4  # + one scale
 
 
 def test_topk_warmup_ramps_density_down_to_the_fraction():
@@ -129,8 +135,8 @@ def test_codec_spec_from_settings_and_bad_values():
     )
     assert spec == CodecSpec("topk", topk_fraction=0.02, topk_values="float16", topk_warmup_rounds=2)
     assert CodecSpec.from_settings({}) == CodecSpec("none")
-    with pytest.raises(ValueError, match="topk_values 'int8' is not one of float32, float16"):
-        CodecSpec("topk", topk_values="int8")
+    with pytest.raises(ValueError, match="topk_values 'bfloat16' is not one of float32, float16, int8"):
+        CodecSpec("topk", topk_values="bfloat16")
     with pytest.raises(ValueError, match="topk_warmup_rounds must be >= 0"):
         CodecSpec("topk", topk_warmup_rounds=-1)
 
@@ -140,12 +146,12 @@ def test_codec_spec_from_settings_and_bad_values():
     seed=st.integers(0, 2**16),
     rounds=st.integers(1, 6),
     fraction=st.sampled_from([0.05, 0.3, 1.0]),
-    values=st.sampled_from(["float32", "float16"]),
+    values=st.sampled_from(["float32", "float16", "int8"]),
     warmup=st.sampled_from([0, 3]),
 )
 def test_error_feedback_conserves_the_sum_of_updates(seed, rounds, fraction, values, warmup):
-    """What was sent plus the residual is the sum of the updates, also with float16 values (their rounding
-    stays in the residual) and during a warm-up."""
+    """What was sent plus the residual is the sum of the updates, also with float16 or int8 values (their
+    rounding stays in the residual) and during a warm-up."""
     rng = np.random.default_rng(seed)
     spec = CodecSpec("topk", topk_fraction=fraction, topk_values=values, topk_warmup_rounds=warmup)
     uplink = UplinkCompressor(spec, residual_capacity=4, residual_max_age=10)
@@ -269,7 +275,7 @@ def test_sync_round_clock_is_max_over_devices_and_seeded():
         ({"latency_ms": -1.0}, "--latency-ms", ">= 0"),
         ({"int8_block": -1}, "--int8-block", "minimum of 0"),
         ({"residual_capacity": 0}, "--residual-capacity", "minimum of 1"),
-        ({"topk_values": "int8"}, "--topk-values", "float32, float16"),
+        ({"topk_values": "int4"}, "--topk-values", "float32, float16, int8"),
         ({"topk_warmup_rounds": -1}, "--topk-warmup-rounds", "minimum of 0"),
     ],
 )

@@ -15,7 +15,8 @@ bytes; entry names and shapes are known to both ends and are not counted.
 - ``topk``: the ``k = ceil(fraction * n)`` elements of largest magnitude of the whole update (n
   elements), sent as flat indices in the narrowest integer type that holds ``n - 1`` (uint8 up to 256
   elements, uint16 up to 65,536, e.g. the 62k-parameter CNN, else int32) and values as float32
-  (``topk_values``, default) or float16: (index bytes + 4 or 2) per kept element. With a warm-up
+  (``topk_values``, default), float16, or int8 with one float32 scale ``max|v| / 127`` of the kept
+  values (rounded to nearest): (index bytes + 4, 2 or 1) per kept element (+ 4 for int8). With a warm-up
   (``topk_warmup_rounds`` W, synchronous runs) round r < W keeps ``fraction ** ((r + 1) / (W + 1))``
   (see :meth:`CodecSpec.at_round`), so its byte count depends on the round. Error feedback (the
   residual each device keeps) lives in :mod:`devsim.compression.uplink`, not here.
@@ -34,13 +35,14 @@ import torch
 CODECS = ("none", "fp16", "int8", "topk")
 FP16_MAX = 65504.0
 INT8_LEVELS = 127
-TOPK_VALUES = ("float32", "float16")
+TOPK_VALUES = ("float32", "float16", "int8")
+VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
 
 
 @dataclass(frozen=True)
 class CodecSpec:
     """Which codec and its parameters. ``topk_fraction`` in (0, 1]; ``int8_block`` >= 0 (0: one scale per entry);
-    ``topk_values`` float32 or float16; ``topk_warmup_rounds`` >= 0 (0: none)."""
+    ``topk_values`` float32, float16 or int8; ``topk_warmup_rounds`` >= 0 (0: none)."""
 
     name: str = "none"
     topk_fraction: float = 0.01
@@ -115,7 +117,8 @@ def payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int:
     if spec.name == "int8":
         scales = len(sizes) if spec.int8_block == 0 else math.ceil(n / spec.int8_block)
         return n + 4 * scales
-    return spec.topk_count(n) * (index_dtype(n).itemsize + (2 if spec.topk_values == "float16" else 4))
+    scale = 4 if spec.topk_values == "int8" else 0
+    return spec.topk_count(n) * (index_dtype(n).itemsize + VALUE_BYTES[spec.topk_values]) + scale
 
 
 def round_payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int | Callable[[int], int]:
@@ -174,9 +177,15 @@ def encode_flat(flat: torch.Tensor, shapes: tuple[tuple[int, ...], ...], spec: C
     if spec.name == "topk":
         index = _topk_indices(flat.abs(), spec.topk_count(flat.numel()))
         values = flat[index]
+        index = index.to(index_dtype(flat.numel()))
         if spec.topk_values == "float16":
-            values = values.clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)
-        return Encoded(shapes, (index.to(index_dtype(flat.numel())), values))
+            return Encoded(shapes, (index, values.clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)))
+        if spec.topk_values == "int8":  # one float32 scale max|v| / 127 for the kept values
+            scale = values.abs().amax(dim=0, keepdim=True) / INT8_LEVELS if values.numel() else values.new_zeros(1)
+            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+            codes = torch.round(values / safe).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+            return Encoded(shapes, (index, codes, scale))
+        return Encoded(shapes, (index, values))
     raise ValueError(f"encode_flat does not take codec {spec.name!r}")
 
 
@@ -188,9 +197,11 @@ def decode_flat(encoded: Encoded, spec: CodecSpec) -> torch.Tensor:
         codes, scales = encoded.parts
         return codes.to(torch.float32) * _expand_scales(scales, encoded.shapes, spec.int8_block, codes.numel())
     if spec.name == "topk":
-        index, values = encoded.parts
+        index, values = encoded.parts[:2]
         flat = torch.zeros(sum(math.prod(shape) for shape in encoded.shapes), dtype=torch.float32, device=values.device)
-        flat[index.to(torch.int64)] = values.to(torch.float32)
+        flat[index.to(torch.int64)] = (
+            values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
+        )
         return flat
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
 
