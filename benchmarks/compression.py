@@ -14,6 +14,11 @@ round wall time. Timings are measured in the same run, side by side; the load av
 
     .venv/bin/python benchmarks/compression.py                       # synthetic images
     .venv/bin/python benchmarks/compression.py --dataset digits      # scikit-learn digits (real data)
+    .venv/bin/python benchmarks/compression.py --dataset digits --codecs "none,topk 4% int8,topk 2% fp16 warmup 2"
+
+``--codecs`` also takes top-k settings beyond the five above: ``topk P%`` followed by ``fp16`` or ``int8``
+(``--topk-values``) and/or ``warmup W`` (``--topk-warmup-rounds``). The "x fewer" column is over the whole
+run (mean bytes per round), so a warm-up's denser first rounds are counted.
 """
 
 from __future__ import annotations
