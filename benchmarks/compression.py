@@ -14,6 +14,11 @@ round wall time. Timings are measured in the same run, side by side; the load av
 
     .venv/bin/python benchmarks/compression.py                       # synthetic images
     .venv/bin/python benchmarks/compression.py --dataset digits      # scikit-learn digits (real data)
+    .venv/bin/python benchmarks/compression.py --dataset digits --codecs "none,topk 4% int8,topk 2% fp16 warmup 2"
+
+``--codecs`` also takes top-k settings beyond the five above: ``topk P%`` followed by ``fp16`` or ``int8``
+(``--topk-values``) and/or ``warmup W`` (``--topk-warmup-rounds``). The "x fewer" column is over the whole
+run (mean bytes per round), so a warm-up's denser first rounds are counted.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule  # noqa: E402
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
-from devsim.compression import CodecSpec, UplinkCompressor, payload_bytes  # noqa: E402
+from devsim.compression import CodecSpec, UplinkCompressor, round_payload_bytes  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 from devsim.data import load_config_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -50,6 +55,32 @@ CODECS = {
     "topk 10%": CodecSpec("topk", topk_fraction=0.1),
     "topk 1%": CodecSpec("topk", topk_fraction=0.01),
 }
+CODEC_FORMS = (
+    "none, fp16, int8, or 'topk P%' followed by 'fp16' or 'int8' (float16 or int8 values) and/or 'warmup W' "
+    "(W warm-up rounds), e.g. 'topk 2% fp16 warmup 2'"
+)
+
+
+def codec_from_name(name: str) -> CodecSpec:
+    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` then ``fp16`` or ``int8`` and/or ``warmup W``."""
+    if name in CODECS:
+        return CODECS[name]
+    words = name.split()
+    if len(words) < 2 or words[0] != "topk" or not words[1].endswith("%"):
+        raise ValueError("not a known codec nor 'topk P%'")
+    try:
+        options = {"topk_fraction": float(words[1][:-1]) / 100}
+    except ValueError:
+        raise ValueError(f"{words[1]!r} is not a percentage") from None
+    rest = words[2:]
+    while rest:
+        if rest[0] in ("fp16", "int8"):
+            options["topk_values"], rest = {"fp16": "float16", "int8": "int8"}[rest[0]], rest[1:]
+        elif rest[0] == "warmup" and len(rest) > 1 and rest[1].isdigit():
+            options["topk_warmup_rounds"], rest = int(rest[1]), rest[2:]
+        else:
+            raise ValueError(f"unknown topk option {rest[0]!r}")
+    return CodecSpec("topk", **options)
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--codecs", default=",".join(CODECS), help="comma list of " + ", ".join(CODECS).replace("%", "%%")
+        "--codecs", default=",".join(CODECS), help="comma list, each one of " + CODEC_FORMS.replace("%", "%%")
     )
     parser.add_argument("--target", type=float, default=None, help="target accuracy; default 0.95 x none's best")
     parser.add_argument("--uplink-mbps", type=float, default=1.0, help="median device uplink (Mbit/s)")
@@ -86,7 +117,7 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
     network = NetworkModel(args.uplink_mbps, args.downlink_mbps, args.latency_ms, args.spread)
     model_bytes = sum(v.nbytes for v in weights.values())
     clock = SyncRoundClock(
-        load_schedule("paper_default"), network, config.seed, model_bytes, payload_bytes(shapes, spec)
+        load_schedule("paper_default"), network, config.seed, model_bytes, round_payload_bytes(shapes, spec)
     )
     population = DevicePopulation(1, args.devices, seed=config.seed)
     strategy = FedAvg(global_lr=1.0)
@@ -136,14 +167,17 @@ def main() -> None:
     test = load_config_split(config, train=False)
     evaluator = Evaluator(test, torch.device("cpu"), config.eval_batch_size)
     names = [n.strip() for n in args.codecs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CODECS]
-    if unknown:
-        raise SystemExit(f"--codecs: unknown {unknown}; allowed: {', '.join(CODECS)}")
+    specs = {}
+    for name in names:
+        try:
+            specs[name] = codec_from_name(name)
+        except ValueError as error:
+            raise SystemExit(f"--codecs: {name!r} is not allowed ({error}); allowed: {CODEC_FORMS}") from None
     load_before = os.getloadavg()
     started = time.time()
     results = {}
     for name in names:
-        results[name] = run_codec(args, config, CODECS[name], evaluator)
+        results[name] = run_codec(args, config, specs[name], evaluator)
         print(f"  ran {name} ({time.time() - started:.0f} s so far)", flush=True)
     load_after = os.getloadavg()
     base = results.get("none", results[names[0]])["rounds"]
@@ -156,8 +190,9 @@ def main() -> None:
         f"downlink {args.downlink_mbps} Mbit/s, latency {args.latency_ms} ms, spread {args.spread}; "
         f"target accuracy {target:.4f}"
     )
+    width = max(9, *(len(n) for n in names))
     header = (
-        f"{'codec':<9} {'uplink B/round':>14} {'x fewer':>8} {'final acc':>9} {'vs none':>8} {'best acc':>8} "
+        f"{'codec':<{width}} {'uplink B/round':>14} {'x fewer':>8} {'final acc':>9} {'vs none':>8} {'best acc':>8} "
         f"{'sim s to target':>15} {'sim s/round':>11} {'codec share':>11} {'evictions':>9}"
     )
     print(header)
@@ -169,7 +204,7 @@ def main() -> None:
         share = sum(r["codec_seconds"] for r in rounds) / sum(r["leaf_wall"] for r in rounds)
         sim_round = np.mean([r["simulated_round_seconds"] for r in rounds])
         print(
-            f"{name:<9} {up:14,.0f} {base_bytes / up:8.2f} {final:9.4f} {100 * (final - base_final):+8.2f} "
+            f"{name:<{width}} {up:14,.0f} {base_bytes / up:8.2f} {final:9.4f} {100 * (final - base_final):+8.2f} "
             f"{max(r['accuracy'] for r in rounds):8.4f} {'not reached' if reach is None else f'{reach:.1f}':>15} "
             f"{sim_round:11.2f} {100 * share:10.2f}% {results[name]['evictions']:9d}"
         )

@@ -29,6 +29,7 @@ AVAILABILITY_MODES = ("always", "diurnal", "trace")
 SPEED_DISTRIBUTIONS = ("profile", "lognormal", "trace")
 DATASET_CLASSES = {"synthetic": 10, "digits": 10, "cifar10": 10, "cifar100": 100}
 UPDATE_CODECS = ("none", "fp16", "int8", "topk")
+TOPK_VALUE_TYPES = ("float32", "float16", "int8")
 
 
 class ConfigError(ValueError):
@@ -164,6 +165,22 @@ class SimulationConfig:
     )
     int8_block: int = field(
         default=0, metadata=_help("--update-codec int8: elements per scale (0: one scale per model entry)")
+    )
+    topk_values: str = field(
+        default="float32",
+        metadata=_help(
+            f"--update-codec topk: type of the values sent, one of {', '.join(TOPK_VALUE_TYPES)} "
+            "(float16: 2 bytes a value; int8: 1 byte a value and one float32 scale max|v|/127 per update; "
+            "the rounding stays in the residual)"
+        ),
+    )
+    topk_warmup_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "--update-codec topk: warm-up rounds W (Deep Gradient Compression): round r < W keeps "
+            "topk_fraction ** ((r + 1) / (W + 1)) of the elements, then topk_fraction; 0: no warm-up",
+            "sync_only": True,
+        },
     )
     residual_capacity: int = field(
         default=10000, metadata=_help("topk error feedback: device residuals each leaf keeps at most (oldest evicted)")
@@ -403,6 +420,8 @@ def _check_codec_and_network(config: SimulationConfig) -> None:
     if not (math.isfinite(config.topk_fraction) and 0.0 < config.topk_fraction <= 1.0):
         raise ConfigError("topk_fraction", f"{config.topk_fraction} is outside the allowed range (0, 1]")
     _check_min("int8_block", config.int8_block, 0)
+    _check_choice("topk_values", config.topk_values, TOPK_VALUE_TYPES)
+    _check_min("topk_warmup_rounds", config.topk_warmup_rounds, 0)
     _check_min("residual_capacity", config.residual_capacity, 1)
     _check_min("residual_max_age", config.residual_max_age, 0)
     _check_positive_finite("residual_memory_mb", config.residual_memory_mb)
@@ -499,6 +518,10 @@ class AsyncConfig(SimulationConfig):
 
     def validate(self) -> AsyncConfig:
         super().validate()
+        if self.topk_warmup_rounds:
+            raise ConfigError(
+                "topk_warmup_rounds", f"{self.topk_warmup_rounds} is not allowed in asynchronous runs; allowed: 0"
+            )
         _check_choice("staleness_weighting", self.staleness_weighting, STALENESS_WEIGHTINGS)
         _check_min("concurrency", self.concurrency, 1)
         _check_min("buffer_size", self.buffer_size, 1)

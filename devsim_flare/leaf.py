@@ -182,13 +182,8 @@ class LeafNode:
 
 def _uplink_from_settings(settings: dict) -> UplinkCompressor:
     """The device -> leaf uplink of this run (``--update-codec`` and its options; ``none`` when absent)."""
-    spec = CodecSpec(
-        name=str(settings.get("update_codec", "none")),
-        topk_fraction=float(settings.get("topk_fraction", 0.01)),
-        int8_block=int(settings.get("int8_block", 0)),
-    )
     return UplinkCompressor(
-        spec,
+        CodecSpec.from_settings(settings),
         residual_capacity=int(settings.get("residual_capacity", 10000)),
         residual_max_age=int(settings.get("residual_max_age", 50)),
         residual_max_bytes=int(float(settings.get("residual_memory_mb", 1024)) * 2**20),

@@ -14,7 +14,16 @@ from hypothesis.extra import numpy as hnp
 
 from devsim.clock import AsyncScheduler, NetworkModel, SyncRoundClock, load_schedule, transfer_seconds
 from devsim.clock.network import BYTES_PER_MEGABIT, DeviceLink
-from devsim.compression import CodecSpec, ResidualStore, UplinkCompressor, UplinkStats, decode, encode, payload_bytes
+from devsim.compression import (
+    CodecSpec,
+    ResidualStore,
+    UplinkCompressor,
+    UplinkStats,
+    decode,
+    encode,
+    payload_bytes,
+    round_payload_bytes,
+)
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig
 
 SPECS = [
@@ -24,6 +33,8 @@ SPECS = [
     CodecSpec("int8", int8_block=7),
     CodecSpec("topk", topk_fraction=0.1),
     CodecSpec("topk", topk_fraction=1.0),
+    CodecSpec("topk", topk_fraction=0.3, topk_values="float16"),
+    CodecSpec("topk", topk_fraction=0.3, topk_values="int8"),
 ]
 
 shapes = st.lists(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9), min_size=1, max_size=4)
@@ -62,7 +73,15 @@ def test_round_trip_shapes_bytes_and_error_bounds(tensors, spec):
         k = spec.topk_count(x.size)
         kept = np.flatnonzero(y != 0)
         assert kept.size <= k
-        np.testing.assert_array_equal(y[kept], x[kept])
+        if spec.topk_values != "float32":  # a kept value may round to 0
+            kept = np.flatnonzero(np.isin(np.arange(x.size), encoded.parts[0].to(torch.int64).numpy()))
+        if spec.topk_values == "float16":
+            np.testing.assert_allclose(y[kept], x[kept], rtol=1e-3, atol=1e-7)
+        elif spec.topk_values == "int8":
+            scale = np.abs(x[kept]).max(initial=0.0) / 127
+            assert np.all(np.abs(y[kept] - x[kept]) <= scale / 2 * (1 + 1e-5) + 1e-12)
+        else:
+            np.testing.assert_array_equal(y[kept], x[kept])
         dropped = np.abs(np.delete(x, kept))
         assert dropped.size == 0 or dropped.max() <= np.sort(np.abs(x))[::-1][k - 1]
 
@@ -77,11 +96,65 @@ def test_byte_ratios_of_a_cnn_sized_update():
     assert full / payload_bytes(shapes, CodecSpec("topk", topk_fraction=0.01)) > 30
 
 
+def test_topk_indices_take_the_narrowest_exact_integer_type():
+    for numel, dtype in ((256, torch.uint8), (257, torch.uint16), (2**16, torch.uint16), (2**16 + 1, torch.int32)):
+        x = torch.zeros(numel)
+        x[-1] = 5.0  # the largest index must survive the narrow type
+        spec = CodecSpec("topk", topk_fraction=1 / numel)
+        encoded = encode([x], spec)
+        assert encoded.parts[0].dtype == dtype and encoded.nbytes == payload_bytes([x.shape], spec)
+        assert encoded.nbytes == dtype.itemsize + 4 and decode(encoded, spec)[0][-1] == 5.0
+    half = CodecSpec("topk", topk_fraction=0.01, topk_values="float16")
+    assert payload_bytes([(62006,)], half) == 621 * (2 + 2) and payload_bytes([(62006,)], CodecSpec("topk")) == 621 * 6
+    assert payload_bytes([(62006,)], CodecSpec("topk", topk_values="int8")) == 621 * (2 + 1) + 4  # + one scale
+
+
+def test_topk_warmup_ramps_density_down_to_the_fraction():
+    spec = CodecSpec("topk", topk_fraction=0.01, topk_warmup_rounds=3)
+    fractions = [spec.at_round(r).topk_fraction for r in range(5)]
+    assert fractions[:3] == pytest.approx([0.01**0.25, 0.01**0.5, 0.01**0.75]) and fractions[3:] == [0.01, 0.01]
+    assert spec.at_round(7) is spec and CodecSpec("int8", topk_warmup_rounds=3).at_round(0).name == "int8"
+    shapes = [(1000,), (10,)]
+    per_round = round_payload_bytes(shapes, spec)
+    assert [per_round(r) for r in range(4)] == [payload_bytes(shapes, spec.at_round(r)) for r in range(4)]
+    assert per_round(0) > per_round(1) > per_round(2) > per_round(3) == payload_bytes(shapes, spec)
+    assert round_payload_bytes(shapes, CodecSpec("topk")) == payload_bytes(shapes, CodecSpec("topk"))
+    uplink = UplinkCompressor(spec, residual_capacity=4)
+    stats = [UplinkStats() for _ in range(4)]
+    for r in range(4):
+        uplink.transmit(1, r, [torch.randn(1000), torch.randn(10)], stats[r])
+    assert [s.bytes_sent for s in stats] == [per_round(r) for r in range(4)]
+    clock = SyncRoundClock(load_schedule("paper_default"), NetworkModel(1.0), 0, 0, per_round)
+    assert [clock.upload_bytes_at(r) for r in range(4)] == [per_round(r) for r in range(4)]
+    assert clock.device_seconds(0, 3)[1] > clock.device_seconds(3, 3)[1]
+
+
+def test_codec_spec_from_settings_and_bad_values():
+    spec = CodecSpec.from_settings(
+        {"update_codec": "topk", "topk_fraction": 0.02, "topk_values": "float16", "topk_warmup_rounds": 2}
+    )
+    assert spec == CodecSpec("topk", topk_fraction=0.02, topk_values="float16", topk_warmup_rounds=2)
+    assert CodecSpec.from_settings({}) == CodecSpec("none")
+    with pytest.raises(ValueError, match="topk_values 'bfloat16' is not one of float32, float16, int8"):
+        CodecSpec("topk", topk_values="bfloat16")
+    with pytest.raises(ValueError, match="topk_warmup_rounds must be >= 0"):
+        CodecSpec("topk", topk_warmup_rounds=-1)
+
+
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**16), rounds=st.integers(1, 6), fraction=st.sampled_from([0.05, 0.3, 1.0]))
-def test_error_feedback_conserves_the_sum_of_updates(seed, rounds, fraction):
+@given(
+    seed=st.integers(0, 2**16),
+    rounds=st.integers(1, 6),
+    fraction=st.sampled_from([0.05, 0.3, 1.0]),
+    values=st.sampled_from(["float32", "float16", "int8"]),
+    warmup=st.sampled_from([0, 3]),
+)
+def test_error_feedback_conserves_the_sum_of_updates(seed, rounds, fraction, values, warmup):
+    """What was sent plus the residual is the sum of the updates, also with float16 or int8 values (their
+    rounding stays in the residual) and during a warm-up."""
     rng = np.random.default_rng(seed)
-    uplink = UplinkCompressor(CodecSpec("topk", topk_fraction=fraction), residual_capacity=4, residual_max_age=10)
+    spec = CodecSpec("topk", topk_fraction=fraction, topk_values=values, topk_warmup_rounds=warmup)
+    uplink = UplinkCompressor(spec, residual_capacity=4, residual_max_age=10)
     shapes = [(3, 4), (5,)]
     true_sum = [np.zeros(s, dtype=np.float64) for s in shapes]
     sent_sum = [np.zeros(s, dtype=np.float64) for s in shapes]
@@ -127,7 +200,7 @@ def test_uplink_counts_bytes_and_evictions():
     for device in (1, 2, 3):
         uplink.transmit(device, 0, [torch.arange(8, dtype=torch.float32)], stats)
     uplink.sweep(0)
-    assert stats.updates == 3 and stats.bytes_sent == 3 * 2 * 8 and stats.raw_bytes == 3 * 32
+    assert stats.updates == 3 and stats.bytes_sent == 3 * 2 * (1 + 4) and stats.raw_bytes == 3 * 32  # uint8 indices
     assert uplink.residual_counts() == {"residuals_held": 1, "residual_evictions": 2}
 
 
@@ -202,6 +275,8 @@ def test_sync_round_clock_is_max_over_devices_and_seeded():
         ({"latency_ms": -1.0}, "--latency-ms", ">= 0"),
         ({"int8_block": -1}, "--int8-block", "minimum of 0"),
         ({"residual_capacity": 0}, "--residual-capacity", "minimum of 1"),
+        ({"topk_values": "int4"}, "--topk-values", "float32, float16, int8"),
+        ({"topk_warmup_rounds": -1}, "--topk-warmup-rounds", "minimum of 0"),
     ],
 )
 def test_bad_codec_and_network_values_name_the_flag(changes, flag, allowed):
@@ -209,6 +284,13 @@ def test_bad_codec_and_network_values_name_the_flag(changes, flag, allowed):
         with pytest.raises(ConfigError) as info:
             cls(**changes).validate()
         assert str(info.value).startswith(flag) and allowed in str(info.value)
+
+
+def test_topk_warmup_is_refused_in_asynchronous_runs():
+    SimulationConfig(update_codec="topk", topk_warmup_rounds=3).validate()
+    with pytest.raises(ConfigError) as info:
+        AsyncConfig(update_codec="topk", topk_warmup_rounds=3, max_versions=5).validate()
+    assert str(info.value).startswith("--topk-warmup-rounds") and "asynchronous" in str(info.value)
 
 
 def _processors(n):

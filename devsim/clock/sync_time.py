@@ -8,7 +8,7 @@ link (:mod:`devsim.clock.network`). Simulated seconds; a pure function of the se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from devsim.clock.network import NetworkModel
 from devsim.clock.profiles import DelaySchedule, profile_for
@@ -24,14 +24,20 @@ class SyncRoundClock:
         network: NetworkModel | None,
         seed: int,
         download_bytes: int,
-        upload_bytes: int,
+        upload_bytes: int | Callable[[int], int],
     ):
+        """``upload_bytes``: a device's encoded update, in bytes, or a function of the round number giving it
+        (a codec whose payload changes by round, e.g. a top-k warm-up)."""
         self.schedule = schedule
         self.network = network if network is not None and network.enabled else None
         self.seed = int(seed)
         self.download_bytes = int(download_bytes)
-        self.upload_bytes = int(upload_bytes)
+        self.upload_bytes = upload_bytes if callable(upload_bytes) else int(upload_bytes)
         self.now = 0.0
+
+    def upload_bytes_at(self, round_num: int) -> int:
+        """Bytes a device uploads in ``round_num``."""
+        return int(self.upload_bytes(round_num)) if callable(self.upload_bytes) else self.upload_bytes
 
     def device_seconds(self, round_num: int, device_id: int) -> tuple[float, float]:
         """``(compute + fixed delays, transfer)`` simulated seconds of one device in ``round_num``."""
@@ -40,7 +46,7 @@ class SyncRoundClock:
         transfer = 0.0
         if self.network is not None:
             link = self.network.link_for(self.seed, device_id)
-            transfer = link.download_seconds(self.download_bytes) + link.upload_seconds(self.upload_bytes)
+            transfer = link.download_seconds(self.download_bytes) + link.upload_seconds(self.upload_bytes_at(round_num))
         return download + train + upload, transfer
 
     def round_seconds(self, round_num: int, device_ids: Iterable[int]) -> dict[str, float]:

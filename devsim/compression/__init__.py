@@ -5,7 +5,7 @@ and the uplink step a leaf applies to each device's update (`uplink`). Pure PyTo
 May import `devsim.config`; nothing else of the project.
 """
 
-from devsim.compression.codecs import CODECS, CodecSpec, Encoded, decode, encode, payload_bytes
+from devsim.compression.codecs import CODECS, CodecSpec, Encoded, decode, encode, payload_bytes, round_payload_bytes
 from devsim.compression.residuals import ResidualStore
 from devsim.compression.uplink import UplinkCompressor, UplinkStats
 
@@ -19,4 +19,5 @@ __all__ = [
     "decode",
     "encode",
     "payload_bytes",
+    "round_payload_bytes",
 ]

@@ -13,15 +13,21 @@ bytes; entry names and shapes are known to both ends and are not counted.
   ``int8_block`` consecutive elements of the flattened update (the last block may be short);
   1 byte an element + 4 per scale.
 - ``topk``: the ``k = ceil(fraction * n)`` elements of largest magnitude of the whole update (n
-  elements), sent as int32 flat indices and float32 values: 8 bytes per kept element. Error feedback
-  (the residual each device keeps) lives in :mod:`devsim.compression.uplink`, not here.
+  elements), sent as flat indices in the narrowest integer type that holds ``n - 1`` (uint8 up to 256
+  elements, uint16 up to 65,536, e.g. the 62k-parameter CNN, else int32) and values as float32
+  (``topk_values``, default), float16, or int8 with one float32 scale ``max|v| / 127`` of the kept
+  values (rounded to nearest): (index bytes + 4, 2 or 1) per kept element (+ 4 for int8). With a warm-up
+  (``topk_warmup_rounds`` W, synchronous runs) round r < W keeps ``fraction ** ((r + 1) / (W + 1))``
+  (see :meth:`CodecSpec.at_round`), so its byte count depends on the round. Error feedback (the
+  residual each device keeps) lives in :mod:`devsim.compression.uplink`, not here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,15 +35,20 @@ import torch
 CODECS = ("none", "fp16", "int8", "topk")
 FP16_MAX = 65504.0
 INT8_LEVELS = 127
+TOPK_VALUES = ("float32", "float16", "int8")
+VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
 
 
 @dataclass(frozen=True)
 class CodecSpec:
-    """Which codec and its parameters. ``topk_fraction`` in (0, 1]; ``int8_block`` >= 0 (0: one scale per entry)."""
+    """Which codec and its parameters. ``topk_fraction`` in (0, 1]; ``int8_block`` >= 0 (0: one scale per entry);
+    ``topk_values`` float32, float16 or int8; ``topk_warmup_rounds`` >= 0 (0: none)."""
 
     name: str = "none"
     topk_fraction: float = 0.01
     int8_block: int = 0
+    topk_warmup_rounds: int = 0
+    topk_values: str = "float32"
 
     def __post_init__(self) -> None:
         if self.name not in CODECS:
@@ -46,6 +57,32 @@ class CodecSpec:
             raise ValueError(f"topk_fraction must be in (0, 1], got {self.topk_fraction!r}")
         if int(self.int8_block) < 0:
             raise ValueError(f"int8_block must be >= 0, got {self.int8_block!r}")
+        if self.topk_values not in TOPK_VALUES:
+            raise ValueError(f"topk_values {self.topk_values!r} is not one of {', '.join(TOPK_VALUES)}")
+        if int(self.topk_warmup_rounds) < 0:
+            raise ValueError(f"topk_warmup_rounds must be >= 0, got {self.topk_warmup_rounds!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> CodecSpec:
+        """The codec a run's settings name (``update_codec``, ``topk_fraction``, ``int8_block``, ``topk_values``,
+        ``topk_warmup_rounds``; absent keys take the defaults)."""
+        return cls(
+            name=str(settings.get("update_codec", "none")),
+            topk_fraction=float(settings.get("topk_fraction", 0.01)),
+            int8_block=int(settings.get("int8_block", 0)),
+            topk_warmup_rounds=int(settings.get("topk_warmup_rounds", 0)),
+            topk_values=str(settings.get("topk_values", "float32")),
+        )
+
+    def at_round(self, round_num: int) -> CodecSpec:
+        """The codec as applied in ``round_num`` (0-based): during a top-k warm-up (``topk_warmup_rounds`` W > 0),
+        round r < W keeps ``topk_fraction ** ((r + 1) / (W + 1))`` of the elements (an exponential ramp from dense
+        towards ``topk_fraction``, as in Deep Gradient Compression's warm-up); otherwise the spec itself."""
+        warmup = int(self.topk_warmup_rounds)
+        if self.name != "topk" or warmup == 0 or round_num >= warmup:
+            return self
+        fraction = self.topk_fraction ** ((max(int(round_num), 0) + 1) / (warmup + 1))
+        return replace(self, topk_fraction=fraction, topk_warmup_rounds=0)
 
     @property
     def lossless(self) -> bool:
@@ -69,7 +106,8 @@ class Encoded:
 
 
 def payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int:
-    """Uplink bytes of one device update whose entries have ``shapes`` (equals ``encode(...).nbytes``)."""
+    """Uplink bytes of one device update whose entries have ``shapes`` (equals ``encode(...).nbytes``); for a
+    top-k warm-up, the bytes after it (see :func:`round_payload_bytes`)."""
     sizes = [math.prod(shape) for shape in shapes]
     n = sum(sizes)
     if spec.name == "none":
@@ -79,7 +117,25 @@ def payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int:
     if spec.name == "int8":
         scales = len(sizes) if spec.int8_block == 0 else math.ceil(n / spec.int8_block)
         return n + 4 * scales
-    return 8 * spec.topk_count(n)
+    scale = 4 if spec.topk_values == "int8" else 0
+    return spec.topk_count(n) * (index_dtype(n).itemsize + VALUE_BYTES[spec.topk_values]) + scale
+
+
+def round_payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int | Callable[[int], int]:
+    """:func:`payload_bytes`, or a function of the round number where the spec has a top-k warm-up."""
+    if spec.name != "topk" or not spec.topk_warmup_rounds:
+        return payload_bytes(shapes, spec)
+    shapes = [tuple(shape) for shape in shapes]
+    return lambda round_num: payload_bytes(shapes, spec.at_round(round_num))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """The narrowest integer type that holds every flat index of an update of ``numel`` elements."""
+    if numel <= 2**8:
+        return torch.uint8
+    if numel <= 2**16:
+        return torch.uint16
+    return torch.int32
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -119,9 +175,17 @@ def encode_flat(flat: torch.Tensor, shapes: tuple[tuple[int, ...], ...], spec: C
         codes = torch.round(flat / per_element).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
         return Encoded(shapes, (codes, scales))
     if spec.name == "topk":
-        k = spec.topk_count(flat.numel())
-        index = _topk_indices(flat.abs(), k)
-        return Encoded(shapes, (index.to(torch.int32), flat[index]))
+        index = _topk_indices(flat.abs(), spec.topk_count(flat.numel()))
+        values = flat[index]
+        index = index.to(index_dtype(flat.numel()))
+        if spec.topk_values == "float16":
+            return Encoded(shapes, (index, values.clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)))
+        if spec.topk_values == "int8":  # one float32 scale max|v| / 127 for the kept values
+            scale = values.abs().amax(dim=0, keepdim=True) / INT8_LEVELS if values.numel() else values.new_zeros(1)
+            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+            codes = torch.round(values / safe).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+            return Encoded(shapes, (index, codes, scale))
+        return Encoded(shapes, (index, values))
     raise ValueError(f"encode_flat does not take codec {spec.name!r}")
 
 
@@ -133,9 +197,11 @@ def decode_flat(encoded: Encoded, spec: CodecSpec) -> torch.Tensor:
         codes, scales = encoded.parts
         return codes.to(torch.float32) * _expand_scales(scales, encoded.shapes, spec.int8_block, codes.numel())
     if spec.name == "topk":
-        index, values = encoded.parts
-        flat = values.new_zeros(sum(math.prod(shape) for shape in encoded.shapes))
-        flat[index.to(torch.int64)] = values
+        index, values = encoded.parts[:2]
+        flat = torch.zeros(sum(math.prod(shape) for shape in encoded.shapes), dtype=torch.float32, device=values.device)
+        flat[index.to(torch.int64)] = (
+            values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
+        )
         return flat
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
 
@@ -172,8 +238,16 @@ def _sizes(shapes) -> list[int]:
 
 def _topk_indices(magnitude: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of ``k`` largest entries (unordered): NumPy's introselect on the CPU (several times faster than
-    ``torch.topk`` there), ``torch.topk`` elsewhere. Both are deterministic for a given input."""
+    ``torch.topk`` there), ``torch.topk`` elsewhere. Both are deterministic for a given input.
+
+    On the CPU the k-th largest value is found with ``np.partition`` (it moves values, not indices) and the
+    indices are those at or above it; only when that is not exactly ``k`` indices (ties at the threshold, NaN)
+    does it fall back to ``np.argpartition``. Without ties the k largest are one set, so both pick the same."""
     if magnitude.is_cpu:
         values = magnitude.numpy()
-        return torch.from_numpy(np.argpartition(values, values.size - k)[values.size - k :].astype(np.int64))
+        cut = values.size - k
+        index = np.flatnonzero(values >= np.partition(values, cut)[cut]) if k else np.zeros(0, dtype=np.int64)
+        if index.size != k:
+            index = np.argpartition(values, cut)[cut:]
+        return torch.from_numpy(index.astype(np.int64, copy=False))
     return torch.topk(magnitude, k, sorted=False).indices

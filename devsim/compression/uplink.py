@@ -81,12 +81,17 @@ class UplinkCompressor:
         residual = self.residuals.take(device_id, stamp) if self.residuals is not None else None
         if residual is not None:
             flat += residual.to(flat.device)
-        encoded = encode_flat(flat, shapes, self.spec)
+        spec = self.spec.at_round(stamp)
+        encoded = encode_flat(flat, shapes, spec)
         encoded_at = time.perf_counter()
-        received = decode_flat(encoded, self.spec)
+        received = decode_flat(encoded, spec)
         decoded_at = time.perf_counter()
         if self.residuals is not None:
-            flat[encoded.parts[0].to(torch.int64)] = 0.0  # topk: what was not sent stays behind
+            index = encoded.parts[0].to(torch.int64)
+            if spec.topk_values == "float32":
+                flat[index] = 0.0  # topk: what was not sent stays behind
+            else:
+                flat[index] -= received[index]  # and the rounding of the values sent
             if _finite(flat):
                 self.residuals.put(device_id, stamp, flat)
         stats.add(UplinkStats(1, encoded.nbytes, raw, encoded_at - started, decoded_at - encoded_at))

@@ -93,7 +93,7 @@ class AsyncServer:
         self.traffic = TrafficCounter()
         self._residual_counts: dict[str, dict] = {}
         self.model_bytes = array_bytes(self.weights)
-        spec = CodecSpec(config.update_codec, config.topk_fraction, config.int8_block)
+        spec = CodecSpec.from_settings(config.to_dict())
         self.population_model = build_population_model(config)
         self.scheduler = AsyncScheduler(
             population_size=config.num_devices,

@@ -22,7 +22,7 @@ from devsim.aggregation import FedAvg, LeafUpdate
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule
 from devsim.codec import load_numpy_into_model, weights_norm
-from devsim.compression import CodecSpec, payload_bytes
+from devsim.compression import CodecSpec, round_payload_bytes
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
@@ -122,7 +122,7 @@ class SyncServer:
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
         start_round = self._resume(config, recorder) if config.resume_from else 0
         model_bytes = array_bytes(self.weights)
-        update_bytes = payload_bytes([v.shape for v in self.weights.values()], codec_spec(config))
+        update_bytes = round_payload_bytes([v.shape for v in self.weights.values()], codec_spec(config))
         sim_clock = SyncRoundClock(
             load_schedule(config.delay_schedule),
             NetworkModel.from_config(config),
@@ -355,7 +355,7 @@ class FedAvgServer(SyncServer):
 
 def codec_spec(config: SimulationConfig) -> CodecSpec:
     """The run's device -> leaf codec (``--update-codec`` and its options)."""
-    return CodecSpec(config.update_codec, config.topk_fraction, config.int8_block)
+    return CodecSpec.from_settings(config.to_dict())
 
 
 def _count_traffic(
