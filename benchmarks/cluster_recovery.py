@@ -52,6 +52,7 @@ def run_one(task: tuple) -> dict:
         min_silhouette=args.min_silhouette,
         centre_similarity=args.centre_similarity,
         confirm_rounds=args.confirm_rounds,
+        resplit_silhouette=args.resplit_silhouette,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
@@ -63,6 +64,7 @@ def run_one(task: tuple) -> dict:
         min_silhouette=config.min_silhouette,
         centre=config.centre_similarity,
         confirm_rounds=config.confirm_rounds,
+        resplit_silhouette=config.resplit_silhouette,
     )
     clustered = simulate_clusters(config, strategy)
     cluster_seconds = time.time() - started
@@ -89,7 +91,8 @@ def run_one(task: tuple) -> dict:
         "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
         "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
         "rounds": [
-            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending")} for r in clustered.rounds
+            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit")}
+            for r in clustered.rounds
         ],
         "margin": last.get("margin"),
         "thresholds": last.get("thresholds"),
@@ -115,6 +118,12 @@ def main() -> None:
     )
     parser.add_argument("--confirm-rounds", type=int, default=ClusterConfig.confirm_rounds)
     parser.add_argument(
+        "--resplit-silhouette",
+        type=lambda text: None if text.lower() == "none" else float(text),
+        default=ClusterConfig.resplit_silhouette,
+        help="bar of the re-split of clusters on their members' updates; 'none': never re-split",
+    )
+    parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -133,7 +142,8 @@ def main() -> None:
     tasks = [(*cell, args) for cell in grid]
     print(
         f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
-        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}; "
+        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}, "
+        f"re-split {args.resplit_silhouette}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
