@@ -40,9 +40,11 @@ model, its drift follows the cluster's, so drift can never show that it does not
   threshold, bar ``resplit_silhouette``) on cosines centred on the members' mean update, and takes effect
   once the same split of the same members has been proposed ``confirm_rounds`` rounds in a row. One round's
   updates are fresh noise each round, while a member of another group pulls the other way every round.
-  The pairs it separates are then kept apart: in every later round their compared similarity counts as
-  the lowest possible (-1 centred, else 0), because their drifts still hold the shared history and would
-  merge them again. A cluster of 2 cannot be checked (2 centred vectors always point opposite ways).
+  A part whose update pulls the cluster's model towards another cluster's model (:data:`JOIN_PULL`)
+  joins that cluster at once, with its model. The pairs a split separates are then kept apart: in every
+  later round their compared similarity counts as the lowest possible (-1 centred, else 0), because their
+  drifts still hold the shared history and would merge them again. A cluster of 2 cannot be checked (2
+  centred vectors always point opposite ways).
 
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
@@ -86,8 +88,9 @@ from devsim.aggregation.cluster_threshold import (
 
 JOIN_PULL: float = 0.15
 """A part split off a cluster joins another cluster when its pull towards that cluster's model exceeds this
-(:meth:`ClusterAggregation._pull`). Measured (synthetic, 6-9 leaves, rounds 9-15): a leaf of another group
-inside a wrong cluster pulled 0.23-0.28 towards its group's cluster; members of correct clusters -0.12 to 0.12."""
+(:meth:`ClusterAggregation._pull`). Measured on synthetic data (benchmarks/README.md, cluster recovery): the leaf
+of another group inside the one wrong cluster pulled 0.23-0.28 towards its group's cluster (rounds 10-12); single
+members of correct clusters -0.10 to 0.12 (3 runs of 6-9 leaves, every round from the first merge on)."""
 
 __all__ = [
     "SIMILARITY_SOURCES",
@@ -264,7 +267,9 @@ class ClusterResult:
             ``members`` (names), ``silhouette`` (of the best split on centred update cosines; None when
             no split has one), ``parts`` (the split proposed, lists of names; None below the bar),
             ``rounds`` (consecutive rounds this split has been proposed, this one included; 0 without
-            one) and ``split`` (True when it took effect this round).
+            one) and ``split`` (True when it took effect this round); a split that took effect adds, per
+            part, ``pull`` (the highest pull towards another cluster of this round, None without one) and
+            ``joined`` (the members of the cluster the part joined, or None).
     """
 
     leaf_models: dict[str, Weights]
