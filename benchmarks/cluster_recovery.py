@@ -52,6 +52,7 @@ def run_one(task: tuple) -> dict:
         min_silhouette=args.min_silhouette,
         centre_similarity=args.centre_similarity,
         confirm_rounds=args.confirm_rounds,
+        resplit_silhouette=args.resplit_silhouette,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
@@ -63,13 +64,24 @@ def run_one(task: tuple) -> dict:
         min_silhouette=config.min_silhouette,
         centre=config.centre_similarity,
         confirm_rounds=config.confirm_rounds,
+        resplit_silhouette=config.resplit_silhouette,
     )
-    clustered = simulate_clusters(config, strategy)
+    clustered = simulate_clusters(config, strategy) if args.cluster else None
     cluster_seconds = time.time() - started
     fedavg = None
     if args.fedavg:
         baseline = ClusterAggregation(tau=-1.0, similarity_on="last_layer_updates", last_layer_keys=keys)
         fedavg = simulate_clusters(config, baseline)
+    if clustered is None:
+        return {
+            "kind": kind,
+            "groups": groups,
+            "leaves_per_group": per_group,
+            "seed": seed,
+            "ari": None,
+            "cluster_accuracy": float("nan"),
+            "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
+        }
     aris = [adjusted_rand_index(clustered.true_groups, r["labels"]) for r in clustered.rounds]
     exact_from = None
     for index in range(len(aris) - 1, -1, -1):
@@ -89,7 +101,8 @@ def run_one(task: tuple) -> dict:
         "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
         "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
         "rounds": [
-            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending")} for r in clustered.rounds
+            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit")}
+            for r in clustered.rounds
         ],
         "margin": last.get("margin"),
         "thresholds": last.get("thresholds"),
@@ -115,10 +128,19 @@ def main() -> None:
     )
     parser.add_argument("--confirm-rounds", type=int, default=ClusterConfig.confirm_rounds)
     parser.add_argument(
+        "--resplit-silhouette",
+        type=lambda text: None if text.lower() == "none" else float(text),
+        default=ClusterConfig.resplit_silhouette,
+        help="bar of the re-split of clusters on their members' updates; 'none': never re-split",
+    )
+    parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="train a leaf's devices of a round as one vmapped batch (same maths, several times faster on a CPU)",
+    )
+    parser.add_argument(
+        "--cluster", action=argparse.BooleanOptionalAction, default=True, help="run the cluster strategy"
     )
     parser.add_argument("--fedavg", action=argparse.BooleanOptionalAction, default=True, help="run the baseline")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
@@ -133,7 +155,8 @@ def main() -> None:
     tasks = [(*cell, args) for cell in grid]
     print(
         f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
-        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}; "
+        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}, "
+        f"re-split {args.resplit_silhouette}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -144,16 +167,17 @@ def main() -> None:
         print(header + "\n|" + " --- |" * 9, flush=True)
         for row in pool.imap(run_one, tasks):
             rows.append(row)
-            exact = row["exact_from_round"] if row["exact_from_round"] is not None else "-"
+            exact = row.get("exact_from_round") or "-"
+            ari = f"{row['ari']:.2f}" if row["ari"] is not None else "-"
             print(
-                f"| {row['kind']} | {row['groups']} | {row['leaves_per_group']} | {row['seed']} | {row['ari']:.2f} "
+                f"| {row['kind']} | {row['groups']} | {row['leaves_per_group']} | {row['seed']} | {ari} "
                 f"| {exact} | {row['cluster_accuracy']:.3f} | {row['fedavg_accuracy']:.3f} "
                 f"| {row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f} |",
                 flush=True,
             )
     for kind in args.kinds.split(","):
         mine = [r for r in rows if r["kind"] == kind]
-        exact = sum(r["ari"] == 1.0 for r in mine)
+        exact = sum(r["ari"] == 1.0 for r in mine) if args.cluster else "-"
         acc = sum(r["cluster_accuracy"] for r in mine) / len(mine)
         base = sum(r["fedavg_accuracy"] for r in mine) / len(mine)
         print(f"{kind}: ARI = 1 in {exact}/{len(mine)} runs; mean leaf accuracy {acc:.3f} vs FedAvg {base:.3f}")

@@ -595,6 +595,13 @@ class ClusterConfig(SimulationConfig):
         default=3,
         metadata=_help("a new partition takes effect once proposed in this many consecutive rounds (1: at once)"),
     )
+    resplit_silhouette: float | None = field(
+        default=0.2,
+        metadata=_help(
+            "split a cluster of 3+ leaves again when its members' centred update cosines split with this "
+            "silhouette in --confirm-rounds consecutive rounds; unset: never"
+        ),
+    )
 
     def validate(self) -> ClusterConfig:
         super().validate()
@@ -602,6 +609,10 @@ class ClusterConfig(SimulationConfig):
         if not (math.isfinite(self.min_silhouette) and 0.0 <= self.min_silhouette < 1.0):
             raise ConfigError("min_silhouette", f"{self.min_silhouette} is outside the allowed range [0, 1)")
         _check_min("confirm_rounds", self.confirm_rounds, 1)
+        if self.resplit_silhouette is not None and not (
+            math.isfinite(self.resplit_silhouette) and 0.0 <= self.resplit_silhouette < 1.0
+        ):
+            raise ConfigError("resplit_silhouette", f"{self.resplit_silhouette} is outside the allowed range [0, 1)")
         if self.tau is not None and not (math.isfinite(self.tau) and 0.0 <= self.tau <= 1.0):
             raise ConfigError("tau", f"{self.tau} is outside the allowed range [0, 1]")
         if self.gate_margin is not None and not math.isfinite(self.gate_margin):

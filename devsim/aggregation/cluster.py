@@ -30,6 +30,22 @@ Two steps added for issue #20, chosen by replaying per-round similarities of lea
   job) than the 0.4 a single round needs. Exception: with a drift source and the automatic threshold,
   all leaves joining because every pair agrees (no hidden groups) takes effect at once.
 
+A third step, for issue #20's remaining failure (a wrong merge held for good: once a leaf shares a cluster's
+model, its drift follows the cluster's, so drift can never show that it does not belong):
+
+* ``resplit_silhouette`` (every source but ``layer_updates``; None: off): each cluster in force with at
+  least 3 members that trained from its model is checked on its members' *updates* (the same entries as
+  ``similarity_on``, :func:`~devsim.aggregation.cluster_similarity.update_vector`), which, unlike drift, are
+  comparable between leaves that trained from one model. The split is decided as above (silhouette
+  threshold, bar ``resplit_silhouette``) on cosines centred on the members' mean update, and takes effect
+  once the same split of the same members has been proposed ``confirm_rounds`` rounds in a row. One round's
+  updates are fresh noise each round, while a member of another group pulls the other way every round.
+  A part whose update pulls the cluster's model towards another cluster's model (:data:`JOIN_PULL`)
+  joins that cluster at once, with its model. The pairs a split separates are then kept apart: in every
+  later round their compared similarity counts as the lowest possible (-1 centred, else 0), because their
+  drifts still hold the shared history and would merge them again. A cluster of 2 cannot be checked (2
+  centred vectors always point opposite ways).
+
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
 exactly orthogonal is linked (zero vectors stay alone, their similarity to others is 0).
@@ -41,6 +57,7 @@ thresholds, partition scores) live in the two sibling modules.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +66,13 @@ from typing import Any
 import numpy as np
 
 from devsim.aggregation.base import LeafUpdate, Weights
-from devsim.aggregation.cluster_similarity import DRIFT_SOURCES, SIMILARITY_SOURCES, SPLIT_SOURCES, leaf_vector
+from devsim.aggregation.cluster_similarity import (
+    DRIFT_SOURCES,
+    SIMILARITY_SOURCES,
+    SPLIT_SOURCES,
+    leaf_vector,
+    update_vector,
+)
 from devsim.aggregation.cluster_threshold import (
     AGREE_LEVEL,
     DEFAULT_MIN_SILHOUETTE,
@@ -58,8 +81,16 @@ from devsim.aggregation.cluster_threshold import (
     canonical_labels,
     choose_threshold,
     components_above,
+    silhouette,
+    silhouette_threshold,
     split_summary,
 )
+
+JOIN_PULL: float = 0.15
+"""A part split off a cluster joins another cluster when its pull towards that cluster's model exceeds this
+(:meth:`ClusterAggregation._pull`). Measured on synthetic data (benchmarks/README.md, cluster recovery): the leaf
+of another group inside the one wrong cluster pulled 0.23-0.28 towards its group's cluster (rounds 10-12); single
+members of correct clusters -0.10 to 0.12 (3 runs of 6-9 leaves, every round from the first merge on)."""
 
 __all__ = [
     "SIMILARITY_SOURCES",
@@ -231,6 +262,14 @@ class ClusterResult:
         pending: With ``confirm_rounds > 1``: how many consecutive rounds (this one included) the latest
             proposal that differs from the partition in force has been made; 0 when this round's
             proposal is the partition in force (or took effect this round).
+        resplit: With ``resplit_silhouette`` set, one entry per cluster in force whose members' updates were
+            checked this round (3+ members that trained from its model), in order of their first leaf:
+            ``members`` (names), ``silhouette`` (of the best split on centred update cosines; None when
+            no split has one), ``parts`` (the split proposed, lists of names; None below the bar),
+            ``rounds`` (consecutive rounds this split has been proposed, this one included; 0 without
+            one) and ``split`` (True when it took effect this round); a split that took effect adds, per
+            part, ``pull`` (the highest pull towards another cluster of this round, None without one) and
+            ``joined`` (the members of the cluster the part joined, or None).
     """
 
     leaf_models: dict[str, Weights]
@@ -243,6 +282,7 @@ class ClusterResult:
     thresholds: list[float] = field(default_factory=list)
     similarity_summary: dict[str, float | None] = field(default_factory=dict)
     pending: int = 0
+    resplit: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ClusterAggregation:
@@ -266,9 +306,9 @@ class ClusterAggregation:
     cluster label. A negative margin demands an improvement of at least ``-gate_margin``.
 
     ``min_silhouette`` is the bar of the automatic threshold; ``centre`` (drift sources, automatic
-    threshold) and ``confirm_rounds`` (every source but ``layer_updates``) are described in the module
-    docstring. The constructor keeps the earlier behaviour by default (0.4, no centring, at once); the
-    cluster job passes ``ClusterConfig``'s values.
+    threshold), ``confirm_rounds`` and ``resplit_silhouette`` (every source but ``layer_updates``) are
+    described in the module docstring. The constructor keeps the earlier behaviour by default (0.4, no
+    centring, at once, no re-split); the cluster job passes ``ClusterConfig``'s values.
     """
 
     name = "cluster"
@@ -287,6 +327,7 @@ class ClusterAggregation:
         min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
         centre: bool = False,
         confirm_rounds: int = 1,
+        resplit_silhouette: float | None = None,
     ):
         if tau is not None and not math.isfinite(float(tau)):
             raise ValueError(f"tau must be finite or None, got {tau!r}")
@@ -321,6 +362,13 @@ class ClusterAggregation:
         if isinstance(confirm_rounds, bool) or int(confirm_rounds) != confirm_rounds or confirm_rounds < 1:
             raise ValueError(f"confirm_rounds must be an int >= 1, got {confirm_rounds!r}")
         self.confirm_rounds = int(confirm_rounds)
+        if resplit_silhouette is not None and not (
+            math.isfinite(float(resplit_silhouette)) and -1.0 <= float(resplit_silhouette) < 1.0
+        ):
+            raise ValueError(f"resplit_silhouette must lie in [-1, 1) or be None, got {resplit_silhouette!r}")
+        self.resplit_silhouette = None if resplit_silhouette is None else float(resplit_silhouette)
+        self._split_pending: dict[tuple[str, ...], tuple[tuple[int, ...], int]] = {}
+        self._apart: set[tuple[str, str]] = set()
         self._pending: tuple[tuple[tuple[str, int], ...], int] | None = None
         self._previous_labels: dict[str, int] = {}
         self._pair_similarity: dict[tuple[str, str], float] = {}
@@ -357,12 +405,19 @@ class ClusterAggregation:
             round_labels, similarity = np.zeros(0, dtype=np.int64), np.zeros((0, 0))
             thresholds, compared = [], similarity
         pending = self._pending[1] if self._pending is not None else 0
+        checks: list[dict[str, Any]] = []
+        adopters: set[str] = set()
+        if self.resplit_silhouette is not None and self.similarity_on not in SPLIT_SOURCES:
+            round_labels, checks, adopters = self._resplit(order, models, by_leaf, round_labels)
 
         new_models: dict[str, Weights] = dict(leaf_models)
         gated: list[str] = []
         for cluster in range(int(round_labels.max()) + 1 if order else 0):
             members = [leaf for leaf, label in zip(order, round_labels.tolist(), strict=True) if label == cluster]
-            cluster_model = self._cluster_model([models[m] for m in members], [by_leaf[m] for m in members])
+            # Leaves that joined this cluster after a re-split trained from another model: they take the
+            # model of the members that trained from this cluster's, without contributing.
+            own = [m for m in members if m not in adopters] or members
+            cluster_model = self._cluster_model([models[m] for m in own], [by_leaf[m] for m in own])
             for leaf in members:
                 if self.gate_margin is not None and leaf_val_scores is not None:
                     new_score = float(leaf_val_scores(leaf, cluster_model))
@@ -391,18 +446,27 @@ class ClusterAggregation:
             thresholds=[float(t) for t in thresholds],
             similarity_summary=split_summary(compared, round_labels, thresholds) if order else {},
             pending=pending,
+            resplit=checks,
         )
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable state: the labels of the last round (``{"previous_labels": {leaf: int}}``); for split
         sources once pairs were compared, their smoothed similarity (``"pair_similarity": [[a, b, value], ...]``);
         while a proposal awaits confirmation, its labels and count (``"pending": {"labels": {leaf: int},
-        "rounds": int}``)."""
+        "rounds": int}``); with ``resplit_silhouette``, the pairs kept apart (``"apart": [[a, b], ...]``) and
+        the splits awaiting confirmation (``"split_pending": [{"members", "labels", "rounds"}, ...]``)."""
         state: dict[str, Any] = {"previous_labels": dict(self._previous_labels)}
         if self._pair_similarity:
             state["pair_similarity"] = [[a, b, value] for (a, b), value in sorted(self._pair_similarity.items())]
         if self._pending is not None:
             state["pending"] = {"labels": dict(self._pending[0]), "rounds": self._pending[1]}
+        if self._apart:
+            state["apart"] = [[a, b] for a, b in sorted(self._apart)]
+        if self._split_pending:
+            state["split_pending"] = [
+                {"members": list(members), "labels": list(labels), "rounds": rounds}
+                for members, (labels, rounds) in sorted(self._split_pending.items())
+            ]
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -417,6 +481,11 @@ class ClusterAggregation:
         if pending is not None:
             proposal = tuple(sorted((str(leaf), int(label)) for leaf, label in pending["labels"].items()))
             self._pending = (proposal, int(pending["rounds"]))
+        self._apart = {(str(a), str(b)) for a, b in state.get("apart", [])}
+        self._split_pending = {
+            tuple(str(m) for m in entry["members"]): (tuple(int(x) for x in entry["labels"]), int(entry["rounds"]))
+            for entry in state.get("split_pending", [])
+        }
 
     def _partition(
         self, order: list[str], models: Mapping[str, Weights], similarity: np.ndarray, vectors: np.ndarray
@@ -430,17 +499,20 @@ class ClusterAggregation:
         model); leaves of different groups are never linked (non-compared pairs are NaN in the result).
         """
         if self.similarity_on not in SPLIT_SOURCES:
-            threshold, compared, agree = self.tau, similarity, None
+            threshold, compared, agree, fallback = self.tau, similarity, None, "together"
+            if threshold is None and self.similarity_on in DRIFT_SOURCES:
+                # Merging is hard to undo (members then share a model), so without a clear split every
+                # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
+                fallback, agree = "alone", similarity
+                if self.centre:
+                    compared = cosine_similarity_centred(vectors)
+            if self._apart:
+                # Pairs a re-split separated: their drifts still hold the history they shared.
+                compared = self._keep_apart(order, compared, -1.0 if compared is not similarity else 0.0)
+                agree = None if agree is None else self._keep_apart(order, agree, 0.0)
             if threshold is None:
-                fallback = "together"
-                if self.similarity_on in DRIFT_SOURCES:
-                    # Merging is hard to undo (members then share a model), so without a clear split every
-                    # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
-                    fallback, agree = "alone", similarity
-                    if self.centre:
-                        compared = cosine_similarity_centred(vectors)
                 alone = len({self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order}) == len(order)
-                if self.centre and agree is not None and alone and _all_pairs_agree(similarity):
+                if self.centre and agree is not None and alone and _all_pairs_agree(agree):
                     # Centring leaves only noise when the leaves do not differ, and noise can clear the bar; the
                     # absolute cosines say the leaves agree, so they join (as the uncentred rule would). Only
                     # while every leaf is alone: a cluster's model averages its members' noise away, which
@@ -474,6 +546,118 @@ class ClusterAggregation:
                 ids[i] = (number, label)
         self._pair_similarity = memory
         return canonical_labels(ids), thresholds, compared
+
+    def _keep_apart(self, order: list[str], similarity: np.ndarray, floor: float) -> np.ndarray:
+        """A copy of ``similarity`` with the pairs that a re-split separated set to ``floor``."""
+        out = np.array(similarity, dtype=np.float64, copy=True)
+        index = {leaf: i for i, leaf in enumerate(order)}
+        for a, b in self._apart:
+            if a in index and b in index:
+                out[index[a], index[b]] = out[index[b], index[a]] = floor
+        return out
+
+    def _resplit(
+        self,
+        order: list[str],
+        models: Mapping[str, Weights],
+        by_leaf: Mapping[str, LeafUpdate],
+        labels: np.ndarray,
+    ) -> tuple[np.ndarray, list[dict[str, Any]], set[str]]:
+        """``labels`` of ``order`` refined by the splits of clusters in force that take effect this round.
+
+        A cluster in force is a label of last round; its members of ``order`` that trained from the same
+        model (3 or more) are checked on their centred update cosines (module docstring). A split that
+        takes effect divides those members as proposed; leaves of their cluster in ``labels`` that were not
+        checked stay with the part of the first member. Splits awaiting confirmation are forgotten when
+        their members are not checked again with the same split proposed. A part whose pull
+        (:meth:`_pull`) towards another cluster of this round exceeds :data:`JOIN_PULL` joins the cluster
+        with the highest pull: it takes that cluster's label and model (returned as adopters, which do not
+        contribute to the model they receive).
+        """
+        assert self.resplit_silhouette is not None
+        clusters: dict[int, list[str]] = {}
+        for leaf in order:
+            if leaf in self._previous_labels:
+                clusters.setdefault(self._previous_labels[leaf], []).append(leaf)
+        index = {leaf: i for i, leaf in enumerate(order)}
+        ids: list[tuple[int, int]] = [(int(label), 0) for label in labels.tolist()]
+        pending: dict[tuple[str, ...], tuple[tuple[int, ...], int]] = {}
+        checks: list[dict[str, Any]] = []
+        adopters: set[str] = set()
+        for members in sorted(clusters.values()):
+            for group in _same_model_groups(members, models):
+                if len(group) < 3:
+                    continue
+                names = tuple(members[i] for i in group)
+                vectors = np.stack(
+                    [
+                        update_vector(
+                            self.similarity_on, models[leaf], by_leaf[leaf], last_layer_keys=self.last_layer_keys
+                        )
+                        for leaf in names
+                    ]
+                )
+                compared = cosine_similarity_centred(vectors)
+                # The best split whatever its silhouette (bar -1), so the record shows how close it came.
+                candidate = components_above(compared, silhouette_threshold(compared, -1.0))
+                best = silhouette(compared, candidate)
+                check: dict[str, Any] = {
+                    "members": list(names),
+                    "silhouette": float(best) if np.isfinite(best) else None,
+                    "parts": None,
+                    "rounds": 0,
+                    "split": False,
+                }
+                checks.append(check)
+                if not (np.isfinite(best) and best > self.resplit_silhouette + 1e-12):
+                    continue
+                key = tuple(candidate.tolist())
+                earlier = self._split_pending.get(names)
+                count = earlier[1] + 1 if earlier is not None and earlier[0] == key else 1
+                parts = [[leaf for leaf, p in zip(names, key, strict=True) if p == n] for n in range(max(key) + 1)]
+                check.update(parts=parts, rounds=count)
+                if count < self.confirm_rounds:
+                    pending[names] = (key, count)
+                    continue
+                check["split"] = True
+                for leaf, part in zip(names, key, strict=True):
+                    ids[index[leaf]] = (ids[index[leaf]][0], part)
+                for a, b in itertools.combinations(names, 2):
+                    if key[names.index(a)] != key[names.index(b)]:
+                        self._apart.add((a, b))
+                others = [
+                    other[0] for other in sorted(clusters.values()) if other is not members and other[0] not in names
+                ]
+                check["pull"], check["joined"] = [], []
+                for n, part in enumerate(parts):
+                    mask = np.array([p == n for p in key])
+                    pulls = [self._pull(vectors, mask, models[names[0]], models[leaf]) for leaf in others]
+                    best_pull = max(pulls, default=None)
+                    target = others[pulls.index(best_pull)] if best_pull is not None and best_pull > JOIN_PULL else None
+                    check["pull"].append(best_pull)
+                    check["joined"].append(None if target is None else self._previous_labels_members(target, order))
+                    if target is not None:
+                        for leaf in part:
+                            ids[index[leaf]] = ids[index[target]]
+                            adopters.add(leaf)
+        self._split_pending = pending
+        return canonical_labels(ids), checks, adopters
+
+    def _previous_labels_members(self, leaf: str, order: list[str]) -> list[str]:
+        """The leaves of ``order`` that shared ``leaf``'s label last round (its cluster in force)."""
+        label = self._previous_labels[leaf]
+        return [other for other in order if self._previous_labels.get(other) == label]
+
+    def _pull(self, vectors: np.ndarray, part: np.ndarray, model: Weights, other: Weights) -> float:
+        """Cosine of a part's mean update minus the other members' mean update (``vectors`` rows, ``part`` a
+        boolean mask) with the step from the cluster's ``model`` to ``other`` (on the same entries): > 0 when
+        the part's data pulls the shared model towards ``other``, about 0 for an unrelated direction."""
+        direction = vectors[part].mean(axis=0) - vectors[~part].mean(axis=0)
+        step = {k: np.asarray(other[k], np.float64) - np.asarray(model[k], np.float64) for k in model}
+        towards = update_vector(
+            self.similarity_on, model, LeafUpdate("", step, 1.0, 0), last_layer_keys=self.last_layer_keys
+        )
+        return float(cosine_similarity_abs(np.stack([direction, towards]))[0, 1] * np.sign(direction @ towards))
 
     def _confirmed(self, order: list[str], proposal: np.ndarray, at_once: bool = False) -> np.ndarray:
         """The labels of ``order`` in force after this round's ``proposal`` (see ``confirm_rounds``).

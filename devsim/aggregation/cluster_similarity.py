@@ -44,6 +44,29 @@ def layer_blocks(keys: Sequence[str]) -> list[list[str]]:
     return list(blocks.values())
 
 
+UPDATE_COUNTERPARTS: dict[str, str] = {
+    "model_drift": "model_updates",
+    "layer_drift": "layer_updates",
+    "layer_updates": "layer_updates",
+    "last_layer_drift": "last_layer_updates",
+    "last_layer_weights": "last_layer_updates",
+    "last_layer_updates": "last_layer_updates",
+}
+"""For each source, the update vector on the same entries (what a cluster's re-split compares): ``model_updates``
+is ``delta_sum / total_weight`` on every entry, concatenated as is; the others are sources of their own."""
+
+
+def update_vector(source: str, model: Weights, update: LeafUpdate, *, last_layer_keys: Sequence[str]) -> np.ndarray:
+    """The ``(D,)`` float64 update counterpart of ``source`` (:data:`UPDATE_COUNTERPARTS`) for a leaf.
+
+    Unlike drift, an update says where the leaf's data pulls the model it trained from, so the updates of
+    leaves that trained from one shared model (a cluster's members) are comparable with each other.
+    """
+    if source not in UPDATE_COUNTERPARTS:
+        raise ValueError(f"similarity_on must be one of {', '.join(SIMILARITY_SOURCES)}, got {source!r}")
+    return _vector(UPDATE_COUNTERPARTS[source], model, update, last_layer_keys, None)
+
+
 def leaf_vector(
     source: str,
     model: Weights,
@@ -57,7 +80,18 @@ def leaf_vector(
         raise ValueError(f"similarity_on must be one of {', '.join(SIMILARITY_SOURCES)}, got {source!r}")
     if source in DRIFT_SOURCES and reference is None:
         raise ValueError(f"similarity_on={source!r} needs the reference (initial) model")
-    if source == "model_drift":
+    return _vector(source, model, update, last_layer_keys, reference)
+
+
+def _vector(
+    source: str,
+    model: Weights,
+    update: LeafUpdate,
+    last_layer_keys: Sequence[str],
+    reference: Mapping[str, np.ndarray] | None,
+) -> np.ndarray:
+    """:func:`leaf_vector` without the checks; also takes ``model_updates`` (every entry's update, as is)."""
+    if source.startswith("model_"):
         return np.concatenate(
             [_entry(source, k, model, update, reference).ravel() for k in model if k in update.delta_sum]
         )

@@ -50,7 +50,8 @@ class ClusterSimResult:
         labels: Final cluster label of each leaf, in ``leaf_order``.
         leaf_accuracy: Final accuracy in [0, 1] of each leaf's model on its group's view of the test set.
         rounds: One dict per round: ``round`` (1-based), ``num_clusters``, ``labels`` (list, ``leaf_order``),
-            ``pending`` (rounds an unconfirmed proposal has been made, see ``ClusterResult.pending``) and the
+            ``pending`` (rounds an unconfirmed proposal has been made, see ``ClusterResult.pending``),
+            ``resplit`` (the clusters checked on their updates, ``ClusterResult.resplit``) and the
             strategy's ``similarity_summary`` when it has one.
     """
 
@@ -130,6 +131,7 @@ def simulate_clusters(
             "num_clusters": int(result.num_clusters),
             "labels": [int(result.labels[leaf]) for leaf in leaves],
             "pending": int(result.pending),
+            "resplit": result.resplit,
         }
         record.update(result.similarity_summary)
         records.append(record)

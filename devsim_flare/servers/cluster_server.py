@@ -46,6 +46,7 @@ class ClusterServer(SyncServer):
             min_silhouette=config.min_silhouette,
             centre=config.centre_similarity,
             confirm_rounds=config.confirm_rounds,
+            resplit_silhouette=config.resplit_silhouette,
         )
         self.current: dict[str, Weights] = {leaf: self.weights for leaf in self.leaves}
 
@@ -73,6 +74,10 @@ class ClusterServer(SyncServer):
             "similarity_summary": _rounded(result.similarity_summary),
             "churn": int(result.churn),
             "pending_rounds": int(result.pending),
+            "resplit": [
+                {**check, "silhouette": None if check["silhouette"] is None else round(check["silhouette"], 4)}
+                for check in result.resplit
+            ],
             "gated": list(result.gated),
         }
 

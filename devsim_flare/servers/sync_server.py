@@ -406,4 +406,9 @@ def _round_summary(record: dict) -> str:
         text += "  tau " + "/".join(f"{t:.3f}" for t in record["cluster_thresholds"])
     if record.get("pending_rounds"):
         text += f"  pending {record['pending_rounds']}"
+    for check in record.get("resplit") or []:
+        if check["split"]:
+            text += "  re-split " + "|".join(",".join(part) for part in check["parts"])
+        elif check["rounds"]:
+            text += f"  re-split pending {check['rounds']}"
     return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"
