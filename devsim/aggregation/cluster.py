@@ -500,15 +500,16 @@ class ClusterAggregation:
         """
         if self.similarity_on not in SPLIT_SOURCES:
             threshold, compared, agree, fallback = self.tau, similarity, None, "together"
+            centred = threshold is None and self.similarity_on in DRIFT_SOURCES and self.centre
             if threshold is None and self.similarity_on in DRIFT_SOURCES:
                 # Merging is hard to undo (members then share a model), so without a clear split every
                 # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
                 fallback, agree = "alone", similarity
-                if self.centre:
+                if centred:
                     compared = cosine_similarity_centred(vectors)
             if self._apart:
                 # Pairs a re-split separated: their drifts still hold the history they shared.
-                compared = self._keep_apart(order, compared, -1.0 if compared is not similarity else 0.0)
+                compared = self._keep_apart(order, compared, -1.0 if centred else 0.0)
                 agree = None if agree is None else self._keep_apart(order, agree, 0.0)
             if threshold is None:
                 alone = len({self._previous_labels.get(leaf, ("alone", leaf)) for leaf in order}) == len(order)
@@ -622,8 +623,8 @@ class ClusterAggregation:
                 check["split"] = True
                 for leaf, part in zip(names, key, strict=True):
                     ids[index[leaf]] = (ids[index[leaf]][0], part)
-                for a, b in itertools.combinations(names, 2):
-                    if key[names.index(a)] != key[names.index(b)]:
+                for (a, part_a), (b, part_b) in itertools.combinations(zip(names, key, strict=True), 2):
+                    if part_a != part_b:
                         self._apart.add((a, b))
                 others = [
                     other[0] for other in sorted(clusters.values()) if other is not members and other[0] not in names
@@ -657,7 +658,8 @@ class ClusterAggregation:
         towards = update_vector(
             self.similarity_on, model, LeafUpdate("", step, 1.0, 0), last_layer_keys=self.last_layer_keys
         )
-        return float(cosine_similarity_abs(np.stack([direction, towards]))[0, 1] * np.sign(direction @ towards))
+        pair = np.stack([direction, towards])
+        return float(_signed_cosine(pair, np.linalg.norm(pair, axis=1)[:, None] > 0, absolute=False)[0, 1])
 
     def _confirmed(self, order: list[str], proposal: np.ndarray, at_once: bool = False) -> np.ndarray:
         """The labels of ``order`` in force after this round's ``proposal`` (see ``confirm_rounds``).
