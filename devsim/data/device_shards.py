@@ -47,13 +47,16 @@ class DeviceDataSource:
 
     def shard(self, device_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalised float32 images (n, 3, 32, 32) and int64 labels (n,) of ``device_id``, on device."""
-        index = torch.from_numpy(self.partitioner.device_indices(device_id)).to(self.device)
+        index = self._rows(device_id)
         return self.normalise(self.images[index]), self.labels[index]
 
     def shard_pool(self, device_ids: list[int]) -> ShardPool:
         """The shards of ``device_ids`` as rows of the shared uint8 train set, normalised per gathered batch."""
-        rows = [torch.from_numpy(self.partitioner.device_indices(d)).to(self.device) for d in device_ids]
-        return ShardPool(self.images, self.labels, rows, self.normalise)
+        return ShardPool(self.images, self.labels, [self._rows(d) for d in device_ids], self.normalise)
+
+    def _rows(self, device_id: int) -> torch.Tensor:
+        """``device_id``'s row indices into the train set, int64, on the compute device."""
+        return torch.from_numpy(self.partitioner.device_indices(device_id)).to(self.device)
 
 
 class Normaliser:
