@@ -43,6 +43,7 @@ from devsim.config import SimulationConfig  # noqa: E402
 from devsim.data import load_config_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
+from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch  # noqa: E402
 from devsim.seeding import derive_seed  # noqa: E402
 from devsim.training.evaluation import Evaluator  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
@@ -101,7 +102,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--downlink-mbps", type=float, default=10.0, help="median device downlink (Mbit/s)")
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--spread", type=float, default=0.5, help="log-normal sigma of links across devices")
-    return parser.parse_args()
+    parser.add_argument(
+        "--device-batch",
+        default="auto",
+        help="the leaf's training path, as the jobs' --device-batch: auto (their default), off, or N devices",
+    )
+    args = parser.parse_args()
+    if args.device_batch not in ("auto", "off") and not (args.device_batch.isdigit() and int(args.device_batch) >= 1):
+        parser.error(f"--device-batch: {args.device_batch!r} is not auto, off or an integer >= 1")
+    return args
 
 
 def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evaluator) -> dict:
@@ -112,7 +121,10 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
     settings = config.to_dict()
     worker = Cifar10FedAvgTaskProcessor.from_settings(settings)
     worker.setup()
-    runner = LeafRoundRunner([worker], uplink=UplinkCompressor(spec, residual_capacity=args.devices))
+    plan = device_batch_plan(args.device_batch, worker)
+    runner = LeafRoundRunner(
+        [worker], device_batch=plan.size, uplink=UplinkCompressor(spec, residual_capacity=args.devices)
+    )
     shapes = [v.shape for v in weights.values()]
     network = NetworkModel(args.uplink_mbps, args.downlink_mbps, args.latency_ms, args.spread)
     model_bytes = sum(v.nbytes for v in weights.values())
@@ -140,7 +152,23 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
             )
     finally:
         runner.close()
-    return {"rounds": rounds, "evictions": result.counts.get("residual_evictions", 0)}
+    return {"rounds": rounds, "evictions": result.counts.get("residual_evictions", 0), "path": plan.reason}
+
+
+def device_batch_plan(setting: str, worker: Cifar10FedAvgTaskProcessor) -> DeviceBatchPlan:
+    """``--device-batch`` resolved for the one-worker leaf as a job's leaf resolves it."""
+    try:
+        value: int | str = int(setting)
+    except ValueError:
+        value = setting
+    return plan_device_batch(
+        value,
+        obstacle=worker.batching_obstacle(),
+        device_bytes=worker.batched_device_bytes(),
+        device=str(worker.torch_device),
+        num_workers=1,
+        num_params=worker.num_params,
+    )
 
 
 def time_to(rounds: list[dict], target: float) -> float | None:
@@ -188,7 +216,8 @@ def main() -> None:
         f"\n{args.dataset}: {args.devices} devices, {args.per_round} per round, {args.rounds} rounds, "
         f"{args.samples} samples/device, Dirichlet {args.alpha}; network uplink {args.uplink_mbps} Mbit/s, "
         f"downlink {args.downlink_mbps} Mbit/s, latency {args.latency_ms} ms, spread {args.spread}; "
-        f"target accuracy {target:.4f}"
+        f"target accuracy {target:.4f}\nleaf training path (--device-batch {args.device_batch}): "
+        f"{results[names[0]]['path']}"
     )
     width = max(9, *(len(n) for n in names))
     header = (

@@ -24,6 +24,7 @@ from devsim.compression import (
     payload_bytes,
     round_payload_bytes,
 )
+from devsim.compression.codecs import _cpu_topk_indices, _int8_scales
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig
 
 SPECS = [
@@ -107,6 +108,47 @@ def test_topk_indices_take_the_narrowest_exact_integer_type():
     half = CodecSpec("topk", topk_fraction=0.01, topk_values="float16")
     assert payload_bytes([(62006,)], half) == 621 * (2 + 2) and payload_bytes([(62006,)], CodecSpec("topk")) == 621 * 6
     assert payload_bytes([(62006,)], CodecSpec("topk", topk_values="int8")) == 621 * (2 + 1) + 4  # + one scale
+
+
+magnitudes = hnp.arrays(
+    np.float32,
+    st.integers(1, 400),
+    elements=st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(0, 1e3, width=32), st.just(float("nan"))),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=magnitudes, data=st.data())
+def test_cpu_topk_picks_k_entries_none_smaller_than_any_left_out(values, data):
+    """The CPU selection (with its every-16th-entry shortcut for small k) keeps exactly k distinct entries and
+    nothing left out is larger than what was kept (NaN counts as the largest), ties and NaN included."""
+    k = data.draw(st.integers(0, values.size))
+    chosen = _cpu_topk_indices(values, k)
+    assert chosen.size == k and np.unique(chosen).size == k
+    ranked = np.where(np.isnan(values), np.inf, values)
+    left_out = np.setdiff1d(np.arange(values.size), chosen)
+    if k and left_out.size:
+        assert ranked[chosen].min() >= ranked[left_out].max()
+        if ranked[chosen].min() > ranked[left_out].max():  # no tie at the threshold: the set is unique
+            assert np.array_equal(np.sort(chosen), np.sort(np.argsort(-ranked, kind="stable")[:k]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensors=updates(), block=st.sampled_from([0, 1, 7, 64]))
+def test_cpu_int8_scales_equal_per_segment_torch_maxima(tensors, block):
+    """The CPU scales (one NumPy reduction) equal ``amax(|x|) / 127`` of each entry or block in torch."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    shapes = tuple(tuple(t.shape) for t in tensors)
+    scales, per_element = _int8_scales(flat, shapes, block)
+    n = flat.numel()
+    sizes = [t.numel() for t in tensors] if block == 0 else [min(block, n - s) for s in range(0, n, block)]
+    expected = [p.abs().amax() / 127 if p.numel() else torch.tensor(0.0) for p in torch.split(flat, sizes)]
+    assert torch.equal(scales, torch.stack(expected) if expected else torch.zeros(0))
+    safe = [e if e > 0 else torch.tensor(1.0) for e in expected]
+    assert torch.equal(
+        per_element,
+        torch.cat([e.expand(size) for e, size in zip(safe, sizes, strict=True)]) if sizes else torch.zeros(0),
+    )
 
 
 def test_topk_warmup_ramps_density_down_to_the_fraction():

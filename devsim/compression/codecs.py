@@ -37,6 +37,7 @@ FP16_MAX = 65504.0
 INT8_LEVELS = 127
 TOPK_VALUES = ("float32", "float16", "int8")
 VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
+SAMPLE_STRIDE = 16  # top-k on the CPU: every 16th entry bounds the k-th largest from below
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The update as one new float32 vector (entries concatenated in order)."""
     if not tensors:
         return torch.zeros(0)
+    if all(t.is_cpu and t.dtype == torch.float32 for t in tensors):  # one NumPy call: ~2x faster for 10 entries
+        return torch.from_numpy(np.concatenate([t.detach().numpy().reshape(-1) for t in tensors]))
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
 
@@ -172,19 +175,16 @@ def encode_flat(flat: torch.Tensor, shapes: tuple[tuple[int, ...], ...], spec: C
         return Encoded(shapes, (flat.clamp(-FP16_MAX, FP16_MAX).to(torch.float16),))
     if spec.name == "int8":
         scales, per_element = _int8_scales(flat, shapes, spec.int8_block)
-        codes = torch.round(flat / per_element).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
-        return Encoded(shapes, (codes, scales))
+        return Encoded(shapes, (_int8_codes(flat, per_element), scales))
     if spec.name == "topk":
-        index = _topk_indices(flat.abs(), spec.topk_count(flat.numel()))
-        values = flat[index]
+        index = _topk_indices(flat, spec.topk_count(flat.numel()))
+        values = flat.index_select(0, index)
         index = index.to(index_dtype(flat.numel()))
         if spec.topk_values == "float16":
             return Encoded(shapes, (index, values.clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)))
         if spec.topk_values == "int8":  # one float32 scale max|v| / 127 for the kept values
-            scale = values.abs().amax(dim=0, keepdim=True) / INT8_LEVELS if values.numel() else values.new_zeros(1)
-            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-            codes = torch.round(values / safe).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
-            return Encoded(shapes, (index, codes, scale))
+            scale, per_element = _int8_scales(values, ((values.numel(),),), 0)
+            return Encoded(shapes, (index, _int8_codes(values, per_element), scale))
         return Encoded(shapes, (index, values))
     raise ValueError(f"encode_flat does not take codec {spec.name!r}")
 
@@ -199,55 +199,113 @@ def decode_flat(encoded: Encoded, spec: CodecSpec) -> torch.Tensor:
     if spec.name == "topk":
         index, values = encoded.parts[:2]
         flat = torch.zeros(sum(math.prod(shape) for shape in encoded.shapes), dtype=torch.float32, device=values.device)
-        flat[index.to(torch.int64)] = (
-            values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
-        )
-        return flat
+        values = values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
+        return flat.index_copy_(0, index.to(torch.int64), values)
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
 
 
 def _int8_scales(flat: torch.Tensor, shapes, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 scales as sent, the scale of every element with zeros replaced by 1 for the division)."""
+    """(float32 scales as sent, the scale of every element with zeros replaced by 1 for the division).
+
+    On the CPU the maxima are one ``np.maximum.reduceat`` over the scales' segments (3-4x faster than
+    a split and an ``amax`` per segment for the 62k CNN); elsewhere they are torch reductions. Both
+    give the same float32 scales."""
     n = flat.numel()
-    magnitude = flat.abs()
+    lengths = _scale_lengths(shapes, block, n)
+    if flat.is_cpu:
+        scales = _cpu_maxima(np.abs(flat.numpy()), lengths, block) / np.float32(INT8_LEVELS)
+        safe = np.where(scales > 0, scales, np.float32(1.0))
+        per_element = np.repeat(safe, lengths) if block == 0 else np.repeat(safe, block)[:n]
+        return torch.from_numpy(scales), torch.from_numpy(per_element)
     if block == 0:
-        maxima = [p.amax() if p.numel() else flat.new_zeros(()) for p in torch.split(magnitude, _sizes(shapes))]
+        magnitude = flat.abs()
+        maxima = [p.amax() if p.numel() else flat.new_zeros(()) for p in torch.split(magnitude, lengths)]
         scales = torch.stack(maxima) / INT8_LEVELS if maxima else flat.new_zeros(0)
     else:
-        blocks = math.ceil(n / block)
-        padded = torch.nn.functional.pad(magnitude, (0, blocks * block - n))
-        scales = padded.view(blocks, block).amax(dim=1) / INT8_LEVELS
+        padded = torch.nn.functional.pad(flat.abs(), (0, len(lengths) * block - n))
+        scales = padded.view(len(lengths), block).amax(dim=1) / INT8_LEVELS
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     return scales, _expand_scales(safe, shapes, block, n)
 
 
+def _int8_codes(values: torch.Tensor, per_element: torch.Tensor) -> torch.Tensor:
+    """``round(values / scale)`` in [-127, 127] as int8 (round half to even), element by element."""
+    return torch.round(values / per_element).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+
+
+def _cpu_maxima(magnitude: np.ndarray, lengths: list[int], block: int) -> np.ndarray:
+    """float32 maximum of each scale's segment of ``magnitude`` (0 for an empty one) in one NumPy reduction."""
+    if block:
+        padded = np.zeros(len(lengths) * block, dtype=np.float32)
+        padded[: magnitude.size] = magnitude
+        return padded.reshape(len(lengths), block).max(axis=1, initial=0.0)
+    maxima = np.zeros(len(lengths), dtype=np.float32)
+    filled = np.asarray(lengths) > 0
+    if filled.any():
+        maxima[filled] = np.maximum.reduceat(magnitude, np.cumsum([0, *lengths[:-1]])[filled])
+    return maxima
+
+
 def _expand_scales(scales: torch.Tensor, shapes, block: int, n: int) -> torch.Tensor:
     """The scale of every element of the flattened update (a length-``n`` vector)."""
+    if scales.is_cpu:
+        values = scales.numpy()
+        return torch.from_numpy(np.repeat(values, _sizes(shapes)) if block == 0 else np.repeat(values, block)[:n])
+    lengths = _scale_lengths(shapes, block, n)
+    counts = torch.tensor(lengths, dtype=torch.int64, device=scales.device)
+    return torch.repeat_interleave(scales, counts, output_size=n)
+
+
+def _scale_lengths(shapes, block: int, n: int) -> list[int]:
+    """How many consecutive elements of the flattened update each int8 scale covers (in order)."""
     if block == 0:
-        sizes = _sizes(shapes)
-        if not sizes:
-            return scales.new_zeros(0)
-        return torch.cat([scales[i].expand(size) for i, size in enumerate(sizes)])
-    blocks = scales.numel()
-    return scales[:, None].expand(blocks, block).reshape(-1)[:n]
+        return _sizes(shapes)
+    blocks = math.ceil(n / block)
+    return [block] * (blocks - 1) + [n - block * (blocks - 1)] if blocks else []
 
 
 def _sizes(shapes) -> list[int]:
     return [math.prod(shape) for shape in shapes]
 
 
-def _topk_indices(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of ``k`` largest entries (unordered): NumPy's introselect on the CPU (several times faster than
-    ``torch.topk`` there), ``torch.topk`` elsewhere. Both are deterministic for a given input.
+def _topk_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` entries of largest magnitude (unordered): NumPy selection on the CPU (several
+    times faster than ``torch.topk`` there, see :func:`_cpu_topk_indices`), ``torch.topk`` elsewhere. Both
+    are deterministic for a given input."""
+    if flat.is_cpu:
+        return torch.from_numpy(_cpu_topk_indices(np.abs(flat.numpy()), k).astype(np.int64, copy=False))
+    return torch.topk(flat.abs(), k, sorted=False).indices
 
-    On the CPU the k-th largest value is found with ``np.partition`` (it moves values, not indices) and the
-    indices are those at or above it; only when that is not exactly ``k`` indices (ties at the threshold, NaN)
-    does it fall back to ``np.argpartition``. Without ties the k largest are one set, so both pick the same."""
-    if magnitude.is_cpu:
-        values = magnitude.numpy()
-        cut = values.size - k
-        index = np.flatnonzero(values >= np.partition(values, cut)[cut]) if k else np.zeros(0, dtype=np.int64)
-        if index.size != k:
-            index = np.argpartition(values, cut)[cut:]
-        return torch.from_numpy(index.astype(np.int64, copy=False))
-    return torch.topk(magnitude, k, sorted=False).indices
+
+def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` largest entries of ``magnitude`` (1-D); NaN counts as the largest.
+
+    For finite entries the k-th largest value is found with ``np.partition`` (it moves values, not
+    indices) and the indices are those at or above it, ascending. When ``k`` is at most 1/16 of the
+    entries, the partition runs only over the candidates at or above a lower bound read from every 16th
+    entry (about half the time for top-k 1% of 62k entries); the bound is used only when at least ``k``
+    entries clear it, so the result is the same set. Ties at the threshold (more than ``k`` entries at
+    or above it) and non-finite entries go to ``np.argpartition`` over all entries, which ranks NaN above
+    everything: a corrupt update keeps its NaN and is rejected downstream, as it is without a codec."""
+    n = magnitude.size
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    if math.isfinite(float(magnitude.sum())):
+        if k * SAMPLE_STRIDE <= n:
+            sample = magnitude[::SAMPLE_STRIDE]
+            keep = min(sample.size, 2 * math.ceil(k / SAMPLE_STRIDE) + 8)
+            candidates = np.flatnonzero(magnitude >= np.partition(sample, sample.size - keep)[sample.size - keep])
+            if candidates.size >= k:
+                chosen = candidates[_at_or_above_kth(magnitude[candidates], k)]
+                if chosen.size == k:
+                    return chosen
+        chosen = np.flatnonzero(_at_or_above_kth(magnitude, k))
+        if chosen.size == k:
+            return chosen
+    return np.argpartition(magnitude, n - k)[n - k :]
+
+
+def _at_or_above_kth(values: np.ndarray, k: int) -> np.ndarray:
+    """Boolean mask of the entries at or above the k-th largest value (1 <= k <= values.size)."""
+    cut = values.size - k
+    return values >= np.partition(values, cut)[cut]
