@@ -148,6 +148,19 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
 
+def add_flattened(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``flat += flatten(tensors)`` in place, without building the concatenation; returns ``flat``."""
+    if flat.is_cpu and all(t.is_cpu and t.dtype == torch.float32 for t in tensors):
+        target, start = flat.numpy(), 0
+        for t in tensors:
+            part = t.detach().numpy().reshape(-1)
+            np.add(target[start : start + part.size], part, out=target[start : start + part.size])
+            start += part.size
+        return flat
+    torch._foreach_add_(list(unflatten(flat, [tuple(t.shape) for t in tensors])), [t.detach() for t in tensors])
+    return flat
+
+
 def unflatten(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
     """Views of ``flat`` shaped like the entries (inverse of :func:`flatten`)."""
     sizes = [math.prod(shape) for shape in shapes]
@@ -230,11 +243,16 @@ def _int8_scales(flat: torch.Tensor, shapes, block: int) -> tuple[torch.Tensor, 
 
 def _int8_codes(values: torch.Tensor, per_element: torch.Tensor) -> torch.Tensor:
     """``round(values / scale)`` in [-127, 127] as int8 (round half to even), element by element."""
+    if values.is_cpu:
+        codes = np.rint(values.numpy() / per_element.numpy())
+        return torch.from_numpy(np.clip(codes, -INT8_LEVELS, INT8_LEVELS, out=codes).astype(np.int8))
     return torch.round(values / per_element).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
 
 
 def _cpu_maxima(magnitude: np.ndarray, lengths: list[int], block: int) -> np.ndarray:
     """float32 maximum of each scale's segment of ``magnitude`` (0 for an empty one) in one NumPy reduction."""
+    if len(lengths) == 1:
+        return np.array([magnitude.max(initial=0.0)], dtype=np.float32)
     if block:
         padded = np.zeros(len(lengths) * block, dtype=np.float32)
         padded[: magnitude.size] = magnitude
@@ -290,7 +308,7 @@ def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
     n = magnitude.size
     if k == 0:
         return np.zeros(0, dtype=np.int64)
-    if math.isfinite(float(magnitude.sum())):
+    if math.isfinite(float(magnitude.max())):  # NaN and inf propagate through max
         if k * SAMPLE_STRIDE <= n:
             sample = magnitude[::SAMPLE_STRIDE]
             keep = min(sample.size, 2 * math.ceil(k / SAMPLE_STRIDE) + 8)

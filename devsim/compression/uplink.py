@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from devsim.compression.codecs import CodecSpec, decode_flat, encode_flat, flatten, unflatten
+from devsim.compression.codecs import CodecSpec, add_flattened, decode_flat, encode_flat, flatten, unflatten
 from devsim.compression.residuals import ResidualStore
 
 
@@ -77,10 +77,8 @@ class UplinkCompressor:
             return update
         started = time.perf_counter()
         shapes = tuple(tuple(t.shape) for t in update)
-        flat = flatten(update)
         residual = self.residuals.take(device_id, stamp) if self.residuals is not None else None
-        if residual is not None:
-            flat += residual.to(flat.device)
+        flat = flatten(update) if residual is None else add_flattened(residual.to(update[0].device), update)
         spec = self.spec.at_round(stamp)
         encoded = encode_flat(flat, shapes, spec)
         encoded_at = time.perf_counter()
