@@ -1,12 +1,13 @@
 """Update codecs: one device's model delta (a list of float32 tensors) <-> what travels on the uplink.
 
 Lossy codecs work on the update flattened into one vector (the entries concatenated in order), so
-each costs a handful of array operations whatever the number of entries: NumPy calls on the tensors'
-own memory on the CPU (per-segment work such as int8 scales is one call there, several times
-cheaper than torch's small-op overhead for a 62k update), torch operations on other devices; both
-give the same bytes. The byte count is a pure function of the entry shapes (:func:`payload_bytes`), so the
-virtual clock can charge a transfer before the update exists. Bytes counted are the payload's array
-bytes; entry names and shapes are known to both ends and are not counted.
+each costs a handful of array operations whatever the number of entries: NumPy calls on the
+tensors' own memory on the CPU (per-segment work such as int8 scales is one call there, several
+times cheaper than torch's small-op overhead for a 62k update), torch operations on other devices;
+both give the same bytes. The byte count is a pure function of the entry shapes
+(:func:`payload_bytes`), so the virtual clock can charge a transfer before the update exists. Bytes
+counted are the payload's array bytes; entry names and shapes are known to both ends and are not
+counted.
 
 - ``none``: float32 as is; 4 bytes an element. Decoding returns the very tensors given (bit-identical).
 - ``fp16``: IEEE half precision, values clamped to +-65504; 2 bytes an element.
