@@ -23,7 +23,9 @@ Single setting (default): 2 leaves x 50 devices x 100 samples, small CNN, batch 
 
 Sweep (``--sweep``): selected devices per round x model, one table. ResNet-18 costs about 300x the
 small CNN per sample on a 2-core CPU, so its devices hold ``--resnet-samples-per-device`` samples
-(default 10, one SGD step at batch 10) and run ``--resnet-rounds`` rounds; the ResNet-18 x 1000 cell
+(default 10, one SGD step at batch 10) and run ``--resnet-rounds`` rounds; CNN cells run 8 rounds and take the
+median of rounds 3-8 (a 100-device round lasts about 0.5 s and swings by 15% from round to round, and the first
+rounds of a fresh leaf are slower, so 3 rounds after 1 warm-up gave a noise-led median); the ResNet-18 x 1000 cell
 (27.5 minutes on 2 cores) is skipped unless ``--skip-cells none``. The default sweep (5 cells)
 took 19 minutes on 2 shared cores at load average 4-8 (5.7 of them in one 2-thread ResNet-18 loop
 slowed 7x by the load); expect 12-15 minutes on 2 quiet cores.
@@ -271,8 +273,8 @@ def sweep_cells(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tu
                     devices_per_leaf=count // args.leaves,
                     samples=args.resnet_samples_per_device if resnet else args.samples,
                     batch_size=args.batch_size,
-                    rounds=args.resnet_rounds if resnet else args.rounds or 4,
-                    warmup_rounds=1 if args.warmup_rounds is None else args.warmup_rounds,
+                    rounds=args.resnet_rounds if resnet else args.rounds or 8,
+                    warmup_rounds=(1 if resnet else 2) if args.warmup_rounds is None else args.warmup_rounds,
                 )
             )
     return cells, skipped
@@ -362,9 +364,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100, help="samples per device (sweep: the CNN's)")
     parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--model", default="cnn", help="single setting's model")
-    parser.add_argument("--rounds", type=int, default=None, help="sim rounds (default 8; sweep: 4 per CNN cell)")
+    parser.add_argument("--rounds", type=int, default=None, help="sim rounds (default 8, as in the sweep's CNN cells)")
     parser.add_argument(
-        "--warmup-rounds", type=int, default=None, help="rounds left out of the median (default 2; sweep: 1)"
+        "--warmup-rounds",
+        type=int,
+        default=None,
+        help="rounds left out of the median (default 2; sweep: 1 per ResNet cell)",
     )
     parser.add_argument("--num-workers", type=int, default=None, help="device threads per leaf (default: automatic)")
     parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")

@@ -302,19 +302,20 @@ def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
     """The indices of the ``k`` largest entries of ``magnitude`` (1-D); NaN counts as the largest.
 
     For finite entries the k-th largest value is found with ``np.partition`` (it moves values, not
-    indices) and the indices are those at or above it, ascending. When ``k`` is at most 1/16 of the
-    entries, the partition runs only over the candidates at or above a lower bound read from every 16th
-    entry (about half the time for top-k 1% of 62k entries); the bound is used only when at least ``k``
-    entries clear it, so the result is the same set. Ties at the threshold (more than ``k`` entries at
+    indices) and the indices are those at or above it, ascending. The partition runs only over the
+    candidates at or above a lower bound read from every 16th entry: the sample's ``2 * ceil(k / 16) + 8``-th
+    largest, when the sample has more entries than that (k up to about half the entries). For 62k entries
+    that halves the time at top-k 1% and 10% (0.43 -> 0.22 ms at 10%). The bound is used only when at least
+    ``k`` entries clear it, so the result is the same set. Ties at the threshold (more than ``k`` entries at
     or above it) and non-finite entries go to ``np.argpartition`` over all entries, which ranks NaN above
     everything: a corrupt update keeps its NaN and is rejected downstream, as it is without a codec."""
     n = magnitude.size
     if k == 0:
         return np.zeros(0, dtype=np.int64)
     if math.isfinite(float(magnitude.max())):  # NaN and inf propagate through max
-        if k * SAMPLE_STRIDE <= n:
-            sample = magnitude[::SAMPLE_STRIDE]
-            keep = min(sample.size, 2 * math.ceil(k / SAMPLE_STRIDE) + 8)
+        sample = magnitude[::SAMPLE_STRIDE]
+        keep = 2 * math.ceil(k / SAMPLE_STRIDE) + 8
+        if keep < sample.size:
             candidates = np.flatnonzero(magnitude >= np.partition(sample, sample.size - keep)[sample.size - keep])
             if candidates.size >= k:
                 chosen = candidates[_at_or_above_kth(magnitude[candidates], k)]
