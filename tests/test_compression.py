@@ -24,6 +24,7 @@ from devsim.compression import (
     payload_bytes,
     round_payload_bytes,
 )
+from devsim.compression import uplink as uplink_module
 from devsim.compression.codecs import _cpu_topk_indices, _int8_scales
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig
 
@@ -419,3 +420,52 @@ def test_traffic_counter_windows_totals_and_timing_info():
         traffic.add("uplink", 1)
     timing = with_bytes(RoundTiming(1.0, dict.fromkeys(MEASURED_PARTS, 0.1)), first)
     assert timing.info["bytes_device_to_leaf"] == 10.0 and "bytes_device_to_leaf" in summarize([timing])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        CodecSpec("fp16"),
+        CodecSpec("int8"),
+        CodecSpec("int8", int8_block=7),
+        CodecSpec("topk", topk_fraction=0.1),
+        CodecSpec("topk", topk_fraction=0.02, topk_values="int8"),
+        CodecSpec("topk", topk_fraction=0.05, topk_values="float16"),
+    ],
+    ids=lambda spec: f"{spec.name}-{spec.topk_values}-{spec.int8_block}",
+)
+@pytest.mark.parametrize("chunk_rows", [None, 2], ids=["one-chunk", "chunks-of-2"])
+def test_a_group_of_rows_crosses_the_uplink_exactly_as_its_devices_one_by_one(spec, chunk_rows, monkeypatch):
+    """transmit_rows (a batched group's (D, *shape) deltas) gives the bytes, received values and error-feedback
+    residuals of one transmit per device, bit for bit, round after round (devices recur with residuals), whether
+    the group crosses in one piece or in chunks of rows."""
+    shapes = [(6, 3, 5, 5), (6,), (40, 16), (), (10,)]
+    if chunk_rows is not None:
+        monkeypatch.setattr(uplink_module, "CHUNK_BYTES", chunk_rows * 4 * sum(math.prod(s) for s in shapes))
+    rows, alone = UplinkCompressor(spec), UplinkCompressor(spec)
+    gen = torch.Generator().manual_seed(3)
+    sent: dict[int, torch.Tensor] = {}  # per device: sum of its true updates minus what the leaf received
+    for round_num in range(4):
+        ids = [(round_num * 2 + i) % 7 for i in range(5)]
+        stacked = [torch.randn(len(ids), *shape, generator=gen) for shape in shapes]
+        stacked[2][1, 0, 0] = 50.0  # an outlier that every codec must carry or keep
+        group_stats, single_stats = UplinkStats(), UplinkStats()
+        received = rows.transmit_rows(ids, round_num, [t.clone() for t in stacked], group_stats)
+        for i, device_id in enumerate(ids):
+            want = alone.transmit(device_id, round_num, [t[i].clone() for t in stacked], single_stats)
+            assert all(torch.equal(got[i], w) for got, w in zip(received, want, strict=True))
+            gap = torch.cat([t[i].reshape(-1) for t in stacked]) - torch.cat([t[i].reshape(-1) for t in received])
+            sent[device_id] = sent.get(device_id, torch.zeros_like(gap)) + gap
+        assert (group_stats.updates, group_stats.bytes_sent, group_stats.raw_bytes) == (
+            single_stats.updates,
+            single_stats.bytes_sent,
+            single_stats.raw_bytes,
+        )
+        if spec.name == "topk":
+            assert rows.residual_counts() == alone.residual_counts()
+            for device_id in ids:  # error feedback: what was not received is exactly what the device keeps
+                got, want = rows.residuals.take(device_id, round_num), alone.residuals.take(device_id, round_num)
+                assert torch.equal(got, want)
+                torch.testing.assert_close(got, sent[device_id], rtol=0, atol=1e-5)
+                rows.residuals.put(device_id, round_num, got)
+                alone.residuals.put(device_id, round_num, want)

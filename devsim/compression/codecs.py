@@ -151,23 +151,20 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
 
-def add_flattened(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``flat += flatten(tensors)`` in place, without building the concatenation; returns ``flat``."""
-    if flat.is_cpu and all(t.is_cpu and t.dtype == torch.float32 for t in tensors):
-        target, start = flat.numpy(), 0
-        for t in tensors:
-            part = t.detach().numpy().reshape(-1)
-            np.add(target[start : start + part.size], part, out=target[start : start + part.size])
-            start += part.size
-        return flat
-    torch._foreach_add_(list(unflatten(flat, [tuple(t.shape) for t in tensors])), [t.detach() for t in tensors])
-    return flat
-
-
 def unflatten(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Views of ``flat`` shaped like the entries (inverse of :func:`flatten`)."""
+    """Views of ``flat`` shaped like the entries (inverse of :func:`flatten`); rows ``(D, n)`` give (D, *shape)."""
     sizes = [math.prod(shape) for shape in shapes]
-    return [part.view(shape) for part, shape in zip(torch.split(flat, sizes), shapes, strict=True)]
+    lead = tuple(flat.shape[:-1])
+    return [part.view((*lead, *shape)) for part, shape in zip(torch.split(flat, sizes, dim=-1), shapes, strict=True)]
+
+
+def flatten_rows(stacked: Sequence[torch.Tensor]) -> torch.Tensor:
+    """D devices' updates, each entry stacked over the devices ``(D, *shape)``, as one new float32 ``(D, n)`` matrix
+    (row i is :func:`flatten` of device i's entries)."""
+    count = int(stacked[0].shape[0])
+    if all(t.is_cpu and t.dtype == torch.float32 for t in stacked):  # one NumPy call, as in flatten
+        return torch.from_numpy(np.concatenate([t.detach().reshape(count, -1).numpy() for t in stacked], axis=1))
+    return torch.cat([t.detach().reshape(count, -1).to(torch.float32) for t in stacked], dim=1)
 
 
 def encode(tensors: Sequence[torch.Tensor], spec: CodecSpec) -> Encoded:
@@ -186,37 +183,41 @@ def decode(encoded: Encoded, spec: CodecSpec) -> list[torch.Tensor]:
 
 
 def encode_flat(flat: torch.Tensor, shapes: tuple[tuple[int, ...], ...], spec: CodecSpec) -> Encoded:
-    """Encode an update already flattened to one float32 vector (lossy codecs only)."""
+    """Encode an update already flattened to one float32 vector ``(n,)`` (lossy codecs only), or the updates of D
+    devices as the rows of ``(D, n)``: every part then gains the leading D, and row i holds exactly what device i's
+    update alone encodes to (scales, top-k selection and rounding all work row by row)."""
     if spec.name == "fp16":
         return Encoded(shapes, (flat.clamp(-FP16_MAX, FP16_MAX).to(torch.float16),))
     if spec.name == "int8":
         scales, per_element = _int8_scales(flat, shapes, spec.int8_block)
         return Encoded(shapes, (_int8_codes(flat, per_element), scales))
     if spec.name == "topk":
-        index = _topk_indices(flat, spec.topk_count(flat.numel()))
-        values = flat.index_select(0, index)
-        index = index.to(index_dtype(flat.numel()))
+        n = flat.shape[-1]
+        index = _topk_indices(flat, spec.topk_count(n))
+        values = flat.gather(-1, index)
+        index = index.to(index_dtype(n))
         if spec.topk_values == "float16":
             return Encoded(shapes, (index, values.clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)))
         if spec.topk_values == "int8":  # one float32 scale max|v| / 127 for the kept values
-            scale, per_element = _int8_scales(values, ((values.numel(),),), 0)
+            scale, per_element = _int8_scales(values, ((values.shape[-1],),), 0)
             return Encoded(shapes, (index, _int8_codes(values, per_element), scale))
         return Encoded(shapes, (index, values))
     raise ValueError(f"encode_flat does not take codec {spec.name!r}")
 
 
 def decode_flat(encoded: Encoded, spec: CodecSpec) -> torch.Tensor:
-    """The received update as one float32 vector (lossy codecs only)."""
+    """The received update as one float32 vector (lossy codecs only); rows ``(D, n)`` for row-wise encodings."""
     if spec.name == "fp16":
         return encoded.parts[0].to(torch.float32)
     if spec.name == "int8":
         codes, scales = encoded.parts
-        return codes.to(torch.float32) * _expand_scales(scales, encoded.shapes, spec.int8_block, codes.numel())
+        return codes.to(torch.float32) * _expand_scales(scales, encoded.shapes, spec.int8_block, codes.shape[-1])
     if spec.name == "topk":
         index, values = encoded.parts[:2]
-        flat = torch.zeros(sum(math.prod(shape) for shape in encoded.shapes), dtype=torch.float32, device=values.device)
+        n = sum(math.prod(shape) for shape in encoded.shapes)
+        flat = torch.zeros((*index.shape[:-1], n), dtype=torch.float32, device=values.device)
         values = values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
-        return flat.index_copy_(0, index.to(torch.int64), values)
+        return flat.scatter_(-1, index.to(torch.int64), values)
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
 
 
@@ -225,21 +226,24 @@ def _int8_scales(flat: torch.Tensor, shapes, block: int) -> tuple[torch.Tensor, 
 
     On the CPU the maxima are one ``np.maximum.reduceat`` over the scales' segments (3-4x faster than
     a split and an ``amax`` per segment for the 62k CNN); elsewhere they are torch reductions. Both
-    give the same float32 scales."""
-    n = flat.numel()
+    give the same float32 scales. Rows ``(D, n)`` get their own scales, ``(D, scales)``."""
+    n = flat.shape[-1]
+    lead = tuple(flat.shape[:-1])
     lengths = _scale_lengths(shapes, block, n)
     if flat.is_cpu:
         scales = _cpu_maxima(np.abs(flat.numpy()), lengths, block) / np.float32(INT8_LEVELS)
         safe = np.where(scales > 0, scales, np.float32(1.0))
-        per_element = np.repeat(safe, lengths) if block == 0 else np.repeat(safe, block)[:n]
+        per_element = np.repeat(safe, lengths, axis=-1) if block == 0 else np.repeat(safe, block, axis=-1)[..., :n]
         return torch.from_numpy(scales), torch.from_numpy(per_element)
     if block == 0:
         magnitude = flat.abs()
-        maxima = [p.amax() if p.numel() else flat.new_zeros(()) for p in torch.split(magnitude, lengths)]
-        scales = torch.stack(maxima) / INT8_LEVELS if maxima else flat.new_zeros(0)
+        maxima = [
+            p.amax(dim=-1) if p.shape[-1] else flat.new_zeros(lead) for p in torch.split(magnitude, lengths, dim=-1)
+        ]
+        scales = torch.stack(maxima, dim=-1) / INT8_LEVELS if maxima else flat.new_zeros((*lead, 0))
     else:
         padded = torch.nn.functional.pad(flat.abs(), (0, len(lengths) * block - n))
-        scales = padded.view(len(lengths), block).amax(dim=1) / INT8_LEVELS
+        scales = padded.view(*lead, len(lengths), block).amax(dim=-1) / INT8_LEVELS
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     return scales, _expand_scales(safe, shapes, block, n)
 
@@ -253,28 +257,32 @@ def _int8_codes(values: torch.Tensor, per_element: torch.Tensor) -> torch.Tensor
 
 
 def _cpu_maxima(magnitude: np.ndarray, lengths: list[int], block: int) -> np.ndarray:
-    """float32 maximum of each scale's segment of ``magnitude`` (0 for an empty one) in one NumPy reduction."""
+    """float32 maximum of each scale's segment of ``magnitude`` (0 for an empty one) in one NumPy reduction
+    over the last axis (a vector, or rows)."""
+    lead = magnitude.shape[:-1]
     if len(lengths) == 1:
-        return np.array([magnitude.max(initial=0.0)], dtype=np.float32)
+        return magnitude.max(axis=-1, initial=0.0, keepdims=True).astype(np.float32, copy=False)
     if block:
-        padded = np.zeros(len(lengths) * block, dtype=np.float32)
-        padded[: magnitude.size] = magnitude
-        return padded.reshape(len(lengths), block).max(axis=1, initial=0.0)
-    maxima = np.zeros(len(lengths), dtype=np.float32)
+        padded = np.zeros((*lead, len(lengths) * block), dtype=np.float32)
+        padded[..., : magnitude.shape[-1]] = magnitude
+        return padded.reshape(*lead, len(lengths), block).max(axis=-1, initial=0.0)
+    maxima = np.zeros((*lead, len(lengths)), dtype=np.float32)
     filled = np.asarray(lengths) > 0
     if filled.any():
-        maxima[filled] = np.maximum.reduceat(magnitude, np.cumsum([0, *lengths[:-1]])[filled])
+        maxima[..., filled] = np.maximum.reduceat(magnitude, np.cumsum([0, *lengths[:-1]])[filled], axis=-1)
     return maxima
 
 
 def _expand_scales(scales: torch.Tensor, shapes, block: int, n: int) -> torch.Tensor:
-    """The scale of every element of the flattened update (a length-``n`` vector)."""
+    """The scale of every element of the flattened update (a length-``n`` vector, or one per row)."""
     if scales.is_cpu:
         values = scales.numpy()
-        return torch.from_numpy(np.repeat(values, _sizes(shapes)) if block == 0 else np.repeat(values, block)[:n])
+        if block == 0:
+            return torch.from_numpy(np.repeat(values, _sizes(shapes), axis=-1))
+        return torch.from_numpy(np.repeat(values, block, axis=-1)[..., :n])
     lengths = _scale_lengths(shapes, block, n)
     counts = torch.tensor(lengths, dtype=torch.int64, device=scales.device)
-    return torch.repeat_interleave(scales, counts, output_size=n)
+    return torch.repeat_interleave(scales, counts, dim=-1, output_size=n)
 
 
 def _scale_lengths(shapes, block: int, n: int) -> list[int]:
@@ -292,10 +300,14 @@ def _sizes(shapes) -> list[int]:
 def _topk_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` entries of largest magnitude (unordered): NumPy selection on the CPU (several
     times faster than ``torch.topk`` there, see :func:`_cpu_topk_indices`), ``torch.topk`` elsewhere. Both
-    are deterministic for a given input."""
+    are deterministic for a given input. Rows ``(D, n)``: ``(D, k)``, each row's own selection."""
     if flat.is_cpu:
-        return torch.from_numpy(_cpu_topk_indices(np.abs(flat.numpy()), k).astype(np.int64, copy=False))
-    return torch.topk(flat.abs(), k, sorted=False).indices
+        magnitude = np.abs(flat.numpy())
+        if magnitude.ndim == 1:
+            return torch.from_numpy(_cpu_topk_indices(magnitude, k).astype(np.int64, copy=False))
+        rows = [_cpu_topk_indices(row, k).astype(np.int64, copy=False) for row in magnitude]
+        return torch.from_numpy(np.stack(rows) if rows else np.zeros((0, k), dtype=np.int64))
+    return torch.topk(flat.abs(), k, dim=-1, sorted=False).indices
 
 
 def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from devsim.compression.codecs import CodecSpec, add_flattened, decode_flat, encode_flat, flatten, unflatten
+from devsim.compression.codecs import CodecSpec, decode_flat, encode_flat, flatten_rows, unflatten
 from devsim.compression.residuals import ResidualStore
+
+CHUNK_BYTES = 1 << 20  # a group crosses in chunks of rows of about this many float32 bytes (see transmit_rows)
 
 
 @dataclass
@@ -71,14 +73,50 @@ class UplinkCompressor:
 
         ``stamp`` is the round (sync) or the base model version (async) the update belongs to.
         """
-        raw = sum(4 * t.numel() for t in update)
         if self.spec.lossless:
+            raw = sum(4 * t.numel() for t in update)
             stats.add(UplinkStats(1, raw, raw))
             return update
+        return [t[0] for t in self.transmit_rows([device_id], stamp, [t.unsqueeze(0) for t in update], stats)]
+
+    def transmit_rows(
+        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], stats: UplinkStats
+    ) -> list[torch.Tensor]:
+        """:meth:`transmit` for D devices at once: each entry of ``stacked`` is ``(D, *shape)``, row i being
+        ``device_ids[i]``'s update; returns what the leaf receives, stacked the same way.
+
+        Bytes, residuals and received values are exactly those of D :meth:`transmit` calls (the codecs work row
+        by row), but the array work runs once over the ``(D, n)`` matrix, which is what a batched group of
+        devices hands over; only the top-k selection still loops over the rows.
+        """
+        count = len(device_ids)
+        raw = sum(4 * t[0].numel() for t in stacked) if count else 0
+        if self.spec.lossless:
+            stats.add(UplinkStats(count, raw * count, raw * count))
+            return stacked
+        rows = max(1, CHUNK_BYTES // max(raw, 1))
+        if count > rows:
+            parts = [
+                self._transmit_chunk(device_ids[i : i + rows], stamp, [t[i : i + rows] for t in stacked], stats)
+                for i in range(0, count, rows)
+            ]
+            return [torch.cat(chunks) for chunks in zip(*parts, strict=True)]
+        return self._transmit_chunk(device_ids, stamp, stacked, stats)
+
+    def _transmit_chunk(
+        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], stats: UplinkStats
+    ) -> list[torch.Tensor]:
+        """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches."""
+        count = len(device_ids)
+        raw = sum(4 * t[0].numel() for t in stacked)
         started = time.perf_counter()
-        shapes = tuple(tuple(t.shape) for t in update)
-        residual = self.residuals.take(device_id, stamp) if self.residuals is not None else None
-        flat = flatten(update) if residual is None else add_flattened(residual.to(update[0].device), update)
+        shapes = tuple(tuple(t.shape[1:]) for t in stacked)
+        flat = flatten_rows(stacked)
+        if self.residuals is not None:
+            for row, device_id in zip(flat, device_ids, strict=True):
+                residual = self.residuals.take(device_id, stamp)
+                if residual is not None:
+                    row += residual.to(row.device)
         spec = self.spec.at_round(stamp)
         encoded = encode_flat(flat, shapes, spec)
         encoded_at = time.perf_counter()
@@ -87,12 +125,13 @@ class UplinkCompressor:
         if self.residuals is not None:
             index = encoded.parts[0].to(torch.int64)
             if spec.topk_values == "float32":
-                flat[index] = 0.0  # topk: what was not sent stays behind
-            else:
-                flat[index] -= received[index]  # and the rounding of the values sent
-            if _finite(flat):
-                self.residuals.put(device_id, stamp, flat)
-        stats.add(UplinkStats(1, encoded.nbytes, raw, encoded_at - started, decoded_at - encoded_at))
+                flat.scatter_(-1, index, 0.0)  # topk: what was not sent stays behind
+            else:  # and the rounding of the values sent
+                flat.scatter_(-1, index, flat.gather(-1, index) - received.gather(-1, index))
+            for i, device_id in enumerate(device_ids):
+                if _finite(flat[i]):  # a row of a group is copied so that each stored residual owns its memory
+                    self.residuals.put(device_id, stamp, flat[i] if count == 1 else flat[i].clone())
+        stats.add(UplinkStats(count, encoded.nbytes, raw * count, encoded_at - started, decoded_at - encoded_at))
         return unflatten(received, shapes)
 
     def sweep(self, stamp: int) -> None:

@@ -248,22 +248,26 @@ class LeafRoundRunner:
         uplink; (received delta, metrics, histogram, uplink stats) each."""
         worker = self._idle.get()
         try:
+            ids = [d for d, _ in jobs]
             if self.device_batch > 1:
-                deltas, metrics = worker.train_devices_batched(
-                    [d for d, _ in jobs], [s for _, s in jobs], global_tensors
-                )
-                trained = [[t[i] for t in deltas] for i in range(len(jobs))]
+                deltas, metrics = worker.train_devices_batched(ids, [s for _, s in jobs], global_tensors)
+                group = UplinkStats()
+                rows = self.uplink.transmit_rows(ids, version, deltas, group)
+                received = [[t[i] for t in rows] for i in range(len(jobs))]
+                count = len(jobs)  # every row of a group costs the same bytes; seconds are shared out evenly
+                share = (group.bytes_sent // count, group.raw_bytes // count)
+                seconds = (group.encode_seconds / count, group.decode_seconds / count)
+                stats = [UplinkStats(1, *share, *seconds) for _ in jobs]
             else:
-                trained, metrics = [], []
+                received, metrics, stats = [], [], []
                 for device_id, train_seed in jobs:
                     metrics.append(worker.train_with_seed(device_id, train_seed, global_tensors))
-                    trained.append(worker.delta(global_tensors))
-            outputs = []
-            for (device_id, _), delta, m in zip(jobs, trained, metrics, strict=True):
-                stats = UplinkStats()
-                received = tensors_to_numpy(self.keys, self.uplink.transmit(device_id, version, delta, stats))
-                outputs.append((received, m, worker.label_histogram(device_id) if with_histogram else None, stats))
-            return outputs
+                    stats.append(UplinkStats())
+                    received.append(self.uplink.transmit(device_id, version, worker.delta(global_tensors), stats[-1]))
+            return [
+                (tensors_to_numpy(self.keys, r), m, worker.label_histogram(d) if with_histogram else None, st)
+                for d, r, m, st in zip(ids, received, metrics, stats, strict=True)
+            ]
         finally:
             self._idle.put(worker)
 
@@ -317,8 +321,7 @@ def _train_chunk(
             ids = [d for d, _ in group]
             seeds = [worker.round_seed(d, round_num) for d in ids]
             deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
-            for i, (_, outcome) in enumerate(group):
-                _admit(result, [t[i] for t in deltas], metrics[i], outcome, round_num, checks)
+            _admit_rows(result, deltas, metrics, [outcome for _, outcome in group], round_num, checks)
         return result
     delta = [torch.empty_like(t) for t in global_tensors]
     for device_id, outcome in answering:
@@ -338,14 +341,47 @@ def _admit(
     checks: _RoundChecks,
 ) -> None:
     """Add one trained device's delta to the chunk's sum unless it dropped out or fails validation."""
-    device_id = metrics.device_id
     if outcome == DROPPED:
         result.counts["dropped"] += 1
         return
+    _inject_fault(delta, metrics.device_id, round_num, checks)
+    _accept(result, checks.uplink.transmit(metrics.device_id, round_num, delta, result.uplink), metrics, checks)
+
+
+def _admit_rows(
+    result: _ChunkResult,
+    deltas: list[torch.Tensor],
+    metrics: list[DeviceMetrics],
+    outcomes: list[str],
+    round_num: int,
+    checks: _RoundChecks,
+) -> None:
+    """:func:`_admit` for a batched group: ``deltas`` are (D, *shape), row i being ``metrics[i]``'s device. The
+    devices that did not drop out cross the uplink together (:meth:`UplinkCompressor.transmit_rows`); the sum,
+    the checks and their order are those of admitting the devices one by one."""
+    kept = [i for i, outcome in enumerate(outcomes) if outcome != DROPPED]
+    result.counts["dropped"] += len(outcomes) - len(kept)
+    if not kept:
+        return
+    rows = deltas if len(kept) == len(outcomes) else [t[kept] for t in deltas]
+    for row, i in enumerate(kept):
+        _inject_fault([t[row] for t in rows], metrics[i].device_id, round_num, checks)
+    ids = [metrics[i].device_id for i in kept]
+    received = checks.uplink.transmit_rows(ids, round_num, rows, result.uplink)
+    for row, i in enumerate(kept):
+        _accept(result, [t[row] for t in received], metrics[i], checks)
+
+
+def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, checks: _RoundChecks) -> None:
+    """Corrupt ``delta`` in place when the fault injector picks this device in this round (testing)."""
     fault = checks.faults.device_fault(round_num, device_id) if checks.faults is not None else None
     if fault is not None:
         _corrupt_tensors(delta, fault)
-    delta = checks.uplink.transmit(device_id, round_num, delta, result.uplink)
+
+
+def _accept(result: _ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetrics, checks: _RoundChecks) -> None:
+    """Add a received delta, weighted by its samples, to the chunk's sum unless it is non-finite or too large."""
+    device_id = metrics.device_id
     norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
     max_norm = checks.max_norm
     if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
