@@ -1,0 +1,115 @@
+"""What a leaf does with each device it trained in a synchronous round, in order: drop it (dropout), corrupt it
+(fault injection, testing), send it over the uplink (:class:`~devsim.compression.UplinkCompressor`), check it
+(finite, within the norm limit) and add it, weighted by its samples, to the worker's sum.
+
+:func:`admit` takes one device's delta; :func:`admit_rows` a batched group's stacked ``(D, *shape)`` deltas, which
+cross the uplink together and are then checked and summed device by device in the same order, so both give the
+same sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from devsim.compression import UplinkCompressor, UplinkStats
+from devsim.population.dropout import DROPPED, DropoutModel
+from devsim.population.faults import FaultInjector
+from devsim.training.local import DeviceMetrics
+
+
+@dataclass
+class ChunkResult:
+    """One worker's share of a round: its weighted delta sum, accepted devices' metrics, counts, rejections."""
+
+    accumulator: list[torch.Tensor]
+    metrics: list[DeviceMetrics]
+    counts: dict[str, int]
+    rejections: list[str]
+    uplink: UplinkStats = field(default_factory=UplinkStats)
+
+
+@dataclass(frozen=True)
+class RoundChecks:
+    """What a synchronous round applies to each device: dropout, injected faults, the uplink and the norm limit."""
+
+    dropout: DropoutModel | None
+    faults: FaultInjector | None
+    max_norm: float | None
+    uplink: UplinkCompressor
+
+    def outcome(self, round_num: int, device_id: int) -> str:
+        return self.dropout.outcome(round_num, device_id) if self.dropout is not None and self.dropout.enabled else "ok"
+
+
+def admit(
+    result: ChunkResult,
+    delta: list[torch.Tensor],
+    metrics: DeviceMetrics,
+    outcome: str,
+    round_num: int,
+    checks: RoundChecks,
+) -> None:
+    """Add one trained device's delta to the chunk's sum unless it dropped out or fails validation."""
+    if outcome == DROPPED:
+        result.counts["dropped"] += 1
+        return
+    _inject_fault(delta, metrics.device_id, round_num, checks)
+    _accept(result, checks.uplink.transmit(metrics.device_id, round_num, delta, result.uplink), metrics, checks)
+
+
+def admit_rows(
+    result: ChunkResult,
+    deltas: list[torch.Tensor],
+    metrics: list[DeviceMetrics],
+    outcomes: list[str],
+    round_num: int,
+    checks: RoundChecks,
+) -> None:
+    """:func:`_admit` for a batched group: ``deltas`` are (D, *shape), row i being ``metrics[i]``'s device. The
+    devices that did not drop out cross the uplink together (:meth:`UplinkCompressor.transmit_rows`); the sum,
+    the checks and their order are those of admitting the devices one by one."""
+    kept = [i for i, outcome in enumerate(outcomes) if outcome != DROPPED]
+    result.counts["dropped"] += len(outcomes) - len(kept)
+    if not kept:
+        return
+    rows = deltas if len(kept) == len(outcomes) else [t[kept] for t in deltas]
+    for row, i in enumerate(kept):
+        _inject_fault([t[row] for t in rows], metrics[i].device_id, round_num, checks)
+    ids = [metrics[i].device_id for i in kept]
+    received = checks.uplink.transmit_rows(ids, round_num, rows, result.uplink)
+    for row, i in enumerate(kept):
+        _accept(result, [t[row] for t in received], metrics[i], checks)
+
+
+def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, checks: RoundChecks) -> None:
+    """Corrupt ``delta`` in place when the fault injector picks this device in this round (testing)."""
+    fault = checks.faults.device_fault(round_num, device_id) if checks.faults is not None else None
+    if fault is not None:
+        _corrupt_tensors(delta, fault)
+
+
+def _accept(result: ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetrics, checks: RoundChecks) -> None:
+    """Add a received delta, weighted by its samples, to the chunk's sum unless it is non-finite or too large."""
+    device_id = metrics.device_id
+    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
+    max_norm = checks.max_norm
+    if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
+        result.counts["rejected"] += 1
+        reason = "non-finite values" if not np.isfinite(norm) else f"norm {norm:.3g} exceeds {max_norm:.3g}"
+        result.rejections.append(f"device {device_id}: {reason}")
+        return
+    torch._foreach_add_(result.accumulator, delta, alpha=float(metrics.num_samples))
+    result.metrics.append(metrics)
+
+
+def _corrupt_tensors(delta: list[torch.Tensor], kind: str) -> None:
+    """Device-level fault injection in place (testing): non-finite values or an absurd scale."""
+    if kind == "nan":
+        delta[0].fill_(float("nan"))
+    elif kind == "inf":
+        delta[0].fill_(float("inf"))
+    elif kind == "norm":
+        torch._foreach_mul_(delta, 1e6)
