@@ -206,7 +206,8 @@ class BatchedTrainer:
 
         A step's batch is gathered batch-major, (batch, D, C, H, W), and vmapped over dimension 1: the
         batching rule of a convolution folds D into the channels, (batch, D * C, H, W), which is then a
-        view instead of a copy of every step's images.
+        view instead of a copy of every step's images. With ``fold_channels_last`` (the CNN on the CPU) the
+        batch is stored (batch, H, W, D, C), so that folded view is channels-last.
         """
         started = time.perf_counter()
         count = len(device_ids)
