@@ -106,13 +106,15 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
         versions = [r["version"] for r in records]
         accuracies = [r["accuracy"] for r in records]
         losses = [r["loss"] for r in records]
-        assert versions == list(range(1, VERSIONS + 2)), versions
+        # NVFlare's assessor may build one version more while the job ends (see tests/test_edge.py)
+        assert versions[: VERSIONS + 1] == list(range(1, VERSIONS + 2)), versions
+        assert versions == list(range(1, len(versions) + 1)) and len(versions) <= VERSIONS + 2, versions
         assert accuracies[-1] > CHANCE + 0.2, accuracies
         assert losses[-1] < losses[0] - 0.3, losses
         # synchronous FedAvg: every trained version averaged all 4 x 8 devices of the round
         server_log = open(job["server_job_log"], encoding="utf-8").read()
         built = [int(n) for n in re.findall(r"generated new model version \d+ with (\d+) updates", server_log)]
-        assert built[1:] == [len(LEAVES) * DEVICES_PER_LEAF] * VERSIONS, built
+        assert built[1 : VERSIONS + 1] == [len(LEAVES) * DEVICES_PER_LEAF] * VERSIONS, built
 
         # the job script itself submits to the same running deployment
         prod_out = tmp_path / "prod_out"
@@ -123,7 +125,7 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
         prod = run_in_group(submit, tmp_path, 300, "pt_job_edge.py --env prod")
         assert "job status: FINISHED:COMPLETED" in prod.stdout and "final accuracy" in prod.stdout, prod.stdout
         prod_records = json.loads((prod_out / "edge_results.json").read_text())["records"]
-        assert [r["version"] for r in prod_records] == [1, 2], prod_records
+        assert [r["version"] for r in prod_records][:2] == [1, 2] and len(prod_records) <= 3, prod_records
 
         stop = edge_system("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
         assert "no process of" in stop.stdout, stop.stdout
