@@ -146,9 +146,7 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The update as one new float32 vector (entries concatenated in order)."""
     if not tensors:
         return torch.zeros(0)
-    if all(t.is_cpu and t.dtype == torch.float32 for t in tensors):  # one NumPy call: ~2x faster for 10 entries
-        return torch.from_numpy(np.concatenate([t.detach().numpy().reshape(-1) for t in tensors]))
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    return flatten_rows([t.unsqueeze(0) for t in tensors])[0]
 
 
 def unflatten(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
@@ -162,7 +160,7 @@ def flatten_rows(stacked: Sequence[torch.Tensor]) -> torch.Tensor:
     """D devices' updates, each entry stacked over the devices ``(D, *shape)``, as one new float32 ``(D, n)`` matrix
     (row i is :func:`flatten` of device i's entries)."""
     count = int(stacked[0].shape[0])
-    if all(t.is_cpu and t.dtype == torch.float32 for t in stacked):  # one NumPy call, as in flatten
+    if all(t.is_cpu and t.dtype == torch.float32 for t in stacked):  # one NumPy call: ~2x faster for 10 entries
         return torch.from_numpy(np.concatenate([t.detach().reshape(count, -1).numpy() for t in stacked], axis=1))
     return torch.cat([t.detach().reshape(count, -1).to(torch.float32) for t in stacked], dim=1)
 

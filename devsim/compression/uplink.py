@@ -97,18 +97,18 @@ class UplinkCompressor:
         rows = max(1, CHUNK_BYTES // max(raw, 1))
         if count > rows:
             parts = [
-                self._transmit_chunk(device_ids[i : i + rows], stamp, [t[i : i + rows] for t in stacked], stats)
+                self._transmit_chunk(device_ids[i : i + rows], stamp, [t[i : i + rows] for t in stacked], raw, stats)
                 for i in range(0, count, rows)
             ]
             return [torch.cat(chunks) for chunks in zip(*parts, strict=True)]
-        return self._transmit_chunk(device_ids, stamp, stacked, stats)
+        return self._transmit_chunk(device_ids, stamp, stacked, raw, stats)
 
     def _transmit_chunk(
-        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], stats: UplinkStats
+        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], raw: int, stats: UplinkStats
     ) -> list[torch.Tensor]:
-        """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches."""
+        """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches;
+        ``raw`` is one device's update in float32 bytes."""
         count = len(device_ids)
-        raw = sum(4 * t[0].numel() for t in stacked)
         started = time.perf_counter()
         shapes = tuple(tuple(t.shape[1:]) for t in stacked)
         flat = flatten_rows(stacked)
