@@ -134,6 +134,20 @@ def test_cpu_topk_picks_k_entries_none_smaller_than_any_left_out(values, data):
             assert np.array_equal(np.sort(chosen), np.sort(np.argsort(-ranked, kind="stable")[:k]))
 
 
+@pytest.mark.parametrize("k", [1, 40, 400, 3000])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_cpu_topk_is_exact_when_the_sample_misleads(k, sampled):
+    """The selection reads a lower bound from every 16th entry. Large entries all on those positions make the
+    bound too high (fewer than k entries clear it: the full partition must take over); large entries all
+    between them make it too low (many candidates). Either way the result is the true top k."""
+    rng = np.random.default_rng(k)
+    values = rng.random(8192, dtype=np.float32)
+    on_stride = np.arange(values.size) % 16 == 0
+    values[on_stride if sampled else ~on_stride] += 10.0
+    chosen = _cpu_topk_indices(values, k)
+    assert np.array_equal(np.sort(chosen), np.sort(np.argsort(-values, kind="stable")[:k]))
+
+
 @settings(max_examples=60, deadline=None)
 @given(tensors=updates(), block=st.sampled_from([0, 1, 7, 64]))
 def test_cpu_int8_scales_equal_per_segment_torch_maxima(tensors, block):

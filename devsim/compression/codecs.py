@@ -203,19 +203,26 @@ def encode_flat(flat: torch.Tensor, shapes: tuple[tuple[int, ...], ...], spec: C
     raise ValueError(f"encode_flat does not take codec {spec.name!r}")
 
 
-def decode_flat(encoded: Encoded, spec: CodecSpec) -> torch.Tensor:
-    """The received update as one float32 vector (lossy codecs only); rows ``(D, n)`` for row-wise encodings."""
+def decode_flat(encoded: Encoded, spec: CodecSpec, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The received update as one float32 vector (lossy codecs only); rows ``(D, n)`` for row-wise encodings.
+
+    ``out`` (float32, the decoded shape) receives the values instead of a new tensor and is returned."""
     if spec.name == "fp16":
-        return encoded.parts[0].to(torch.float32)
+        half = encoded.parts[0]
+        return half.to(torch.float32) if out is None else out.copy_(half)
     if spec.name == "int8":
         codes, scales = encoded.parts
-        return codes.to(torch.float32) * _expand_scales(scales, encoded.shapes, spec.int8_block, codes.shape[-1])
+        per_element = _expand_scales(scales, encoded.shapes, spec.int8_block, codes.shape[-1])
+        return torch.mul(codes.to(torch.float32), per_element, out=out) if out is not None else codes * per_element
     if spec.name == "topk":
         index, values = encoded.parts[:2]
         n = sum(math.prod(shape) for shape in encoded.shapes)
-        flat = torch.zeros((*index.shape[:-1], n), dtype=torch.float32, device=values.device)
+        if out is None:
+            out = torch.zeros((*index.shape[:-1], n), dtype=torch.float32, device=values.device)
+        else:
+            out.zero_()
         values = values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
-        return flat.scatter_(-1, index.to(torch.int64), values)
+        return out.scatter_(-1, index.to(torch.int64), values)
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
 
 
@@ -313,18 +320,18 @@ def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
 
     For finite entries the k-th largest value is found with ``np.partition`` (it moves values, not
     indices) and the indices are those at or above it, ascending. The partition runs only over the
-    candidates at or above a lower bound read from every 16th entry: the sample's ``2 * ceil(k / 16) + 8``-th
-    largest, when the sample has more entries than that (k up to about half the entries). For 62k entries
-    that halves the time at top-k 1% and 10% (0.43 -> 0.22 ms at 10%). The bound is used only when at least
-    ``k`` entries clear it, so the result is the same set. Ties at the threshold (more than ``k`` entries at
-    or above it) and non-finite entries go to ``np.argpartition`` over all entries, which ranks NaN above
-    everything: a corrupt update keeps its NaN and is rejected downstream, as it is without a codec."""
+    candidates at or above a lower bound read from every 16th entry (see :func:`_sample_keep`), when the
+    sample has more entries than the bound needs (k up to about 90% of the entries). The bound is used only
+    when at least ``k`` entries clear it, so the result is the same set whatever the sample says. Ties at the
+    threshold (more than ``k`` entries at or above it) and non-finite entries go to ``np.argpartition`` over
+    all entries, which ranks NaN above everything: a corrupt update keeps its NaN and is rejected downstream,
+    as it is without a codec."""
     n = magnitude.size
     if k == 0:
         return np.zeros(0, dtype=np.int64)
     if math.isfinite(float(magnitude.max())):  # NaN and inf propagate through max
         sample = magnitude[::SAMPLE_STRIDE]
-        keep = 2 * math.ceil(k / SAMPLE_STRIDE) + 8
+        keep = _sample_keep(k, n, sample.size)
         if keep < sample.size:
             candidates = np.flatnonzero(magnitude >= np.partition(sample, sample.size - keep)[sample.size - keep])
             if candidates.size >= k:
@@ -335,6 +342,20 @@ def _cpu_topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
         if chosen.size == k:
             return chosen
     return np.argpartition(magnitude, n - k)[n - k :]
+
+
+def _sample_keep(k: int, n: int, sampled: int) -> int:
+    """How many of the ``sampled`` entries (every 16th of ``n``) to take as the lower bound's rank.
+
+    If the sample were random, the count of its entries among the top ``k`` would be binomial with mean
+    ``mu = k * sampled / n`` and standard deviation under ``sqrt(mu)``; ranking the bound at ``mu + 6 sqrt(mu)
+    + 8`` lets the bound fail (at least ``k`` entries must clear it) only in runs of bad luck or on updates
+    whose large entries line up with the stride. A failure costs one full partition, never a wrong answer.
+    On 600 real CNN updates (digits, 30 rounds) this bound keeps 1.2x ``k`` candidates at top-k 10% instead of
+    the 1.9x of ``2 mu + 8`` (0.21 -> 0.14 ms of selection per 62k update); it failed on 4 of them at 10%, 3 at
+    4% and 1 at 1% (with ``2 mu + 8``: none)."""
+    mu = k * sampled / n
+    return math.ceil(mu + 6.0 * math.sqrt(mu)) + 8
 
 
 def _at_or_above_kth(values: np.ndarray, k: int) -> np.ndarray:

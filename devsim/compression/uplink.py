@@ -11,10 +11,10 @@ current residual equals the sum of its true updates (up to float32 rounding of t
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from devsim.compression.codecs import CodecSpec, decode_flat, encode_flat, flatten_rows, unflatten
@@ -94,23 +94,31 @@ class UplinkCompressor:
         if self.spec.lossless:
             stats.add(UplinkStats(count, raw * count, raw * count))
             return stacked
+        shapes = tuple(tuple(t.shape[1:]) for t in stacked)
         rows = max(1, CHUNK_BYTES // max(raw, 1))
-        if count > rows:
-            parts = [
-                self._transmit_chunk(device_ids[i : i + rows], stamp, [t[i : i + rows] for t in stacked], raw, stats)
-                for i in range(0, count, rows)
-            ]
-            return [torch.cat(chunks) for chunks in zip(*parts, strict=True)]
-        return self._transmit_chunk(device_ids, stamp, stacked, raw, stats)
+        if count <= rows:
+            return unflatten(self._transmit_chunk(device_ids, stamp, stacked, shapes, raw, stats), shapes)
+        received = torch.empty((count, raw // 4), dtype=torch.float32, device=stacked[0].device)
+        for i in range(0, count, rows):
+            part = [t[i : i + rows] for t in stacked]
+            self._transmit_chunk(device_ids[i : i + rows], stamp, part, shapes, raw, stats, received[i : i + rows])
+        return unflatten(received, shapes)
 
     def _transmit_chunk(
-        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], raw: int, stats: UplinkStats
-    ) -> list[torch.Tensor]:
-        """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches;
-        ``raw`` is one device's update in float32 bytes."""
+        self,
+        device_ids: list[int],
+        stamp: int,
+        stacked: list[torch.Tensor],
+        shapes: tuple[tuple[int, ...], ...],
+        raw: int,
+        stats: UplinkStats,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches:
+        the received rows ``(rows, n)``, written into ``out`` when given. ``raw`` is one device's update in
+        float32 bytes. Encode seconds include the error feedback's bookkeeping (adding and keeping residuals)."""
         count = len(device_ids)
         started = time.perf_counter()
-        shapes = tuple(tuple(t.shape[1:]) for t in stacked)
         flat = flatten_rows(stacked)
         if self.residuals is not None:
             for row, device_id in zip(flat, device_ids, strict=True):
@@ -120,7 +128,7 @@ class UplinkCompressor:
         spec = self.spec.at_round(stamp)
         encoded = encode_flat(flat, shapes, spec)
         encoded_at = time.perf_counter()
-        received = decode_flat(encoded, spec)
+        received = decode_flat(encoded, spec, out)
         decoded_at = time.perf_counter()
         if self.residuals is not None:
             index = encoded.parts[0].to(torch.int64)
@@ -128,11 +136,13 @@ class UplinkCompressor:
                 flat.scatter_(-1, index, 0.0)  # topk: what was not sent stays behind
             else:  # and the rounding of the values sent
                 flat.scatter_(-1, index, flat.gather(-1, index) - received.gather(-1, index))
-            for i, device_id in enumerate(device_ids):
-                if _finite(flat[i]):  # a row of a group is copied so that each stored residual owns its memory
+            for i, (device_id, finite) in enumerate(zip(device_ids, _finite_rows(flat), strict=True)):
+                if finite:  # a row of a group is copied so that each stored residual owns its memory
                     self.residuals.put(device_id, stamp, flat[i] if count == 1 else flat[i].clone())
-        stats.add(UplinkStats(count, encoded.nbytes, raw * count, encoded_at - started, decoded_at - encoded_at))
-        return unflatten(received, shapes)
+        kept_at = time.perf_counter()
+        encode_seconds = (encoded_at - started) + (kept_at - decoded_at)
+        stats.add(UplinkStats(count, encoded.nbytes, raw * count, encode_seconds, decoded_at - encoded_at))
+        return received
 
     def sweep(self, stamp: int) -> None:
         """Apply the residual store's age and capacity bounds (see :class:`ResidualStore`)."""
@@ -146,6 +156,10 @@ class UplinkCompressor:
         return {"residuals_held": len(self.residuals), "residual_evictions": self.residuals.evicted}
 
 
-def _finite(vector: torch.Tensor) -> bool:
-    """Whether every element is finite: one reduction, and the element-wise check only when the sum is not."""
-    return math.isfinite(float(vector.sum())) or bool(torch.isfinite(vector).all())
+def _finite_rows(rows: torch.Tensor) -> list[bool]:
+    """Whether each row of ``(D, n)`` is all finite: a row's maximum and minimum are finite exactly when
+    all its entries are (NaN propagates through both); one NumPy reduction each on the CPU."""
+    if rows.is_cpu:
+        values = rows.numpy()
+        return (np.isfinite(values.max(axis=-1)) & np.isfinite(values.min(axis=-1))).tolist()
+    return torch.isfinite(rows).all(dim=-1).tolist()
