@@ -483,3 +483,16 @@ def test_a_group_of_rows_crosses_the_uplink_exactly_as_its_devices_one_by_one(sp
                 torch.testing.assert_close(got, sent[device_id], rtol=0, atol=1e-5)
                 rows.residuals.put(device_id, round_num, got)
                 alone.residuals.put(device_id, round_num, want)
+
+
+@pytest.mark.parametrize("values", ["float32", "int8"])
+def test_a_non_finite_update_leaves_no_residual_behind(values):
+    """A device whose update (plus residual) is not finite arrives non-finite (the leaf rejects it) and keeps
+    no residual: nothing of a rejected update reaches later rounds; the other devices of its group keep theirs."""
+    uplink = UplinkCompressor(CodecSpec("topk", topk_fraction=0.1, topk_values=values))
+    stacked = [torch.randn(3, 200, generator=torch.Generator().manual_seed(0))]
+    stacked[0][1, 7] = float("nan")
+    received = uplink.transmit_rows([10, 11, 12], 0, stacked, UplinkStats())[0]
+    assert not torch.isfinite(received[1]).all() and torch.isfinite(received[[0, 2]]).all()
+    assert uplink.residual_counts()["residuals_held"] == 2
+    assert uplink.residuals.take(11, 0) is None and uplink.residuals.take(12, 0) is not None

@@ -120,25 +120,22 @@ class UplinkCompressor:
         count = len(device_ids)
         started = time.perf_counter()
         flat = flatten_rows(stacked)
+        buffers: list[torch.Tensor | None] = []
         if self.residuals is not None:
             for row, device_id in zip(flat, device_ids, strict=True):
                 residual = self.residuals.take(device_id, stamp)
                 if residual is not None:
                     row += residual.to(row.device)
+                buffers.append(residual)
         spec = self.spec.at_round(stamp)
         encoded = encode_flat(flat, shapes, spec)
         encoded_at = time.perf_counter()
         received = decode_flat(encoded, spec, out)
         decoded_at = time.perf_counter()
-        if self.residuals is not None:
-            index = encoded.parts[0].to(torch.int64)
-            if spec.topk_values == "float32":
-                flat.scatter_(-1, index, 0.0)  # topk: what was not sent stays behind
-            else:  # and the rounding of the values sent
-                flat.scatter_(-1, index, flat.gather(-1, index) - received.gather(-1, index))
+        if self.residuals is not None:  # what did not arrive stays behind: entries not sent, rounding of those sent
             for i, (device_id, finite) in enumerate(zip(device_ids, _finite_rows(flat), strict=True)):
-                if finite:  # a row of a group is copied so that each stored residual owns its memory
-                    self.residuals.put(device_id, stamp, flat[i] if count == 1 else flat[i].clone())
+                if finite:
+                    self.residuals.put(device_id, stamp, _difference(flat[i], received[i], buffers[i]))
         kept_at = time.perf_counter()
         encode_seconds = (encoded_at - started) + (kept_at - decoded_at)
         stats.add(UplinkStats(count, encoded.nbytes, raw * count, encode_seconds, decoded_at - encoded_at))
@@ -163,3 +160,13 @@ def _finite_rows(rows: torch.Tensor) -> list[bool]:
         values = rows.numpy()
         return (np.isfinite(values.max(axis=-1)) & np.isfinite(values.min(axis=-1))).tolist()
     return torch.isfinite(rows).all(dim=-1).tolist()
+
+
+def _difference(sent: torch.Tensor, received: torch.Tensor, spare: torch.Tensor | None) -> torch.Tensor:
+    """``sent - received`` (1-D, float32), written into ``spare`` (a residual the device just used up) when it
+    is a CPU vector like ``sent``, so that a group's residuals neither share the group's memory nor allocate.
+    Exact where a value arrived as sent (``x - x = 0``) and where nothing arrived (``x - 0 = x``)."""
+    if sent.is_cpu and spare is not None and spare.is_cpu and spare.shape == sent.shape:
+        np.subtract(sent.numpy(), received.numpy(), out=spare.numpy())
+        return spare
+    return sent - received
