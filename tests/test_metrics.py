@@ -10,7 +10,7 @@ import pytest
 
 from devsim.observe import metrics
 from devsim.observe.metrics import MetricsWriter
-from devsim.observe.progress import ProgressLine, format_duration
+from devsim.observe.progress import BoundEta, ProgressLine, format_duration
 
 
 def test_writer_creates_an_event_file_under_tensorboard(tmp_path):
@@ -86,6 +86,22 @@ def test_progress_with_skipped_calls_applies_the_ema_once_per_step():
     progress.update(3, 7.0)  # two steps of 3 s: EMA 1 -> 2 -> 2.5
     assert progress.step_seconds == pytest.approx(2.5)
     assert progress.eta_seconds(3) == pytest.approx(97 * 2.5)
+
+
+def test_progress_shows_the_sooner_of_its_eta_and_another_bounds():
+    """An async run bounded by 100,000 versions and 2 simulated seconds ends at 2 s: the line must say so."""
+    progress = ProgressLine(total_rounds=100_000, alpha=0.5)
+    sim_time = BoundEta(2.0, alpha=0.5)
+    assert sim_time.update(0.0, 0.0) is None  # nothing grew yet
+    assert sim_time.update(0.5, 10.0) == pytest.approx(30.0)  # 0.05 simulated s per wall s, 1.5 s left
+    line = progress.line(100, 10.0, other_eta=sim_time.update(0.5, 10.0))
+    assert line == "round 100/100000  elapsed 0:00:10  eta 0:00:30"
+    # rate 0.05 -> EMA with 0.25 (1.0 more simulated s in 4 wall s): 0.15; 0.5 s left
+    assert sim_time.update(1.5, 14.0) == pytest.approx(0.5 / 0.15)
+    assert progress.line(101, 10.1, other_eta=10**9).endswith(f"eta {format_duration(99_899 * 0.1)}")
+    assert sim_time.update(2.5, 20.0) == 0.0
+    with pytest.raises(ValueError):
+        BoundEta(2.0, alpha=0)
 
 
 def test_format_duration_and_validation():

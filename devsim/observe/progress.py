@@ -1,7 +1,9 @@
 """One progress line per round (or per global model version) with elapsed time and an ETA.
 
 The ETA is the remaining step count times an exponential moving average (EMA) of recent step
-durations, so it follows a run that speeds up or slows down instead of averaging from the start.
+durations, so it follows a run that speeds up or slows down instead of averaging from the start. A run
+that another bound may end first (an asynchronous run's simulated time) passes that bound's ETA
+(:class:`BoundEta`) and the line shows the sooner one.
 """
 
 from __future__ import annotations
@@ -51,18 +53,46 @@ class ProgressLine:
             return None
         return max(0, self.total - round_done) * self.step_seconds
 
-    def line(self, round_done: int, elapsed_s: float, extra: str = "") -> str | None:
+    def line(self, round_done: int, elapsed_s: float, extra: str = "", other_eta: float | None = None) -> str | None:
         """The line after ``round_done`` steps (1-based) and ``elapsed_s`` seconds, or None when this
-        step does not print (only every ``every``-th step and the last one print)."""
+        step does not print (only every ``every``-th step and the last one print). ``other_eta`` (seconds) is
+        the ETA of another bound that ends the run (e.g. simulated time, :class:`BoundEta`); the line shows
+        the sooner of the two."""
         self.update(round_done, elapsed_s)
         if round_done % self.every != 0 and round_done != self.total:
             return None
         eta = self.eta_seconds(round_done)
+        if other_eta is not None:
+            eta = other_eta if eta is None else min(eta, other_eta)
         text = (
             f"{self.unit} {round_done}/{self.total}  elapsed {format_duration(elapsed_s)}  "
             f"eta {format_duration(eta) if eta is not None else '-'}"
         )
         return f"{text}  {extra}" if extra else text
+
+
+class BoundEta:
+    """Wall seconds until a quantity that grows during the run (e.g. simulated seconds) reaches ``bound``: the
+    amount left over an EMA of its growth per wall second (``alpha`` as in :class:`ProgressLine`)."""
+
+    def __init__(self, bound: float, alpha: float = 0.3):
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.bound = float(bound)
+        self.alpha = float(alpha)
+        self.rate: float | None = None  # quantity per wall second
+        self._last: tuple[float, float] | None = None
+
+    def update(self, value: float, elapsed_s: float) -> float | None:
+        """Feed ``value`` reached after ``elapsed_s`` wall seconds; the ETA in seconds (None until it grew)."""
+        if self._last is not None and elapsed_s > self._last[1] and value > self._last[0]:
+            rate = (value - self._last[0]) / (elapsed_s - self._last[1])
+            self.rate = rate if self.rate is None else self.rate + self.alpha * (rate - self.rate)
+        if self._last is None or elapsed_s > self._last[1]:
+            self._last = (value, elapsed_s)
+        if self.rate is None:
+            return None
+        return max(0.0, self.bound - value) / self.rate
 
 
 def format_duration(seconds: float) -> str:

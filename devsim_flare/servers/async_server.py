@@ -30,7 +30,7 @@ from devsim.config import AsyncConfig
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
-from devsim.observe.progress import ProgressLine, format_duration
+from devsim.observe.progress import BoundEta, ProgressLine, format_duration
 from devsim.observe.results import RunRecorder
 from devsim.observe.timing import RoundTiming, WindowTiming, summarize
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
@@ -137,6 +137,9 @@ class AsyncServer:
         progress = (
             ProgressLine(config.max_versions, every=config.log_every, unit="version") if config.max_versions else None
         )
+        self._sim_time_eta = BoundEta(config.max_sim_time) if config.max_sim_time else None
+        if self._sim_time_eta is not None:
+            self._sim_time_eta.update(0.0, 0.0)  # the run starts at simulated time 0
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"K={config.concurrency} B={config.buffer_size} O={config.min_open_slots}, delays {config.delay_schedule}, "
@@ -446,9 +449,11 @@ class AsyncServer:
             f"staleness {record['staleness_mean']:.1f}"
         )
         elapsed = time.time() - run_started
-        line = progress.line(record["version"], elapsed, summary) if progress else None
+        sim_eta = self._sim_time_eta.update(record["simulated_time"], elapsed) if self._sim_time_eta else None
+        line = progress.line(record["version"], elapsed, summary, other_eta=sim_eta) if progress else None
         if progress is None:
-            line = f"version {record['version']}  elapsed {format_duration(elapsed)}  {summary}"
+            eta = f"  eta {format_duration(sim_eta)}" if sim_eta is not None else ""
+            line = f"version {record['version']}  elapsed {format_duration(elapsed)}{eta}  {summary}"
         if line:
             print(line, flush=True)
 
