@@ -22,6 +22,10 @@ from devsim_flare.leaf import LeafNode
 ENVIRONMENTS = ("sim", "poc", "prod")
 SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
 SHIPPED_DATA = ("app_configs",)
+# Seconds NVFlare's server tells a client to wait before asking for its next task (NVFlare: 2). The Collab
+# runtime starts each client with two pulled tasks (sync, setup), so the default costs ~2 s of idle start-up
+# per job; device jobs themselves travel as Collab calls, not pulled tasks.
+TASK_REQUEST_INTERVAL = 0.2
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,6 +41,7 @@ class DevsimRecipe(CollabRecipe):
         if self._finalized:
             return self._job
         job = super().finalize()
+        job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         targets = self.configured_sites() or [ALL_SITES]
         for source, dest_dir in package_sources():
             job.add_file_to_server(source, dest_dir=dest_dir, app_folder_type="custom")

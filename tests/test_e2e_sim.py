@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from devsim_flare.recipe import TASK_REQUEST_INTERVAL
 from tests.conftest import SMALL_RUN, find_results, isolated_env, refused_job, run_job
 
 CHANCE = 0.10
@@ -93,6 +95,8 @@ def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     proc = run_job("pt_job_fedavg.py", [*SMALL_RUN, "--export", "--export-dir", str(job_dir)], tmp_path)
     job_dir = job_dir / "devsim_fedavg"
     assert (job_dir / "meta.json").is_file(), proc.stdout
+    server_config = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
+    assert server_config["server"]["task_request_interval"] == TASK_REQUEST_INTERVAL < 2  # NVFlare's default: 2 s
     sim = subprocess.run(
         [
             os.path.join(os.path.dirname(sys.executable), "nvflare"),
