@@ -99,6 +99,8 @@ def test_progress_shows_the_sooner_of_its_eta_and_another_bounds():
     # rate 0.05 -> EMA with 0.25 (1.0 more simulated s in 4 wall s): 0.15; 0.5 s left
     assert sim_time.update(1.5, 14.0) == pytest.approx(0.5 / 0.15)
     assert progress.line(101, 10.1, other_eta=10**9).endswith(f"eta {format_duration(99_899 * 0.1)}")
+    assert sim_time.update(1.5, 16.0) == pytest.approx(0.5 / 0.15)  # no growth: the rate waits for the next
+    assert sim_time.update(1.9, 18.0) == pytest.approx(0.1 / (0.15 + 0.5 * (0.1 - 0.15)))  # 0.4 s over 4 s
     assert sim_time.update(2.5, 20.0) == 0.0
     with pytest.raises(ValueError):
         BoundEta(2.0, alpha=0)

@@ -85,10 +85,11 @@ class BoundEta:
 
     def update(self, value: float, elapsed_s: float) -> float | None:
         """Feed ``value`` reached after ``elapsed_s`` wall seconds; the ETA in seconds (None until it grew)."""
-        if self._last is not None and elapsed_s > self._last[1] and value > self._last[0]:
+        if self._last is None:
+            self._last = (value, elapsed_s)
+        elif elapsed_s > self._last[1] and value > self._last[0]:  # a stall stays inside the next interval
             rate = (value - self._last[0]) / (elapsed_s - self._last[1])
             self.rate = rate if self.rate is None else self.rate + self.alpha * (rate - self.rate)
-        if self._last is None or elapsed_s > self._last[1]:
             self._last = (value, elapsed_s)
         if self.rate is None:
             return None
