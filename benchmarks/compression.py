@@ -27,6 +27,7 @@ run (mean bytes per round), so a warm-up's denser first rounds are counted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -111,6 +112,7 @@ def parse_args() -> argparse.Namespace:
         default="auto",
         help="the leaf's training path, as the jobs' --device-batch: auto (their default), off, or N devices",
     )
+    parser.add_argument("--json", default=None, help="also write the table (and the settings) to this JSON file")
     args = parser.parse_args()
     if args.device_batch not in ("auto", "off") and not (args.device_batch.isdigit() and int(args.device_batch) >= 1):
         parser.error(f"--device-batch: {args.device_batch!r} is not auto, off or an integer >= 1")
@@ -156,7 +158,8 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
             )
     finally:
         runner.close()
-    return {"rounds": rounds, "evictions": result.counts.get("residual_evictions", 0), "path": plan.reason}
+    evictions = result.counts.get("residual_evictions", 0)
+    return {"rounds": rounds, "evictions": evictions, "path": plan.reason, "device": str(worker.torch_device)}
 
 
 def device_batch_plan(setting: str, worker: Cifar10FedAvgTaskProcessor) -> DeviceBatchPlan:
@@ -237,24 +240,44 @@ def main() -> None:
         f"{'sim s to target':>15} {'sim s/round':>11} {'codec share':>11} {'evictions':>9}"
     )
     print(header)
+    rows = {}
     for name in names:
         rounds = results[name]["rounds"]
-        up = np.mean([r["uplink_bytes"] for r in rounds])
-        final = rounds[-1]["accuracy"]
-        settled = last_mean(rounds)
-        reach = time_to(rounds, target)
-        share = sum(r["codec_seconds"] for r in rounds) / sum(r["leaf_wall"] for r in rounds)
-        sim_round = np.mean([r["simulated_round_seconds"] for r in rounds])
+        up = float(np.mean([r["uplink_bytes"] for r in rounds]))
+        rows[name] = {
+            "uplink_bytes_per_round": up,
+            "fewer_bytes": float(base_bytes / up),
+            "final_accuracy": rounds[-1]["accuracy"],
+            "final_vs_none_points": 100 * (rounds[-1]["accuracy"] - base_final),
+            "last5_mean": last_mean(rounds),
+            "last5_vs_none_points": 100 * (last_mean(rounds) - base_settled),
+            "best_accuracy": max(r["accuracy"] for r in rounds),
+            "simulated_seconds_to_target": time_to(rounds, target),
+            "simulated_round_seconds": float(np.mean([r["simulated_round_seconds"] for r in rounds])),
+            "codec_share": sum(r["codec_seconds"] for r in rounds) / sum(r["leaf_wall"] for r in rounds),
+            "evictions": results[name]["evictions"],
+        }
+        row, reach = rows[name], rows[name]["simulated_seconds_to_target"]
         print(
-            f"{name:<{width}} {up:14,.0f} {base_bytes / up:8.2f} {final:9.4f} {100 * (final - base_final):+8.2f} "
-            f"{settled:11.4f} {100 * (settled - base_settled):+8.2f} "
-            f"{max(r['accuracy'] for r in rounds):8.4f} {'not reached' if reach is None else f'{reach:.1f}':>15} "
-            f"{sim_round:11.2f} {100 * share:10.2f}% {results[name]['evictions']:9d}"
+            f"{name:<{width}} {up:14,.0f} {row['fewer_bytes']:8.2f} {row['final_accuracy']:9.4f} "
+            f"{row['final_vs_none_points']:+8.2f} {row['last5_mean']:11.4f} {row['last5_vs_none_points']:+8.2f} "
+            f"{row['best_accuracy']:8.4f} {'not reached' if reach is None else f'{reach:.1f}':>15} "
+            f"{row['simulated_round_seconds']:11.2f} {100 * row['codec_share']:10.2f}% {row['evictions']:9d}"
         )
-    print(
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
-        f"wall {time.time() - started:.0f} s; torch threads 1"
-    )
+    wall = time.time() - started
+    print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; wall {wall:.0f} s; torch threads 1")
+    if args.json:
+        report = {
+            "args": vars(args),
+            "target_accuracy": target,
+            "training_path": results[names[0]]["path"],
+            "training_device": results[names[0]]["device"],
+            "load_average": [load_before[0], load_after[0]],
+            "wall_seconds": wall,
+            "codecs": rows,
+        }
+        with open(args.json, "w", encoding="utf-8") as stream:
+            json.dump(report, stream, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ Sections (``--sections``, default all), each a ratio measured in this run where 
 4. ``fedrevive``: FedRevive's server distillation seconds per arrival at the paper's setting size
    (ResNet-18 without norm, generator width 128, 8 teachers, 10 KD steps) on the synthetic images.
 5. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
+6. ``compression``: ``benchmarks/compression.py`` on the real digits (issue #17): uplink bytes,
+   accuracy against ``none``, and encode + decode seconds as a share of the leaf's round when the
+   devices train and the codecs run on this device (``torch.topk`` and torch reductions on a GPU).
 
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
 ``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
@@ -29,6 +32,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -44,7 +48,8 @@ from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
 
-SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu")
+SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu", "compression")
+CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
 LIMIT_BATCH = 256
 
 
@@ -62,6 +67,7 @@ def sizes(tiny: bool) -> dict:
             "resnet_leaf_devices": 2,
             "revive_sim_time": 1.0,
             "models": ["cnn"],
+            "compression": ["--rounds", "2", "--devices", "10", "--per-round", "4"],
         }
     return {
         "rounds": 10,
@@ -74,6 +80,7 @@ def sizes(tiny: bool) -> dict:
         "resnet_leaf_devices": 64,
         "revive_sim_time": 20.0,
         "models": ["cnn", "resnet18", "resnet18_nonorm"],
+        "compression": ["--rounds", "30"],
     }
 
 
@@ -322,12 +329,30 @@ def section_shared_gpu(args, size: dict) -> dict:
     }
 
 
+def section_compression(args, size: dict) -> dict:
+    """The codecs side by side on digits, at the benchmark's default 50 and the jobs' default 100 samples a device."""
+    report = {}
+    for samples in ("50", "100"):
+        out = os.path.join(tempfile.mkdtemp(prefix="gpu_suite_compression_"), "compression.json")
+        command = [sys.executable, os.path.join(REPO, "benchmarks", "compression.py"), "--dataset", "digits"]
+        command += [*size["compression"], "--samples", samples, "--codecs", CODECS, "--json", out]
+        proc = subprocess.run(
+            command, env=dict(os.environ, **_job_env(args)), capture_output=True, text=True, timeout=args.timeout
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"compression.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        with open(out, encoding="utf-8") as stream:
+            report[f"samples_{samples}"] = json.load(stream)
+    return report
+
+
 RUNNERS = {
     "fedavg_e2e": section_fedavg_e2e,
     "throughput": section_throughput,
     "worker_sweep": section_worker_sweep,
     "fedrevive": section_fedrevive,
     "shared_gpu": section_shared_gpu,
+    "compression": section_compression,
 }
 
 

@@ -49,6 +49,17 @@ def test_in_process_sections_write_consistent_figures(tmp_path):
     assert sweep["auto_plan"].startswith(f"workers={sweep['auto_workers']} ")
 
 
+def test_compression_section_reports_every_codec_at_both_data_sizes(tmp_path):
+    report = run_suite(tmp_path, "compression", timeout=600)["sections"]["compression"]
+    for samples in ("50", "100"):
+        run = report[f"samples_{samples}"]
+        assert run["args"]["samples"] == int(samples) and run["training_device"] == "cpu"
+        codecs = run["codecs"]
+        assert set(codecs) == {"none", "fp16", "int8", "topk 10%", "topk 1%", "topk 4% int8"}
+        assert codecs["none"]["codec_share"] == 0 and codecs["none"]["fewer_bytes"] == 1
+        assert codecs["int8"]["fewer_bytes"] == pytest.approx(4.0, rel=0.01) and codecs["int8"]["codec_share"] > 0
+
+
 def test_unknown_section_is_one_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, SUITE, "--device", "cpu", "--sections", "throughput,warp"],
