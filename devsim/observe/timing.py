@@ -28,7 +28,8 @@ detected from these stamps. ``RoundTiming.skewed()`` flags a remainder below ``-
 
 ``device_compute_sum`` (over all leaves, all devices) and ``device_compute_max`` (slowest single
 device) are informational and not part of the sum, as is ``codec_seconds`` (encode + decode of the
-device updates on the uplink, summed over devices; it is inside ``leaf_compute``).
+device updates on the uplink, error feedback's bookkeeping included, summed over devices; it is inside
+``leaf_compute``).
 
 Asynchronous version window
 ---------------------------
