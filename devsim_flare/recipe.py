@@ -63,13 +63,19 @@ def package_sources() -> list[tuple[str, str]]:
 
 
 def build_recipe(
-    config: SimulationConfig, server_cls: type, job_name: str, leaves_on_host: int = 1, leaves_on_gpu: int = 1
+    config: SimulationConfig,
+    server_cls: type,
+    job_name: str,
+    leaves_on_host: int = 1,
+    leaves_on_gpu: int = 1,
+    sync_timeout: float | None = None,
 ):
     """A Collab recipe with ``server_cls`` on the server and a leaf node on each of the leaf sites.
 
     ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
     ``sim`` and ``poc``; 1 in production) and ``leaves_on_gpu`` how many share one GPU; both size
-    each leaf's worker pool.
+    each leaf's worker pool. ``sync_timeout`` is how long (seconds) the server waits for every leaf to
+    start before giving up; default ``max(60, round_timeout)``, which leaves time for sites started by hand.
     """
     settings = config.to_dict()
     server = server_cls(settings=settings)
@@ -85,7 +91,7 @@ def build_recipe(
         server=server,
         client=leaf,
         min_clients=config.num_leaf_nodes,
-        sync_task_timeout=max(60.0, config.round_timeout),
+        sync_task_timeout=sync_timeout if sync_timeout is not None else max(60.0, config.round_timeout),
         max_call_threads_for_server=max(8, 2 * config.num_leaf_nodes),
         max_call_threads_for_client=4,
     )
