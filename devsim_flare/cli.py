@@ -14,6 +14,8 @@ import glob
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig, flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
@@ -270,8 +272,12 @@ def leaf_lost_its_port(nvflare_root: str, within_s: float) -> bool:
     return False
 
 
-def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig, gpu_ids: tuple[int, ...] = ()) -> int:
-    """Export or run ``recipe`` in the chosen environment; prints where results are. Returns an exit code."""
+def run_recipe(
+    make_recipe: Callable[[], Any], args: argparse.Namespace, config: SimulationConfig, gpu_ids: tuple[int, ...] = ()
+) -> int:
+    """Export or run the recipe ``make_recipe()`` builds in the chosen environment; prints where results are.
+    Returns an exit code. A second attempt (see :func:`leaf_lost_its_port`) builds a new recipe: NVFlare's job
+    object cannot run twice."""
     workspace = os.path.abspath(args.workspace)
     env = build_env(
         args.env,
@@ -285,7 +291,7 @@ def run_recipe(recipe, args: argparse.Namespace, config: SimulationConfig, gpu_i
     for attempt in range(1, attempts + 1):
         started = time.perf_counter()
         try:
-            run = recipe.execute(env)
+            run = make_recipe().execute(env)
             break
         except RuntimeError as error:
             if attempt < attempts and leaf_lost_its_port(os.path.join(workspace, "nvflare"), time.time() - started):
@@ -353,15 +359,18 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
     simulated_here = args.env == "sim" and not export_requested()
-    recipe = build_recipe(
-        config,
-        server_cls,
-        job_name=f"devsim_{server_cls.method}",
-        leaves_on_host=leaves_on_host,
-        leaves_on_gpu=leaves_on_gpu,
-        sync_timeout=SIM_SYNC_TIMEOUT if simulated_here else None,
-    )
-    return run_recipe(recipe, args, config, gpu_ids)
+
+    def make_recipe():
+        return build_recipe(
+            config,
+            server_cls,
+            job_name=f"devsim_{server_cls.method}",
+            leaves_on_host=leaves_on_host,
+            leaves_on_gpu=leaves_on_gpu,
+            sync_timeout=SIM_SYNC_TIMEOUT if simulated_here else None,
+        )
+
+    return run_recipe(make_recipe, args, config, gpu_ids)
 
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app_configs", "presets")

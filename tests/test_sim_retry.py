@@ -30,7 +30,7 @@ class FlakyRecipe:
 def _run(tmp_path, error: str, failures: int, env: str = "sim") -> tuple[int, FlakyRecipe]:
     recipe = FlakyRecipe(str(tmp_path), error, failures)
     args = argparse.Namespace(workspace=str(tmp_path), env=env, startup_kit=None, log_level="WARNING")
-    return cli.run_recipe(recipe, args, SimulationConfig()), recipe
+    return cli.run_recipe(lambda: recipe, args, SimulationConfig()), recipe
 
 
 def test_a_leaf_that_lost_its_port_gets_the_job_run_once_more(tmp_path, capsys):
