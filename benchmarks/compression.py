@@ -244,20 +244,21 @@ def main() -> None:
     for name in names:
         rounds = results[name]["rounds"]
         up = float(np.mean([r["uplink_bytes"] for r in rounds]))
-        rows[name] = {
+        settled = last_mean(rounds)
+        reach = time_to(rounds, target)
+        row = rows[name] = {
             "uplink_bytes_per_round": up,
             "fewer_bytes": float(base_bytes / up),
             "final_accuracy": rounds[-1]["accuracy"],
             "final_vs_none_points": 100 * (rounds[-1]["accuracy"] - base_final),
-            "last5_mean": last_mean(rounds),
-            "last5_vs_none_points": 100 * (last_mean(rounds) - base_settled),
+            "last5_mean": settled,
+            "last5_vs_none_points": 100 * (settled - base_settled),
             "best_accuracy": max(r["accuracy"] for r in rounds),
-            "simulated_seconds_to_target": time_to(rounds, target),
+            "simulated_seconds_to_target": reach,
             "simulated_round_seconds": float(np.mean([r["simulated_round_seconds"] for r in rounds])),
             "codec_share": sum(r["codec_seconds"] for r in rounds) / sum(r["leaf_wall"] for r in rounds),
             "evictions": results[name]["evictions"],
         }
-        row, reach = rows[name], rows[name]["simulated_seconds_to_target"]
         print(
             f"{name:<{width}} {up:14,.0f} {row['fewer_bytes']:8.2f} {row['final_accuracy']:9.4f} "
             f"{row['final_vs_none_points']:+8.2f} {row['last5_mean']:11.4f} {row['last5_vs_none_points']:+8.2f} "

@@ -332,17 +332,17 @@ def section_shared_gpu(args, size: dict) -> dict:
 def section_compression(args, size: dict) -> dict:
     """The codecs side by side on digits, at the benchmark's default 50 and the jobs' default 100 samples a device."""
     report = {}
-    for samples in ("50", "100"):
-        out = os.path.join(tempfile.mkdtemp(prefix="gpu_suite_compression_"), "compression.json")
-        command = [sys.executable, os.path.join(REPO, "benchmarks", "compression.py"), "--dataset", "digits"]
-        command += [*size["compression"], "--samples", samples, "--codecs", CODECS, "--json", out]
-        proc = subprocess.run(
-            command, env=dict(os.environ, **_job_env(args)), capture_output=True, text=True, timeout=args.timeout
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"compression.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        with open(out, encoding="utf-8") as stream:
-            report[f"samples_{samples}"] = json.load(stream)
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_compression_") as folder:
+        for samples in ("50", "100"):
+            out = os.path.join(folder, f"compression_{samples}.json")
+            command = [sys.executable, os.path.join(REPO, "benchmarks", "compression.py"), "--dataset", "digits"]
+            command += [*size["compression"], "--samples", samples, "--codecs", CODECS, "--json", out]
+            env = dict(os.environ, **_job_env(args))
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"compression.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            with open(out, encoding="utf-8") as stream:
+                report[f"samples_{samples}"] = json.load(stream)
     return report
 
 

@@ -91,8 +91,8 @@ def test_progress_with_skipped_calls_applies_the_ema_once_per_step():
 def test_progress_shows_the_sooner_of_its_eta_and_another_bounds():
     """An async run bounded by 100,000 versions and 2 simulated seconds ends at 2 s: the line must say so."""
     progress = ProgressLine(total_rounds=100_000, alpha=0.5)
-    sim_time = BoundEta(2.0, alpha=0.5)
-    assert sim_time.update(0.0, 0.0) is None  # nothing grew yet
+    sim_time = BoundEta(2.0, alpha=0.5)  # simulated time 0 at wall second 0
+    assert sim_time.update(0.0, 5.0) is None  # nothing grew yet
     assert sim_time.update(0.5, 10.0) == pytest.approx(30.0)  # 0.05 simulated s per wall s, 1.5 s left
     line = progress.line(100, 10.0, other_eta=sim_time.update(0.5, 10.0))
     assert line == "round 100/100000  elapsed 0:00:10  eta 0:00:30"
@@ -102,6 +102,8 @@ def test_progress_shows_the_sooner_of_its_eta_and_another_bounds():
     assert sim_time.update(1.5, 16.0) == pytest.approx(0.5 / 0.15)  # no growth: the rate waits for the next
     assert sim_time.update(1.9, 18.0) == pytest.approx(0.1 / (0.15 + 0.5 * (0.1 - 0.15)))  # 0.4 s over 4 s
     assert sim_time.update(2.5, 20.0) == 0.0
+    resumed = BoundEta(2.0, value=1.0, elapsed_s=3.0)  # a resumed run starts from its checkpoint's time
+    assert resumed.update(1.5, 8.0) == pytest.approx(0.5 / 0.1)
     with pytest.raises(ValueError):
         BoundEta(2.0, alpha=0)
 

@@ -213,7 +213,7 @@ def decode_flat(encoded: Encoded, spec: CodecSpec, out: torch.Tensor | None = No
     if spec.name == "int8":
         codes, scales = encoded.parts
         per_element = _expand_scales(scales, encoded.shapes, spec.int8_block, codes.shape[-1])
-        return torch.mul(codes.to(torch.float32), per_element, out=out) if out is not None else codes * per_element
+        return torch.mul(codes.to(torch.float32), per_element, out=out)
     if spec.name == "topk":
         index, values = encoded.parts[:2]
         n = sum(math.prod(shape) for shape in encoded.shapes)

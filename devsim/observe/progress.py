@@ -73,21 +73,21 @@ class ProgressLine:
 
 class BoundEta:
     """Wall seconds until a quantity that grows during the run (e.g. simulated seconds) reaches ``bound``: the
-    amount left over an EMA of its growth per wall second (``alpha`` as in :class:`ProgressLine`)."""
+    amount left over an EMA of its growth per wall second (``alpha`` as in :class:`ProgressLine`). ``value``
+    is where the quantity stands ``elapsed_s`` wall seconds into the run when timing begins (a resumed run
+    starts from its checkpoint's value)."""
 
-    def __init__(self, bound: float, alpha: float = 0.3):
+    def __init__(self, bound: float, value: float = 0.0, elapsed_s: float = 0.0, alpha: float = 0.3):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.bound = float(bound)
         self.alpha = float(alpha)
         self.rate: float | None = None  # quantity per wall second
-        self._last: tuple[float, float] | None = None
+        self._last = (float(value), float(elapsed_s))
 
     def update(self, value: float, elapsed_s: float) -> float | None:
         """Feed ``value`` reached after ``elapsed_s`` wall seconds; the ETA in seconds (None until it grew)."""
-        if self._last is None:
-            self._last = (value, elapsed_s)
-        elif elapsed_s > self._last[1] and value > self._last[0]:  # a stall stays inside the next interval
+        if elapsed_s > self._last[1] and value > self._last[0]:  # a stall stays inside the next interval
             rate = (value - self._last[0]) / (elapsed_s - self._last[1])
             self.rate = rate if self.rate is None else self.rate + self.alpha * (rate - self.rate)
             self._last = (value, elapsed_s)

@@ -137,9 +137,6 @@ class AsyncServer:
         progress = (
             ProgressLine(config.max_versions, every=config.log_every, unit="version") if config.max_versions else None
         )
-        self._sim_time_eta = BoundEta(config.max_sim_time) if config.max_sim_time else None
-        if self._sim_time_eta is not None:
-            self._sim_time_eta.update(0.0, 0.0)  # the run starts at simulated time 0
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"K={config.concurrency} B={config.buffer_size} O={config.min_open_slots}, delays {config.delay_schedule}, "
@@ -166,6 +163,9 @@ class AsyncServer:
             accepted = 0
             arrivals = open(arrivals_path, "w", encoding="utf-8")  # noqa: SIM115
             arrivals.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
+        self._sim_time_eta = None
+        if config.max_sim_time:  # from where a resumed run's simulated time stands
+            self._sim_time_eta = BoundEta(config.max_sim_time, self.scheduler.now, time.time() - run_started)
         collector = PeriodicCollector().start()
         try:
             if not config.resume_from:
