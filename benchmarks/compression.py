@@ -18,6 +18,12 @@ side; the load average is printed.
     .venv/bin/python benchmarks/compression.py                       # synthetic images
     .venv/bin/python benchmarks/compression.py --dataset digits      # scikit-learn digits (real data)
     .venv/bin/python benchmarks/compression.py --dataset digits --codecs "none,topk 4% int8,topk 2% fp16 warmup 2"
+    .venv/bin/python benchmarks/compression.py --dataset digits --samples 100 --rounds 100 \
+        --seeds 0,1,2,3,4 --horizons 30,60,100           # accuracy against none over seeds, at 3 horizons
+
+``--seeds`` runs every codec with each seed in turn (its own table each) and ends with a summary: per codec,
+the bytes ratio, the codec share's range over the seeds and, at each ``--horizons`` round count, the points
+against ``none`` of the same seed (mean and worst over the seeds; final accuracy and last-5 mean).
 
 ``--codecs`` also takes top-k settings beyond the five above: ``topk P%`` followed by ``fp16`` or ``int8``
 (``--topk-values``) and/or ``warmup W`` (``--topk-warmup-rounds``). The "x fewer" column is over the whole
@@ -99,6 +105,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the partition")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default=None, help="comma list of seeds run one after another (replaces --seed)")
+    parser.add_argument(
+        "--horizons",
+        default=None,
+        help="comma list of round counts (each <= --rounds) at which the summary compares accuracy with none",
+    )
     parser.add_argument(
         "--codecs", default=",".join(CODECS), help="comma list, each one of " + CODEC_FORMS.replace("%", "%%")
     )
@@ -116,7 +128,22 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.device_batch not in ("auto", "off") and not (args.device_batch.isdigit() and int(args.device_batch) >= 1):
         parser.error(f"--device-batch: {args.device_batch!r} is not auto, off or an integer >= 1")
+    args.seeds = _int_list(parser, "--seeds", args.seeds) if args.seeds is not None else [args.seed]
+    args.horizons = _int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds: {','.join(map(str, args.seeds))} repeats a seed")
+    bad = [h for h in args.horizons if not 1 <= h <= args.rounds]
+    if bad:
+        parser.error(f"--horizons: {bad[0]} is not between 1 and --rounds ({args.rounds})")
     return args
+
+
+def _int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """A comma list of non-negative integers, or a parser error naming ``flag``."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(item.isdigit() for item in items):
+        parser.error(f"{flag}: {text!r} is not a comma list of non-negative integers")
+    return [int(item) for item in items]
 
 
 def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evaluator) -> dict:
@@ -178,10 +205,10 @@ def device_batch_plan(setting: str, worker: Cifar10FedAvgTaskProcessor) -> Devic
     )
 
 
-def last_mean(rounds: list[dict], count: int = LAST_ROUNDS) -> float:
-    """Mean test accuracy of the last ``count`` rounds: the final accuracy without one round's selection noise
+def last_mean(accuracies: list[float], count: int = LAST_ROUNDS) -> float:
+    """Mean of the last ``count`` rounds' test accuracies: the final accuracy without one round's selection noise
     (which 20 devices a round happen to train moves a single round's accuracy by up to ~2 points on digits)."""
-    return float(np.mean([r["accuracy"] for r in rounds[-count:]]))
+    return float(np.mean(accuracies[-count:]))
 
 
 def time_to(rounds: list[dict], target: float) -> float | None:
@@ -194,19 +221,6 @@ def time_to(rounds: list[dict], target: float) -> float | None:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    config = SimulationConfig(
-        dataset=args.dataset,
-        num_leaf_nodes=1,
-        devices_per_leaf=args.devices,
-        device_selection_size=args.per_round,
-        samples_per_device=args.samples,
-        alpha=args.alpha,
-        lr=args.lr,
-        seed=args.seed,
-        synthetic_train_size=max(20000, args.devices * args.samples),
-    ).validate()
-    test = load_config_split(config, train=False)
-    evaluator = Evaluator(test, torch.device("cpu"), config.eval_batch_size)
     names = [n.strip() for n in args.codecs.split(",") if n.strip()]
     specs = {}
     for name in names:
@@ -216,18 +230,57 @@ def main() -> None:
             raise SystemExit(f"--codecs: {name!r} is not allowed ({error}); allowed: {CODEC_FORMS}") from None
     load_before = os.getloadavg()
     started = time.time()
+    per_seed = {seed: run_seed(args, seed, names, specs, started) for seed in args.seeds}
+    load_after = os.getloadavg()
+    summary = summarise(per_seed, names, args.horizons) if len(args.seeds) > 1 or args.horizons else None
+    if summary is not None:
+        print_summary(summary, args)
+    wall = time.time() - started
+    print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; wall {wall:.0f} s; torch threads 1")
+    if args.json:
+        first = per_seed[args.seeds[0]]
+        report = {
+            "args": vars(args),
+            "target_accuracy": first["target"],
+            "training_path": first["path"],
+            "training_device": first["device"],
+            "load_average": [load_before[0], load_after[0]],
+            "wall_seconds": wall,
+            "codecs": first["rows"],
+            "per_seed": {str(seed): run["rows"] for seed, run in per_seed.items()},
+            "summary": summary,
+        }
+        with open(args.json, "w", encoding="utf-8") as stream:
+            json.dump(report, stream, indent=1)
+
+
+def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], started: float) -> dict:
+    """Every codec with one seed (data partition, selection, model initialisation); prints its table and returns
+    ``rows`` (the table by codec), ``rounds`` (each codec's per-round records), ``target``, ``path``, ``device``."""
+    config = SimulationConfig(
+        dataset=args.dataset,
+        num_leaf_nodes=1,
+        devices_per_leaf=args.devices,
+        device_selection_size=args.per_round,
+        samples_per_device=args.samples,
+        alpha=args.alpha,
+        lr=args.lr,
+        seed=seed,
+        synthetic_train_size=max(20000, args.devices * args.samples),
+    ).validate()
+    test = load_config_split(config, train=False)
+    evaluator = Evaluator(test, torch.device("cpu"), config.eval_batch_size)
     results = {}
     for name in names:
         results[name] = run_codec(args, config, specs[name], evaluator)
-        print(f"  ran {name} ({time.time() - started:.0f} s so far)", flush=True)
-    load_after = os.getloadavg()
+        print(f"  seed {seed}: ran {name} ({time.time() - started:.0f} s so far)", flush=True)
     base = results.get("none", results[names[0]])["rounds"]
     target = args.target if args.target is not None else 0.95 * max(r["accuracy"] for r in base)
     base_bytes = np.mean([r["uplink_bytes"] for r in base])
     base_final = base[-1]["accuracy"]
-    base_settled = last_mean(base)
+    base_settled = last_mean([r["accuracy"] for r in base])
     print(
-        f"\n{args.dataset}: {args.devices} devices, {args.per_round} per round, {args.rounds} rounds, "
+        f"\n{args.dataset}, seed {seed}: {args.devices} devices, {args.per_round} per round, {args.rounds} rounds, "
         f"{args.samples} samples/device, Dirichlet {args.alpha}; network uplink {args.uplink_mbps} Mbit/s, "
         f"downlink {args.downlink_mbps} Mbit/s, latency {args.latency_ms} ms, spread {args.spread}; "
         f"target accuracy {target:.4f}\nleaf training path (--device-batch {args.device_batch}): "
@@ -244,7 +297,7 @@ def main() -> None:
     for name in names:
         rounds = results[name]["rounds"]
         up = float(np.mean([r["uplink_bytes"] for r in rounds]))
-        settled = last_mean(rounds)
+        settled = last_mean([r["accuracy"] for r in rounds])
         reach = time_to(rounds, target)
         row = rows[name] = {
             "uplink_bytes_per_round": up,
@@ -265,20 +318,65 @@ def main() -> None:
             f"{row['best_accuracy']:8.4f} {'not reached' if reach is None else f'{reach:.1f}':>15} "
             f"{row['simulated_round_seconds']:11.2f} {100 * row['codec_share']:10.2f}% {row['evictions']:9d}"
         )
-    wall = time.time() - started
-    print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; wall {wall:.0f} s; torch threads 1")
-    if args.json:
-        report = {
-            "args": vars(args),
-            "target_accuracy": target,
-            "training_path": results[names[0]]["path"],
-            "training_device": results[names[0]]["device"],
-            "load_average": [load_before[0], load_after[0]],
-            "wall_seconds": wall,
-            "codecs": rows,
+    accuracies = {name: [r["accuracy"] for r in results[name]["rounds"]] for name in names}
+    return {
+        "rows": rows,
+        "accuracies": accuracies,
+        "target": target,
+        "path": results[names[0]]["path"],
+        "device": results[names[0]]["device"],
+    }
+
+
+def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) -> dict:
+    """Each codec over the seeds: bytes ratio, codec share (min, max) and, at each horizon H (rounds), the
+    accuracy after round H and the mean of rounds H-4..H, in points against ``none`` of the same seed
+    (mean and worst over the seeds). The accuracy after round H of a longer run is that of an H-round run:
+    nothing in a synchronous round depends on how many rounds follow."""
+    runs = list(per_seed.values())
+    base_name = "none" if "none" in names else names[0]
+    summary = {}
+    for name in names:
+        entry = {
+            "fewer_bytes": float(np.mean([run["rows"][name]["fewer_bytes"] for run in runs])),
+            "codec_share_min": min(run["rows"][name]["codec_share"] for run in runs),
+            "codec_share_max": max(run["rows"][name]["codec_share"] for run in runs),
+            "horizons": {},
         }
-        with open(args.json, "w", encoding="utf-8") as stream:
-            json.dump(report, stream, indent=1)
+        for horizon in horizons:
+            final = [
+                100 * (run["accuracies"][name][horizon - 1] - run["accuracies"][base_name][horizon - 1]) for run in runs
+            ]
+            settled = [
+                100 * (last_mean(run["accuracies"][name][:horizon]) - last_mean(run["accuracies"][base_name][:horizon]))
+                for run in runs
+            ]
+            entry["horizons"][str(horizon)] = {
+                "final_vs_none_points": final,
+                "final_vs_none_mean": float(np.mean(final)),
+                "final_vs_none_worst": float(min(final)),
+                "last5_vs_none_mean": float(np.mean(settled)),
+                "last5_vs_none_worst": float(min(settled)),
+            }
+        summary[name] = entry
+    return summary
+
+
+def print_summary(summary: dict, args) -> None:
+    """One line a codec: bytes ratio, codec share range and, per horizon, mean / worst points against none."""
+    seeds = ",".join(str(s) for s in args.seeds)
+    print(f"\nover seeds {seeds}: points against none of the same seed, mean / worst (final accuracy; last-5 mean)")
+    width = max(9, *(len(n) for n in summary))
+    columns = "".join(f" {'after ' + str(h):>27}" for h in args.horizons)
+    print(f"{'codec':<{width}} {'x fewer':>8} {'codec share':>15}{columns}")
+    for name, entry in summary.items():
+        share = f"{100 * entry['codec_share_min']:.2f}-{100 * entry['codec_share_max']:.2f}%"
+        cells = "".join(
+            f" {h['final_vs_none_mean']:+6.2f} /{h['final_vs_none_worst']:+6.2f};"
+            f"{h['last5_vs_none_mean']:+6.2f} /{h['last5_vs_none_worst']:+6.2f}"
+            for h in (entry["horizons"][str(horizon)] for horizon in args.horizons)
+        )
+        print(f"{name:<{width}} {entry['fewer_bytes']:8.2f} {share:>15}{cells}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,21 @@ def test_summary_mentions_every_part():
     assert "no rounds" in summarize([])
 
 
+def test_codec_seconds_sum_over_leaves_and_the_critical_leafs_share_is_printed():
+    stamps, leaves = _round()
+    leaves["leaf-1"]["codec_seconds"] = 0.093
+    leaves["leaf-2"]["codec_seconds"] = 0.062
+    timing = RoundTiming.from_round(stamps, leaves)
+    assert timing.info["codec_seconds"] == pytest.approx(0.155)
+    assert timing.info["critical_leaf_codec_seconds"] == pytest.approx(0.062)  # leaf-2 replied last
+    table = summarize([timing, timing])
+    codec_line = next(line for line in table.splitlines() if line.startswith("codec_seconds "))
+    critical_line = next(line for line in table.splitlines() if line.startswith("critical_leaf_codec_seconds "))
+    assert codec_line.split()[1:] == ["0.1550", "5.0%"]  # 0.155 s of a 3.1 s round
+    assert critical_line.split()[1:] == ["0.0620", "2.0%"]
+    assert "%" not in next(line for line in table.splitlines() if line.startswith("device_compute_sum"))
+
+
 def test_window_timing_splits_blocked_time_over_call_parts():
     window = WindowTiming(start=T0)
     window.add("server_prepare", 0.1)

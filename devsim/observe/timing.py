@@ -28,8 +28,11 @@ detected from these stamps. ``RoundTiming.skewed()`` flags a remainder below ``-
 
 ``device_compute_sum`` (over all leaves, all devices) and ``device_compute_max`` (slowest single
 device) are informational and not part of the sum, as is ``codec_seconds`` (encode + decode of the
-device updates on the uplink, error feedback's bookkeeping included, summed over devices; it is inside
-``leaf_compute``).
+device updates on the uplink, error feedback's bookkeeping included, summed over devices and leaves;
+it is inside ``leaf_compute``). ``critical_leaf_codec_seconds`` is the slowest leaf's share of it:
+the codec seconds on the round's critical path, i.e. what the codec adds to the round's wall time
+when the leaves run side by side (``codec_seconds`` over the wall overstates that by up to the number
+of leaves). The summary prints both codec figures with their share of the wall time.
 
 Asynchronous version window
 ---------------------------
@@ -54,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 SERVER_PARTS = ("server_prepare", "server_aggregate", "evaluation")
+WALL_SHARE_INFO = ("codec_seconds", "critical_leaf_codec_seconds")  # info seconds printed with a share of the wall
 CALL_PARTS = ("dispatch", "leaf_compute", "leaf_aggregate", "leaf_overhead", "return")
 MEASURED_PARTS = (
     "server_prepare",
@@ -166,6 +170,7 @@ class RoundTiming:
             "device_compute_sum": sum(leaf.device_compute_sum for leaf in replies),
             "device_compute_max": max(leaf.device_compute_max for leaf in replies),
             "codec_seconds": sum(leaf.codec_seconds for leaf in replies),
+            "critical_leaf_codec_seconds": slowest.codec_seconds,
         }
         return cls(stamps.eval_end - stamps.round_start, measured, slowest.name, info)
 
@@ -282,10 +287,14 @@ def summarize(timings: Sequence[RoundTiming], unit: str = "round", tolerance: fl
         lines.append(f"{name:<{width}}  {total:11.4f}  {total / count:10.4f}  {share:>7}")
     info_keys = sorted({key for t in timings for key in t.info})
     if info_keys:
-        lines.append(f"not in the sum (mean per {unit}):")
+        info_width = max(width, *(len(key) for key in info_keys))
+        lines.append(f"not in the sum (mean per {unit}; codec seconds with their share of the wall time):")
         for key in info_keys:
             values = [t.info[key] for t in timings if key in t.info]
-            lines.append(f"{key:<{width}}  {'':>11}  {math.fsum(values) / len(values):10.4f}")
+            share = ""
+            if key in WALL_SHARE_INFO and wall > 0:
+                share = f"  {100.0 * math.fsum(values) / math.fsum(t.wall for t in timings if key in t.info):6.1f}%"
+            lines.append(f"{key:<{info_width}}  {'':>11}  {math.fsum(values) / len(values):10.4f}{share}")
     leaves = Counter(t.critical_leaf for t in timings if t.critical_leaf is not None)
     if leaves:
         ranked = ", ".join(f"{name} {n}x" for name, n in sorted(leaves.items(), key=lambda kv: (-kv[1], kv[0])))

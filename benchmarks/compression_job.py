@@ -1,0 +1,158 @@
+"""Uplink codecs inside the FedAvg job itself: what compression costs a user's round (digits, NVFlare's simulator).
+
+``benchmarks/compression.py`` compares the codecs in one process over the project's core, against the
+leaf's compute alone. This script runs ``jobs/pt_job_fedavg.py --dataset digits`` through its own
+command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 devices, 20 a round,
+100 samples a device, 20 rounds) once per codec and seed, and reads each run's results.json:
+
+- uplink bytes (device -> leaf) over the run and the ratio to ``none``;
+- final test accuracy and its difference to ``none`` of the same seed, in points;
+- the codec's cost against the round's wall time, two ways: ``codec_seconds`` (summed over both leaves,
+  as if they ran one after the other; an upper bound) and ``critical_leaf_codec_seconds`` (the slowest
+  leaf's, which is what the codec adds to a round whose leaves run side by side);
+- the mean round wall time and its ratio to ``none`` (rounds 3 onwards: the first two pay start-up).
+
+    .venv/bin/python benchmarks/compression_job.py                            # seeds 0, 1, 2
+    .venv/bin/python benchmarks/compression_job.py --seeds 0 --codecs "none,topk 10%"
+    .venv/bin/python benchmarks/compression_job.py --quick                    # 3 rounds: checks the script
+
+Timings are measured in the same invocation, one job at a time; the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from types import ModuleType
+
+import numpy as np
+
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sibling(file_name: str, module_name: str) -> ModuleType:
+    """Another benchmark script as a module, under a name no installed package uses (Python 3.14's standard
+    library has a ``compression`` package, which ``benchmarks/`` on ``sys.path`` would shadow)."""
+    spec = importlib.util.spec_from_file_location(module_name, os.path.join(BENCHMARKS, file_name))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+codec_from_name = _sibling("compression.py", "devsim_benchmark_compression").codec_from_name
+run_job = _sibling("fidelity.py", "devsim_benchmark_fidelity").run_job
+
+DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
+WARM_ROUNDS = 2  # rounds left out of the timing figures (start-up: first calls, page faults, caches)
+
+
+def codec_flags(name: str) -> list[str]:
+    """The job flags for a ``--codecs`` item (the forms ``benchmarks/compression.py`` takes)."""
+    spec = codec_from_name(name)
+    flags = ["--update-codec", spec.name]
+    if spec.name == "int8" and spec.int8_block:
+        flags += ["--int8-block", str(spec.int8_block)]
+    if spec.name == "topk":
+        flags += ["--topk-fraction", repr(spec.topk_fraction), "--topk-values", spec.topk_values]
+        if spec.topk_warmup_rounds:
+            flags += ["--topk-warmup-rounds", str(spec.topk_warmup_rounds)]
+    return flags
+
+
+def job_figures(results: dict) -> dict:
+    """Bytes, final accuracy and codec / round seconds of one job's results.json (rounds after the warm ones)."""
+    rounds = results["rounds"]
+    timed = [r["timing"] for r in rounds[WARM_ROUNDS:] if "timing" in r] or [r["timing"] for r in rounds]
+    wall = sum(t["wall"] for t in timed)
+    return {
+        "uplink_bytes": int(results["summary"]["bytes_total"]["device_to_leaf"]),
+        "final_accuracy": float(results["summary"]["final_accuracy"]),
+        "round_wall_mean": wall / len(timed),
+        "codec_share_sum": sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall,
+        "codec_share_critical": sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall,
+        "job_wall": float(results["wall"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    codecs_help = f"comma list (default {DEFAULT_CODECS})".replace("%", "%%")
+    parser.add_argument("--codecs", default=DEFAULT_CODECS, help=codecs_help)
+    parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
+    parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
+    parser.add_argument("--quick", action="store_true", help="3 rounds, one seed: checks the script")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.codecs.split(",") if n.strip()]
+    if "none" not in names:
+        parser.error("--codecs: the comparison needs none among the codecs")
+    flags = {}
+    for name in names:
+        try:
+            flags[name] = codec_flags(name)
+        except ValueError as error:
+            parser.error(f"--codecs: {name!r} is not allowed ({error})")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r} is not a comma list of integers")
+    rounds = 3 if args.quick else args.rounds
+    seeds = seeds[:1] if args.quick else seeds
+    if rounds <= WARM_ROUNDS:
+        parser.error(f"--rounds must be more than {WARM_ROUNDS} (the warm rounds left out of the timing)")
+    load_before = os.getloadavg()
+    figures: dict[str, dict[int, dict]] = {name: {} for name in names}
+    with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
+        for seed in seeds:
+            for name in names:
+                job_flags = [*flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
+                tag = f"{name.replace(' ', '_').replace('%', 'pct')}_seed{seed}"
+                figures[name][seed] = job_figures(run_job("pt_job_fedavg.py", job_flags, workdir, tag))
+    load_after = os.getloadavg()
+    base = figures["none"]
+    print(
+        f"\nFedAvg job on digits, job defaults, {rounds} rounds, seeds {','.join(map(str, seeds))}; timing over rounds "
+        f"{WARM_ROUNDS + 1}-{rounds}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    )
+    print(
+        f"{'codec':<12} {'x fewer':>8} {'final vs none (points, per seed)':>34} "
+        f"{'codec/round (sum)':>18} {'(critical leaf)':>16} {'round s':>8} {'vs none':>8}"
+    )
+    table = {}
+    for name in names:
+        runs = [figures[name][s] for s in seeds]
+        points = [100 * (figures[name][s]["final_accuracy"] - base[s]["final_accuracy"]) for s in seeds]
+        row = table[name] = {
+            "fewer_bytes": float(np.mean([base[s]["uplink_bytes"] / figures[name][s]["uplink_bytes"] for s in seeds])),
+            "final_vs_none_points": points,
+            "codec_share_sum": [r["codec_share_sum"] for r in runs],
+            "codec_share_critical": [r["codec_share_critical"] for r in runs],
+            "round_wall_mean": float(np.mean([r["round_wall_mean"] for r in runs])),
+            "per_seed": {str(s): figures[name][s] for s in seeds},
+        }
+        row["round_wall_vs_none"] = row["round_wall_mean"] / float(np.mean([base[s]["round_wall_mean"] for s in seeds]))
+        print(
+            f"{name:<12} {row['fewer_bytes']:8.2f} {' / '.join(f'{p:+.2f}' for p in points):>34} "
+            f"{_range(row['codec_share_sum']):>18} {_range(row['codec_share_critical']):>16} "
+            f"{row['round_wall_mean']:8.3f} {row['round_wall_vs_none']:8.3f}"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as stream:
+            load = [load_before[0], load_after[0]]
+            json.dump({"rounds": rounds, "seeds": seeds, "load_average": load, "codecs": table}, stream, indent=1)
+    return 0
+
+
+def _range(shares: list[float]) -> str:
+    """``a-b%`` over the seeds (one value: ``a%``)."""
+    low, high = 100 * min(shares), 100 * max(shares)
+    return f"{low:.2f}%" if len(shares) == 1 else f"{low:.2f}-{high:.2f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
