@@ -10,7 +10,10 @@ command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 
 - the codec's cost against the round's wall time, two ways: ``codec_seconds`` (summed over both leaves,
   as if they ran one after the other; an upper bound) and ``critical_leaf_codec_seconds`` (the slowest
   leaf's, which is what the codec adds to a round whose leaves run side by side);
-- the mean round wall time and its ratio to ``none`` (rounds 3 onwards: the first two pay start-up).
+- the mean round wall time and its ratio to ``none`` (rounds 3 onwards: the first two pay start-up). One
+  job's mean round moves by about 10% from run to run here, so this ratio needs several seeds to say
+  more than that; an untimed 3-round job runs first, because the invocation's first job was 10-40%
+  slower whatever its codec (2026-11-24).
 
     .venv/bin/python benchmarks/compression_job.py                            # seeds 0, 1, 2
     .venv/bin/python benchmarks/compression_job.py --seeds 0 --codecs "none,topk 10%"
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     figures: dict[str, dict[int, dict]] = {name: {} for name in names}
     with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
+        if not args.quick:  # the invocation's first job ran its rounds 10-40% slower (cold files and libraries)
+            run_job("pt_job_fedavg.py", ["--num-rounds", str(WARM_ROUNDS + 1)], workdir, "warm_up_not_counted")
         for seed in seeds:
             for name in names:
                 job_flags = [*flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]

@@ -294,7 +294,9 @@ def summarize(timings: Sequence[RoundTiming], unit: str = "round", tolerance: fl
             share = ""
             if key in WALL_SHARE_INFO and wall > 0:
                 share = f"  {100.0 * math.fsum(values) / math.fsum(t.wall for t in timings if key in t.info):6.1f}%"
-            lines.append(f"{key:<{info_width}}  {'':>11}  {math.fsum(values) / len(values):10.4f}{share}")
+            mean = math.fsum(values) / len(values)
+            shown = f"{mean:10.4f}" if abs(mean) < 1000 else f"{mean:10,.0f}"  # seconds, or counts such as bytes
+            lines.append(f"{key:<{info_width}}  {'':>11}  {shown}{share}")
     leaves = Counter(t.critical_leaf for t in timings if t.critical_leaf is not None)
     if leaves:
         ranked = ", ".join(f"{name} {n}x" for name, n in sorted(leaves.items(), key=lambda kv: (-kv[1], kv[0])))
