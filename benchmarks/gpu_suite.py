@@ -16,6 +16,9 @@ Sections (``--sections``, default all), each a ratio measured in this run where 
 6. ``compression``: ``benchmarks/compression.py`` on the real digits (issue #17): uplink bytes,
    accuracy against ``none``, and encode + decode seconds as a share of the leaf's round when the
    devices train and the codecs run on this device (``torch.topk`` and torch reductions on a GPU).
+7. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits
+   (seeds 0 and 1): codec seconds against the round's wall time, summed over the leaves and on the
+   critical leaf, and accuracy against ``none``.
 
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
 ``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
@@ -48,7 +51,7 @@ from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
 
-SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu", "compression")
+SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu", "compression", "compression_job")
 CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
 LIMIT_BATCH = 256
 
@@ -68,6 +71,7 @@ def sizes(tiny: bool) -> dict:
             "revive_sim_time": 1.0,
             "models": ["cnn"],
             "compression": ["--rounds", "2", "--devices", "10", "--per-round", "4"],
+            "compression_job": ["--quick", "--codecs", "none,topk 10%"],
         }
     return {
         "rounds": 10,
@@ -81,6 +85,7 @@ def sizes(tiny: bool) -> dict:
         "revive_sim_time": 20.0,
         "models": ["cnn", "resnet18", "resnet18_nonorm"],
         "compression": ["--rounds", "30"],
+        "compression_job": ["--seeds", "0,1"],
     }
 
 
@@ -346,6 +351,20 @@ def section_compression(args, size: dict) -> dict:
     return report
 
 
+def section_compression_job(args, size: dict) -> dict:
+    """``benchmarks/compression_job.py``: each codec inside the FedAvg job (digits), its codec seconds against the
+    round's wall time with the leaves training and coding on this device."""
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_compression_job_") as folder:
+        out = os.path.join(folder, "compression_job.json")
+        command = [sys.executable, os.path.join(REPO, "benchmarks", "compression_job.py"), *size["compression_job"]]
+        env = dict(os.environ, **_job_env(args))
+        proc = subprocess.run(command + ["--json", out], env=env, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compression_job.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        with open(out, encoding="utf-8") as stream:
+            return json.load(stream)
+
+
 RUNNERS = {
     "fedavg_e2e": section_fedavg_e2e,
     "throughput": section_throughput,
@@ -353,6 +372,7 @@ RUNNERS = {
     "fedrevive": section_fedrevive,
     "shared_gpu": section_shared_gpu,
     "compression": section_compression,
+    "compression_job": section_compression_job,
 }
 
 

@@ -364,7 +364,7 @@ class SimulationConfig:
 
 def _check_digits(config: SimulationConfig) -> None:
     """Flags that cannot apply to scikit-learn's digits (real, built in, 1,437 grey training images)."""
-    from devsim.data.digits import DIGITS_TRAIN_SIZE, INSTALL_HINT, sklearn_available
+    from devsim.data.digits import DIGITS_TRAIN_SIZE, INSTALL_HINT, digits_available
 
     if config.data_root or config.download:
         name = "data_root" if config.data_root else "download"
@@ -381,7 +381,7 @@ def _check_digits(config: SimulationConfig) -> None:
             f"{config.hidden_groups} is not allowed with --dataset digits --group-kind input_transform: digits are "
             "grey, so only the 8 rotation/inversion transforms differ; allowed: 1..8",
         )
-    if not sklearn_available():
+    if not digits_available():
         raise ConfigError("dataset", INSTALL_HINT)
 
 

@@ -12,7 +12,9 @@
 #
 # The wheels are nvflare 2.9.0 and its dependencies plus numpy and psutil, for CPython 3.12 on
 # x86-64 Linux, never torch (the GPU machine has its own CUDA build): about 45 MB, under the
-# device tool's 64 MiB carry limit. On that machine `pip` and `python3` are different
+# device tool's 64 MiB carry limit. scikit-learn and SciPy would not fit, so fetch also writes the
+# real digits with their fixed split to .whl/digits.npz, which run points DEVSIM_DIGITS_FILE at when
+# the GPU machine has no scikit-learn. On that machine `pip` and `python3` are different
 # interpreters, so everything goes through `python3 -m pip`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +28,8 @@ fetch() {
   "$python" -m pip download -q -d "$wheels" --only-binary=:all: --python-version "$target_python" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     --platform any "nvflare==2.9.0" numpy psutil
+  # the real digits for the compression sections, in case the GPU machine has no scikit-learn (~50 KB)
+  (cd "$root" && "$python" -c "from devsim.data.digits import export_digits; export_digits('$wheels/digits.npz')")
   if ls "$wheels" | grep -qiE '^(torch|nvidia_|triton)'; then
     echo "[gpu_suite] error: a torch wheel reached $wheels; remove it (the GPU machine brings its own)" >&2
     exit 1
@@ -39,6 +43,10 @@ run() {
     [ -d "$wheels" ] || { echo "[gpu_suite] error: $wheels missing; run 'scripts/gpu_suite.sh fetch' first and carry .whl" >&2; exit 1; }
     echo "[gpu_suite] installing nvflare 2.9.0 offline from $wheels" >&2
     "$python" -m pip install -q --no-index --find-links "$wheels" "nvflare==2.9.0" numpy psutil
+  fi
+  if ! "$python" -c "import sklearn" >/dev/null 2>&1 && [ -f "$wheels/digits.npz" ]; then
+    echo "[gpu_suite] no scikit-learn here: --dataset digits reads $wheels/digits.npz" >&2
+    export DEVSIM_DIGITS_FILE="$wheels/digits.npz"
   fi
   "$python" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'; print('[gpu_suite]', torch.cuda.get_device_name(0), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   local out="${OUT:-$root/benchmarks/results}/gpu_suite.json"

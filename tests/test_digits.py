@@ -67,6 +67,7 @@ def test_load_dataset_refuses_a_data_root() -> None:
 
 def test_missing_scikit_learn_gives_the_install_line(monkeypatch) -> None:
     monkeypatch.setattr(digits_module, "sklearn_available", lambda: False)
+    monkeypatch.delenv(digits_module.FILE_ENV, raising=False)
     digits_module._splits.cache_clear()
     try:
         with pytest.raises(DatasetUnavailableError, match="pip install scikit-learn"):
@@ -74,6 +75,36 @@ def test_missing_scikit_learn_gives_the_install_line(monkeypatch) -> None:
         with pytest.raises(ConfigError, match="pip install scikit-learn") as info:
             SimulationConfig(dataset="digits").validate()
         assert str(info.value) == f"--dataset: {INSTALL_HINT}"
+    finally:
+        digits_module._splits.cache_clear()
+
+
+def test_exported_file_gives_the_same_splits_without_scikit_learn(monkeypatch, tmp_path) -> None:
+    path = tmp_path / "digits.npz"
+    digits_module.export_digits(str(path))
+    assert path.stat().st_size < 100_000
+    digits_module._splits.cache_clear()
+    expected = [load_digits_split(train=flag) for flag in (True, False)]
+    monkeypatch.setattr(digits_module, "sklearn_available", lambda: False)
+    monkeypatch.setenv(digits_module.FILE_ENV, str(path))
+    digits_module._splits.cache_clear()
+    try:
+        assert digits_module.digits_available()
+        SimulationConfig(dataset="digits").validate()
+        for want, got in zip(expected, [load_digits_split(train=flag) for flag in (True, False)], strict=True):
+            assert np.array_equal(want.images, got.images) and np.array_equal(want.labels, got.labels)
+            assert (want.mean, want.std) == (got.mean, got.std)
+        monkeypatch.setenv(digits_module.HOLDOUT_ENV, "0.2")
+        digits_module._splits.cache_clear()
+        with pytest.raises(DatasetUnavailableError, match="DEVSIM_DIGITS_HOLDOUT needs scikit-learn"):
+            load_digits_split(train=True)
+        monkeypatch.delenv(digits_module.HOLDOUT_ENV)
+        np.savez(tmp_path / "wrong.npz", grey=np.zeros((3, 8, 8), np.uint8))
+        for bad in (tmp_path / "wrong.npz", tmp_path / "absent.npz"):
+            monkeypatch.setenv(digits_module.FILE_ENV, str(bad))
+            digits_module._splits.cache_clear()
+            with pytest.raises(DatasetUnavailableError, match="DEVSIM_DIGITS_FILE="):
+                load_digits_split(train=True)
     finally:
         digits_module._splits.cache_clear()
 

@@ -73,7 +73,7 @@ def test_unknown_section_is_one_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_job_sections_dry_run(tmp_path):
-    report = run_suite(tmp_path, "fedavg_e2e,fedrevive,shared_gpu", timeout=1500)
+    report = run_suite(tmp_path, "fedavg_e2e,fedrevive,shared_gpu,compression_job", timeout=1500)
     sections = report["sections"]
     for run in (sections["fedavg_e2e"]["cnn_default"], sections["fedavg_e2e"]["resnet18_1000_devices"]):
         assert run["first_round_seconds"] is not None and 0 < run["first_round_seconds"] < run["wall_seconds"]
@@ -81,3 +81,6 @@ def test_job_sections_dry_run(tmp_path):
         assert len(run["worker_plans"]) == 2 and all("workers=" in line for line in run["worker_plans"])
     assert sections["fedrevive"]["revive_seconds_per_arrival"] is not None
     assert sections["shared_gpu"]["two_leaves_vs_one_total_throughput"] > 0
+    in_job = sections["compression_job"]["codecs"]
+    assert set(in_job) == {"none", "topk 10%"} and in_job["topk 10%"]["fewer_bytes"] == pytest.approx(6.67, rel=0.01)
+    assert 0 < in_job["topk 10%"]["codec_share_critical"][0] <= in_job["topk 10%"]["codec_share_sum"][0]

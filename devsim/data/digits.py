@@ -22,8 +22,11 @@ data folder. This reader turns them into the project's image format:
   variable, so ``DEVSIM_DIGITS_HOLDOUT=0.2 python jobs/pt_job_fedbuff.py --dataset digits`` reports
   validation accuracy; a note on stderr says so. Unset, empty or ``0``: the normal train/test split.
 
-scikit-learn is a core dependency of the project (``pyproject.toml``); a Python environment without
-it gets :class:`~devsim.data.datasets.DatasetUnavailableError` with the command that installs it.
+scikit-learn is a core dependency of the project (``pyproject.toml``). A Python environment without it
+(the lent GPU machine) can read the same images, labels and split from a file written here by
+:func:`export_digits`, named by :data:`FILE_ENV` (``DEVSIM_DIGITS_FILE``); the validation holdout still
+needs scikit-learn. Without either, :class:`~devsim.data.datasets.DatasetUnavailableError` gives the
+command that installs it.
 """
 
 from __future__ import annotations
@@ -52,8 +55,19 @@ HOLDOUT_ENV: str = "DEVSIM_DIGITS_HOLDOUT"
 UPSCALE: int = 4
 """Each 8x8 pixel becomes an ``UPSCALE x UPSCALE`` block (32 / 8)."""
 
-INSTALL_HINT = "--dataset digits needs scikit-learn: run `pip install scikit-learn` (or `pip install -e .`)"
-"""The one line shown when scikit-learn is missing."""
+FILE_ENV: str = "DEVSIM_DIGITS_FILE"
+"""Environment variable: an ``.npz`` written by :func:`export_digits`, read when scikit-learn is not installed."""
+
+INSTALL_HINT = (
+    "--dataset digits needs scikit-learn: run `pip install scikit-learn` (or `pip install -e .`), "
+    f"or set {FILE_ENV} to a file written by devsim.data.digits.export_digits"
+)
+"""The one line shown when neither scikit-learn nor a digits file is there."""
+
+
+def digits_available() -> bool:
+    """Whether the digits can be loaded: scikit-learn is installed, or :data:`FILE_ENV` names a file."""
+    return sklearn_available() or bool(os.environ.get(FILE_ENV, "").strip())
 
 
 def sklearn_available() -> bool:
@@ -109,22 +123,17 @@ def holdout_fraction(environ: dict[str, str] | None = None) -> float:
 def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
     """The (train, evaluation) datasets; cached, so it runs, and prints its validation note, once per
     process and holdout fraction."""
-    if not sklearn_available():
+    if sklearn_available():
+        grey, labels, train_idx, test_idx = _sklearn_arrays()
+    elif os.environ.get(FILE_ENV, "").strip():
+        grey, labels, train_idx, test_idx = _file_arrays(os.environ[FILE_ENV].strip())
+    else:
         raise DatasetUnavailableError(INSTALL_HINT)
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = load_digits()
-    grey = np.rint(np.asarray(bunch.images, dtype=np.float64) * (255.0 / 16.0)).astype(np.uint8)
-    labels = np.asarray(bunch.target, dtype=np.int64)
-    train_idx, test_idx = train_test_split(
-        np.arange(labels.size),
-        test_size=DIGITS_TEST_FRACTION,
-        stratify=labels,
-        random_state=DIGITS_SPLIT_SEED,
-    )
-    train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     if holdout > 0.0:
+        if not sklearn_available():
+            raise DatasetUnavailableError(f"{HOLDOUT_ENV} needs scikit-learn (its stratified split draws the holdout)")
+        from sklearn.model_selection import train_test_split
+
         train_idx, test_idx = train_test_split(
             train_idx, test_size=holdout, stratify=labels[train_idx], random_state=DIGITS_HOLDOUT_SEED
         )
@@ -140,6 +149,57 @@ def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
         _as_dataset(grey[train_idx], labels[train_idx], mean, std),
         _as_dataset(grey[test_idx], labels[test_idx], mean, std),
     )
+
+
+def _sklearn_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits: uint8 grey images ``(1797, 8, 8)`` on 0..255, int64 labels, and the sorted
+    indices of the fixed stratified train and test splits."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    grey = np.rint(np.asarray(bunch.images, dtype=np.float64) * (255.0 / 16.0)).astype(np.uint8)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(labels.size),
+        test_size=DIGITS_TEST_FRACTION,
+        stratify=labels,
+        random_state=DIGITS_SPLIT_SEED,
+    )
+    return grey, labels, np.sort(train_idx), np.sort(test_idx)
+
+
+def export_digits(path: str) -> None:
+    """Write the digits and their fixed train/test split to ``path`` (a ~50 KB ``.npz``), for a machine
+    without scikit-learn: with :data:`FILE_ENV` set to that file there, ``--dataset digits`` loads the same
+    images, labels and split (``scripts/gpu_suite.sh fetch`` writes one next to the carried wheels)."""
+    if not sklearn_available():
+        raise DatasetUnavailableError(INSTALL_HINT)
+    grey, labels, train_idx, test_idx = _sklearn_arrays()
+    np.savez_compressed(path, grey=grey, labels=labels, train_idx=train_idx, test_idx=test_idx)
+
+
+def _file_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_sklearn_arrays` read back from an :func:`export_digits` file, checked for shape and split."""
+    try:
+        with np.load(path) as stored:
+            arrays = [stored[key] for key in ("grey", "labels", "train_idx", "test_idx")]
+    except (OSError, KeyError, ValueError) as error:
+        message = f"{FILE_ENV}={path!r} is not a digits file from export_digits ({error})"
+        raise DatasetUnavailableError(message) from None
+    grey, labels, train_idx, test_idx = arrays
+    total = DIGITS_TRAIN_SIZE + DIGITS_TEST_SIZE
+    if (
+        grey.shape != (total, 8, 8)
+        or grey.dtype != np.uint8
+        or labels.shape != (total,)
+        or train_idx.shape != (DIGITS_TRAIN_SIZE,)
+        or test_idx.shape != (DIGITS_TEST_SIZE,)
+        or not np.array_equal(np.sort(np.concatenate([train_idx, test_idx])), np.arange(total))
+    ):
+        message = f"{FILE_ENV}={path!r}: unexpected shapes or split; write it again with export_digits"
+        raise DatasetUnavailableError(message)
+    return grey, labels.astype(np.int64), train_idx.astype(np.int64), test_idx.astype(np.int64)
 
 
 def _as_dataset(grey: np.ndarray, labels: np.ndarray, mean: float, std: float) -> ImageDataset:

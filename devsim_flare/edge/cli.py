@@ -141,13 +141,13 @@ def check_data_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """Refuse (naming the flag) data flags that cannot apply to ``--dataset digits``."""
     if args.dataset != "digits":
         return
-    from devsim.data.digits import DIGITS_TRAIN_SIZE, INSTALL_HINT, sklearn_available
+    from devsim.data.digits import DIGITS_TRAIN_SIZE, INSTALL_HINT, digits_available
 
     if args.data_root:
         parser.error("--data-root: --dataset digits reads no files: drop --data-root (it is for cifar*)")
     if not 1 <= args.samples_per_device <= DIGITS_TRAIN_SIZE:
         parser.error(f"--samples-per-device: allowed 1..{DIGITS_TRAIN_SIZE} (the digits training images)")
-    if not sklearn_available():
+    if not digits_available():
         parser.error(f"--dataset: {INSTALL_HINT}")
 
 
