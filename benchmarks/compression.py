@@ -256,7 +256,8 @@ def main() -> None:
 
 def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], started: float) -> dict:
     """Every codec with one seed (data partition, selection, model initialisation); prints its table and returns
-    ``rows`` (the table by codec), ``rounds`` (each codec's per-round records), ``target``, ``path``, ``device``."""
+    ``rows`` (the table by codec), ``accuracies`` (each codec's per-round test accuracy), ``target``, ``path``,
+    ``device``."""
     config = SimulationConfig(
         dataset=args.dataset,
         num_leaf_nodes=1,
