@@ -128,8 +128,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.device_batch not in ("auto", "off") and not (args.device_batch.isdigit() and int(args.device_batch) >= 1):
         parser.error(f"--device-batch: {args.device_batch!r} is not auto, off or an integer >= 1")
-    args.seeds = _int_list(parser, "--seeds", args.seeds) if args.seeds is not None else [args.seed]
-    args.horizons = _int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
+    args.seeds = int_list(parser, "--seeds", args.seeds) if args.seeds is not None else [args.seed]
+    args.horizons = int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds: {','.join(map(str, args.seeds))} repeats a seed")
     bad = [h for h in args.horizons if not 1 <= h <= args.rounds]
@@ -138,7 +138,7 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def _int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+def int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
     """A comma list of non-negative integers, or a parser error naming ``flag``."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items or not all(item.isdigit() for item in items):

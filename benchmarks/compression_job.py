@@ -47,7 +47,8 @@ def _sibling(file_name: str, module_name: str) -> ModuleType:
     return module
 
 
-codec_from_name = _sibling("compression.py", "devsim_benchmark_compression").codec_from_name
+_compression = _sibling("compression.py", "devsim_benchmark_compression")
+codec_from_name, int_list = _compression.codec_from_name, _compression.int_list
 run_job = _sibling("fidelity.py", "devsim_benchmark_fidelity").run_job
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             flags[name] = codec_flags(name)
         except ValueError as error:
             parser.error(f"--codecs: {name!r} is not allowed ({error})")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: {args.seeds!r} is not a comma list of integers")
+    seeds = int_list(parser, "--seeds", args.seeds)
     rounds = 3 if args.quick else args.rounds
     seeds = seeds[:1] if args.quick else seeds
     if rounds <= WARM_ROUNDS:

@@ -334,35 +334,29 @@ def section_shared_gpu(args, size: dict) -> dict:
     }
 
 
+def _script_json(args, script: str, flags: list[str]) -> dict:
+    """Run ``benchmarks/<script>`` with ``flags`` and ``--json`` into a temporary file; the JSON it wrote."""
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_script_") as folder:
+        out = os.path.join(folder, "report.json")
+        command = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags, "--json", out]
+        env = dict(os.environ, **_job_env(args))
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{script} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        with open(out, encoding="utf-8") as stream:
+            return json.load(stream)
+
+
 def section_compression(args, size: dict) -> dict:
     """The codecs side by side on digits, at the benchmark's default 50 and the jobs' default 100 samples a device."""
-    report = {}
-    with tempfile.TemporaryDirectory(prefix="gpu_suite_compression_") as folder:
-        for samples in ("50", "100"):
-            out = os.path.join(folder, f"compression_{samples}.json")
-            command = [sys.executable, os.path.join(REPO, "benchmarks", "compression.py"), "--dataset", "digits"]
-            command += [*size["compression"], "--samples", samples, "--codecs", CODECS, "--json", out]
-            env = dict(os.environ, **_job_env(args))
-            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"compression.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-            with open(out, encoding="utf-8") as stream:
-                report[f"samples_{samples}"] = json.load(stream)
-    return report
+    flags = ["--dataset", "digits", *size["compression"], "--codecs", CODECS]
+    return {f"samples_{n}": _script_json(args, "compression.py", [*flags, "--samples", n]) for n in ("50", "100")}
 
 
 def section_compression_job(args, size: dict) -> dict:
     """``benchmarks/compression_job.py``: each codec inside the FedAvg job (digits), its codec seconds against the
     round's wall time with the leaves training and coding on this device."""
-    with tempfile.TemporaryDirectory(prefix="gpu_suite_compression_job_") as folder:
-        out = os.path.join(folder, "compression_job.json")
-        command = [sys.executable, os.path.join(REPO, "benchmarks", "compression_job.py"), *size["compression_job"]]
-        env = dict(os.environ, **_job_env(args))
-        proc = subprocess.run(command + ["--json", out], env=env, capture_output=True, text=True, timeout=args.timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"compression_job.py failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        with open(out, encoding="utf-8") as stream:
-            return json.load(stream)
+    return _script_json(args, "compression_job.py", size["compression_job"])
 
 
 RUNNERS = {

@@ -67,7 +67,12 @@ INSTALL_HINT = (
 
 def digits_available() -> bool:
     """Whether the digits can be loaded: scikit-learn is installed, or :data:`FILE_ENV` names a file."""
-    return sklearn_available() or bool(os.environ.get(FILE_ENV, "").strip())
+    return sklearn_available() or _digits_file() is not None
+
+
+def _digits_file() -> str | None:
+    """The path :data:`FILE_ENV` names, or None when it is unset or empty."""
+    return os.environ.get(FILE_ENV, "").strip() or None
 
 
 def sklearn_available() -> bool:
@@ -125,8 +130,8 @@ def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
     process and holdout fraction."""
     if sklearn_available():
         grey, labels, train_idx, test_idx = _sklearn_arrays()
-    elif os.environ.get(FILE_ENV, "").strip():
-        grey, labels, train_idx, test_idx = _file_arrays(os.environ[FILE_ENV].strip())
+    elif (path := _digits_file()) is not None:
+        grey, labels, train_idx, test_idx = _file_arrays(path)
     else:
         raise DatasetUnavailableError(INSTALL_HINT)
     if holdout > 0.0:

@@ -292,8 +292,9 @@ def summarize(timings: Sequence[RoundTiming], unit: str = "round", tolerance: fl
         for key in info_keys:
             values = [t.info[key] for t in timings if key in t.info]
             share = ""
-            if key in WALL_SHARE_INFO and wall > 0:
-                share = f"  {100.0 * math.fsum(values) / math.fsum(t.wall for t in timings if key in t.info):6.1f}%"
+            if key in WALL_SHARE_INFO:
+                key_wall = math.fsum(t.wall for t in timings if key in t.info)
+                share = f"  {100.0 * math.fsum(values) / key_wall:6.1f}%" if key_wall > 0 else ""
             mean = math.fsum(values) / len(values)
             shown = f"{mean:10.4f}" if abs(mean) < 1000 else f"{mean:10,.0f}"  # seconds, or counts such as bytes
             lines.append(f"{key:<{info_width}}  {'':>11}  {shown}{share}")
