@@ -6,7 +6,8 @@ command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 
 100 samples a device, 20 rounds) once per codec and seed, and reads each run's results.json:
 
 - uplink bytes (device -> leaf) over the run and the ratio to ``none``;
-- final test accuracy and its difference to ``none`` of the same seed, in points;
+- final test accuracy and the mean of the last 5 evaluated rounds' (one round's accuracy moves by up to ~2
+  points with the devices it selected), each against ``none`` of the same seed, in points;
 - the codec's cost against the round's wall time, two ways: ``codec_seconds`` (summed over both leaves,
   as if they ran one after the other; an upper bound) and ``critical_leaf_codec_seconds`` (the slowest
   leaf's, which is what the codec adds to a round whose leaves run side by side);
@@ -18,6 +19,8 @@ command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 
     .venv/bin/python benchmarks/compression_job.py                            # seeds 0, 1, 2
     .venv/bin/python benchmarks/compression_job.py --seeds 0 --codecs "none,topk 10%"
     .venv/bin/python benchmarks/compression_job.py --quick                    # 3 rounds: checks the script
+    .venv/bin/python benchmarks/compression_job.py --seeds 0,1,2,3,4 --rounds 100 --codecs "none,int8,topk 1%" \
+        --horizons 20,30,60,100    # accuracy against none after 20, 30, 60 and 100 rounds, over 5 seeds
 
 Timings are measured in the same invocation, one job at a time; the load average is printed.
 """
@@ -48,7 +51,8 @@ def _sibling(file_name: str, module_name: str) -> ModuleType:
 
 
 _compression = _sibling("compression.py", "devsim_benchmark_compression")
-codec_from_name, int_list = _compression.codec_from_name, _compression.int_list
+codec_from_name, int_list, last_mean = _compression.codec_from_name, _compression.int_list, _compression.last_mean
+summarise, print_summary = _compression.summarise, _compression.print_summary
 run_job = _sibling("fidelity.py", "devsim_benchmark_fidelity").run_job
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -69,13 +73,17 @@ def codec_flags(name: str) -> list[str]:
 
 
 def job_figures(results: dict) -> dict:
-    """Bytes, final accuracy and codec / round seconds of one job's results.json (rounds after the warm ones)."""
+    """Bytes, accuracies (each evaluated round's, the final one, the last 5's mean) and codec / round seconds (rounds
+    after the warm ones) of one job's results.json."""
     rounds = results["rounds"]
+    accuracies = [r["accuracy"] for r in rounds if "accuracy" in r]
     timed = [r["timing"] for r in rounds[WARM_ROUNDS:] if "timing" in r] or [r["timing"] for r in rounds]
     wall = sum(t["wall"] for t in timed)
     return {
         "uplink_bytes": int(results["summary"]["bytes_total"]["device_to_leaf"]),
         "final_accuracy": float(results["summary"]["final_accuracy"]),
+        "last5_accuracy": last_mean(accuracies),
+        "accuracies": accuracies,
         "round_wall_mean": wall / len(timed),
         "codec_share_sum": sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall,
         "codec_share_critical": sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall,
@@ -89,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codecs", default=DEFAULT_CODECS, help=codecs_help)
     parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
     parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
+    parser.add_argument(
+        "--horizons",
+        default=None,
+        help="comma list of round counts (each <= --rounds) at which a summary compares accuracy with none",
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds, one seed: checks the script")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -106,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = seeds[:1] if args.quick else seeds
     if rounds <= WARM_ROUNDS:
         parser.error(f"--rounds must be more than {WARM_ROUNDS} (the warm rounds left out of the timing)")
+    horizons = int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
+    bad = [h for h in horizons if not 1 <= h <= rounds]
+    if bad:
+        parser.error(f"--horizons: {bad[0]} is not between 1 and the rounds run ({rounds})")
     load_before = os.getloadavg()
     figures: dict[str, dict[int, dict]] = {name: {} for name in names}
     with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
@@ -123,16 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{WARM_ROUNDS + 1}-{rounds}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
     print(
-        f"{'codec':<12} {'x fewer':>8} {'final vs none (points, per seed)':>34} "
+        f"{'codec':<12} {'x fewer':>8} {'final vs none (points, per seed)':>34} {'last-5 mean vs none':>34} "
         f"{'codec/round (sum)':>18} {'(critical leaf)':>16} {'round s':>8} {'vs none':>8}"
     )
     table = {}
     for name in names:
         runs = [figures[name][s] for s in seeds]
         points = [100 * (figures[name][s]["final_accuracy"] - base[s]["final_accuracy"]) for s in seeds]
+        last5 = [100 * (figures[name][s]["last5_accuracy"] - base[s]["last5_accuracy"]) for s in seeds]
         row = table[name] = {
             "fewer_bytes": float(np.mean([base[s]["uplink_bytes"] / figures[name][s]["uplink_bytes"] for s in seeds])),
             "final_vs_none_points": points,
+            "last5_vs_none_points": last5,
             "codec_share_sum": [r["codec_share_sum"] for r in runs],
             "codec_share_critical": [r["codec_share_critical"] for r in runs],
             "round_wall_mean": float(np.mean([r["round_wall_mean"] for r in runs])),
@@ -140,15 +159,47 @@ def main(argv: list[str] | None = None) -> int:
         }
         row["round_wall_vs_none"] = row["round_wall_mean"] / float(np.mean([base[s]["round_wall_mean"] for s in seeds]))
         print(
-            f"{name:<12} {row['fewer_bytes']:8.2f} {' / '.join(f'{p:+.2f}' for p in points):>34} "
+            f"{name:<12} {row['fewer_bytes']:8.2f} {_points(points):>34} {_points(last5):>34} "
             f"{_range(row['codec_share_sum']):>18} {_range(row['codec_share_critical']):>16} "
             f"{row['round_wall_mean']:8.3f} {row['round_wall_vs_none']:8.3f}"
         )
+    summary = horizon_summary(figures, names, seeds, horizons) if horizons else None
+    if summary is not None:
+        print_summary(summary, argparse.Namespace(seeds=seeds, horizons=horizons))
+        print("(codec share here: the critical leaf's codec seconds against the round's wall time)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as stream:
             load = [load_before[0], load_after[0]]
-            json.dump({"rounds": rounds, "seeds": seeds, "load_average": load, "codecs": table}, stream, indent=1)
+            report = {"rounds": rounds, "seeds": seeds, "load_average": load, "codecs": table, "summary": summary}
+            json.dump(report, stream, indent=1)
     return 0
+
+
+def horizon_summary(
+    figures: dict[str, dict[int, dict]], names: list[str], seeds: list[int], horizons: list[int]
+) -> dict:
+    """``benchmarks/compression.py``'s summary over the seeds (points against ``none`` after each horizon, mean and
+    worst, final accuracy and last-5 mean) from the jobs' per-round accuracies; the codec share is the critical
+    leaf's."""
+    per_seed = {
+        seed: {
+            "rows": {
+                name: {
+                    "fewer_bytes": figures["none"][seed]["uplink_bytes"] / figures[name][seed]["uplink_bytes"],
+                    "codec_share": figures[name][seed]["codec_share_critical"],
+                }
+                for name in names
+            },
+            "accuracies": {name: figures[name][seed]["accuracies"] for name in names},
+        }
+        for seed in seeds
+    }
+    return summarise(per_seed, names, horizons)
+
+
+def _points(points: list[float]) -> str:
+    """Points per seed, ``a / b / c``."""
+    return " / ".join(f"{p:+.2f}" for p in points)
 
 
 def _range(shares: list[float]) -> str:

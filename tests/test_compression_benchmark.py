@@ -84,16 +84,49 @@ def test_job_script_passes_each_codec_as_the_jobs_flags():
 def test_job_figures_leave_the_warm_rounds_out_of_the_timing():
     job = _job_script()
 
-    def timed(wall: float, codec: float, critical: float) -> dict:
-        return {"timing": {"wall": wall, "info": {"codec_seconds": codec, "critical_leaf_codec_seconds": critical}}}
+    def timed(wall: float, codec: float, critical: float, accuracy: float) -> dict:
+        info = {"codec_seconds": codec, "critical_leaf_codec_seconds": critical}
+        return {"timing": {"wall": wall, "info": info}, "accuracy": accuracy}
 
+    warm = [timed(5.0, 1.0, 1.0, 0.1), timed(3.0, 1.0, 1.0, 0.2)]
+    later = [timed(0.2, 0.010, 0.006, 0.5), timed(0.3, 0.014, 0.004, 0.6)]
     results = {
-        "rounds": [timed(5.0, 1.0, 1.0), timed(3.0, 1.0, 1.0), timed(0.2, 0.010, 0.006), timed(0.3, 0.014, 0.004)],
+        "rounds": warm + [timed(1.0, 0.0, 0.0, 0.3), timed(1.0, 0.0, 0.0, 0.4)] + later,
         "summary": {"bytes_total": {"device_to_leaf": 1234}, "final_accuracy": 0.9},
         "wall": 21.5,
     }
     figures = job.job_figures(results)
-    assert figures["round_wall_mean"] == pytest.approx(0.25)
-    assert figures["codec_share_sum"] == pytest.approx(0.024 / 0.5)
-    assert figures["codec_share_critical"] == pytest.approx(0.010 / 0.5)
+    assert figures["round_wall_mean"] == pytest.approx(2.5 / 4)
+    assert figures["codec_share_sum"] == pytest.approx(0.024 / 2.5)
+    assert figures["codec_share_critical"] == pytest.approx(0.010 / 2.5)
+    assert figures["accuracies"] == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert figures["last5_accuracy"] == pytest.approx(0.4)
     assert (figures["uplink_bytes"], figures["final_accuracy"], figures["job_wall"]) == (1234, 0.9, 21.5)
+
+
+def test_job_summary_compares_each_horizon_with_none_of_the_same_seed():
+    job = _job_script()
+
+    def figures(accuracies: list[float], uplink: int, share: float) -> dict:
+        return {"accuracies": accuracies, "uplink_bytes": uplink, "codec_share_critical": share}
+
+    runs = {
+        "none": {0: figures([0.5, 0.8, 0.9], 400, 0.0), 1: figures([0.4, 0.7, 0.8], 400, 0.0)},
+        "topk 1%": {0: figures([0.3, 0.6, 0.88], 6, 0.02), 1: figures([0.4, 0.6, 0.7], 6, 0.03)},
+    }
+    summary = job.horizon_summary(runs, ["none", "topk 1%"], [0, 1], [2, 3])
+    after2, after3 = (summary["topk 1%"]["horizons"][h] for h in ("2", "3"))
+    assert after2["final_vs_none_points"] == pytest.approx([-20.0, -10.0])
+    assert (after2["final_vs_none_mean"], after2["final_vs_none_worst"]) == pytest.approx((-15.0, -20.0))
+    assert after3["final_vs_none_points"] == pytest.approx([-2.0, -10.0])
+    assert after3["last5_vs_none_mean"] == pytest.approx(100 * ((1.78 - 2.2) + (1.7 - 1.9)) / 3 / 2)
+    assert summary["topk 1%"]["fewer_bytes"] == pytest.approx(400 / 6)
+    assert (summary["topk 1%"]["codec_share_min"], summary["topk 1%"]["codec_share_max"]) == (0.02, 0.03)
+
+
+def test_job_horizons_beyond_the_rounds_name_the_flag(capsys):
+    job = _job_script()
+    with pytest.raises(SystemExit) as stop:
+        job.main(["--rounds", "20", "--horizons", "20,30"])
+    assert stop.value.code == 2
+    assert "--horizons: 30 is not between 1 and the rounds run (20)" in capsys.readouterr().err
