@@ -48,6 +48,7 @@ def test_sync_topk_warmup_and_int8_values_reach_the_leaves_and_the_clock(tmp_pat
 
 @pytest.mark.slow
 def test_async_compression_changes_arrivals_on_the_virtual_clock(tmp_path):
+    """The codec's bytes set the upload delays; the leaves forward each encoded update to the server unchanged."""
     base = [
         *("--num-leaf-nodes", "2", "--devices-per-leaf", "10", "--samples-per-device", "40"),
         *("--synthetic-train-size", "1000", "--synthetic-test-size", "200", "--concurrency", "6"),
@@ -61,6 +62,8 @@ def test_async_compression_changes_arrivals_on_the_virtual_clock(tmp_path):
         totals = results["summary"]["bytes_total"]
         ratio = totals["device_to_leaf_float32"] / totals["device_to_leaf"]
         assert ratio == 1.0 if codec == "none" else ratio > 3.9
+        assert totals["leaf_to_server"] == totals["device_to_leaf"]  # the leaves forward the updates as they came
+        assert results["rounds"][-1]["failed_rejected"] == 0
         with open(next((out / "ws" / "runs").rglob("arrivals.csv")), encoding="utf-8") as stream:
             arrivals[codec] = [(r["job_id"], r["arrival_time"]) for r in csv.DictReader(stream)]
     assert arrivals["none"] != arrivals["int8"]

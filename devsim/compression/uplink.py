@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from devsim.compression.codecs import CodecSpec, decode_flat, encode_flat, flatten_rows, unflatten
+from devsim.compression.codecs import CodecSpec, Encoded, decode_flat, encode_flat, flatten_rows, unflatten
 from devsim.compression.residuals import ResidualStore
 
 CHUNK_BYTES = 1 << 20  # a group crosses in chunks of rows of about this many float32 bytes (see transmit_rows)
@@ -67,27 +67,41 @@ class UplinkCompressor:
         )
 
     def transmit(
-        self, device_id: int, stamp: int, update: list[torch.Tensor], stats: UplinkStats
+        self,
+        device_id: int,
+        stamp: int,
+        update: list[torch.Tensor],
+        stats: UplinkStats,
+        encoded_out: list[Encoded] | None = None,
     ) -> list[torch.Tensor]:
         """What the leaf receives for ``update`` (a device's float32 delta entries); adds bytes, seconds to ``stats``.
 
-        ``stamp`` is the round (sync) or the base model version (async) the update belongs to.
+        ``stamp`` is the round (sync) or the base model version (async) the update belongs to. With a lossy
+        codec and ``encoded_out`` given, the update as it travelled is appended there (parts with a leading
+        row of 1), for a leaf that forwards it as it came (see :mod:`devsim.compression.forwarding`).
         """
         if self.spec.lossless:
             raw = sum(4 * t.numel() for t in update)
             stats.add(UplinkStats(1, raw, raw))
             return update
-        return [t[0] for t in self.transmit_rows([device_id], stamp, [t.unsqueeze(0) for t in update], stats)]
+        rows = self.transmit_rows([device_id], stamp, [t.unsqueeze(0) for t in update], stats, encoded_out)
+        return [t[0] for t in rows]
 
     def transmit_rows(
-        self, device_ids: list[int], stamp: int, stacked: list[torch.Tensor], stats: UplinkStats
+        self,
+        device_ids: list[int],
+        stamp: int,
+        stacked: list[torch.Tensor],
+        stats: UplinkStats,
+        encoded_out: list[Encoded] | None = None,
     ) -> list[torch.Tensor]:
         """:meth:`transmit` for D devices at once: each entry of ``stacked`` is ``(D, *shape)``, row i being
         ``device_ids[i]``'s update; returns what the leaf receives, stacked the same way.
 
         Bytes, residuals and received values are exactly those of D :meth:`transmit` calls (the codecs work row
         by row), but the array work runs once over the ``(D, n)`` matrix, which is what a batched group of
-        devices hands over; only the top-k selection still loops over the rows.
+        devices hands over; only the top-k selection still loops over the rows. With a lossy codec and
+        ``encoded_out`` given, the encoded rows are appended there, one :class:`Encoded` a chunk of rows, in order.
         """
         count = len(device_ids)
         raw = sum(4 * t[0].numel() for t in stacked) if count else 0
@@ -97,11 +111,12 @@ class UplinkCompressor:
         shapes = tuple(tuple(t.shape[1:]) for t in stacked)
         rows = max(1, CHUNK_BYTES // max(raw, 1))
         if count <= rows:
-            return unflatten(self._transmit_chunk(device_ids, stamp, stacked, shapes, raw, stats), shapes)
+            return unflatten(self._transmit_chunk(device_ids, stamp, stacked, shapes, raw, stats, encoded_out), shapes)
         received = torch.empty((count, raw // 4), dtype=torch.float32, device=stacked[0].device)
         for i in range(0, count, rows):
             part = [t[i : i + rows] for t in stacked]
-            self._transmit_chunk(device_ids[i : i + rows], stamp, part, shapes, raw, stats, received[i : i + rows])
+            chunk_ids = device_ids[i : i + rows]
+            self._transmit_chunk(chunk_ids, stamp, part, shapes, raw, stats, encoded_out, received[i : i + rows])
         return unflatten(received, shapes)
 
     def _transmit_chunk(
@@ -112,6 +127,7 @@ class UplinkCompressor:
         shapes: tuple[tuple[int, ...], ...],
         raw: int,
         stats: UplinkStats,
+        encoded_out: list[Encoded] | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """:meth:`transmit_rows` for a group small enough that its (rows, n) arrays stay in the CPU's caches:
@@ -139,6 +155,8 @@ class UplinkCompressor:
         kept_at = time.perf_counter()
         encode_seconds = (encoded_at - started) + (kept_at - decoded_at)
         stats.add(UplinkStats(count, encoded.nbytes, raw * count, encode_seconds, decoded_at - encoded_at))
+        if encoded_out is not None:
+            encoded_out.append(encoded)
         return received
 
     def sweep(self, stamp: int) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
-from devsim.compression import CodecSpec, UplinkCompressor, UplinkStats
+from devsim.compression import CodecSpec, Encoded, UplinkCompressor, UplinkStats, split_rows, stack_rows
 from devsim.population.dropout import DROPPED, SILENT, DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.training.admission import ChunkResult, RoundChecks, admit, admit_rows
@@ -202,8 +202,11 @@ class LeafRoundRunner:
         asynchronous runs): a job takes whichever worker is idle; with ``device_batch`` > 1 the jobs are
         cut into groups of at most ``device_batch``, at least one group per worker. Results depend only on
         each job's ``(device_id, train_seed)`` and the base weights. Returns the wire payload: ``job_id``,
-        ``deltas`` (per entry, float32 stacked over jobs: shape (n, *entry_shape)), per-job metrics,
-        optional ``label_hist`` (n, num_classes), per-job ``uplink_bytes`` (int64, n) and timing.
+        the updates, per-job metrics, optional ``label_hist`` (n, num_classes), per-job ``uplink_bytes`` and
+        ``uplink_raw_bytes`` (int64, n: as sent, and as float32) and timing. The updates are ``deltas`` (per
+        entry, float32 stacked over jobs: shape (n, *entry_shape)) with the lossless ``none`` codec; with a
+        lossy codec they are forwarded as they crossed the uplink: ``encoded`` (:func:`stack_rows`) with
+        ``delta_keys`` (the entries in flattening order), for the server to decode (:func:`decode_row`).
         ``version`` (the base model's) stamps error-feedback residuals.
         """
         started = time.perf_counter()
@@ -218,14 +221,19 @@ class LeafRoundRunner:
         outputs = [output for f in futures for output in f.result()]
         self.uplink.sweep(int(version))
         trained = time.perf_counter()
+        if self.uplink.spec.lossless:
+            updates: dict = {"deltas": {k: np.stack([o[0][k] for o in outputs]) for k in self.keys}}
+        else:
+            updates = {"encoded": stack_rows([o[4] for o in outputs]), "delta_keys": list(self.keys)}
         payload = {
             "job_id": np.asarray(job_ids, dtype=np.int64),
-            "deltas": {k: np.stack([o[0][k] for o in outputs]) for k in self.keys},
+            **updates,
             "num_samples": np.array([o[1].num_samples for o in outputs], dtype=np.int64),
             "loss": np.array([o[1].loss for o in outputs], dtype=np.float32),
             "accuracy": np.array([o[1].accuracy for o in outputs], dtype=np.float32),
             "compute_seconds": np.array([o[1].compute_seconds for o in outputs], dtype=np.float64),
             "uplink_bytes": np.array([o[3].bytes_sent for o in outputs], dtype=np.int64),
+            "uplink_raw_bytes": np.array([o[3].raw_bytes for o in outputs], dtype=np.int64),
             "counts": self.uplink.residual_counts(),
         }
         if with_histograms:
@@ -246,14 +254,17 @@ class LeafRoundRunner:
         self, global_tensors: list[torch.Tensor], jobs: list[tuple[int, int]], with_histogram: bool, version: int
     ):
         """Train ``jobs`` ((device id, train seed) pairs) on one idle worker and send each update over the
-        uplink; (received delta, metrics, histogram, uplink stats) each."""
+        uplink; (received float32 delta, metrics, histogram, uplink stats, encoded row) each: the delta with the
+        lossless codec, else None; the encoded row (its parts, what the leaf forwards) with a lossy codec, else
+        None."""
         worker = self._idle.get()
+        encoded: list[Encoded] | None = None if self.uplink.spec.lossless else []
         try:
             ids = [d for d, _ in jobs]
             if self.device_batch > 1:
                 deltas, metrics = worker.train_devices_batched(ids, [s for _, s in jobs], global_tensors)
                 group = UplinkStats()
-                rows = self.uplink.transmit_rows(ids, version, deltas, group)
+                rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
                 received = [[t[i] for t in rows] for i in range(len(jobs))]
                 count = len(jobs)  # every row of a group costs the same bytes; seconds are shared out evenly
                 share = (group.bytes_sent // count, group.raw_bytes // count)
@@ -264,10 +275,15 @@ class LeafRoundRunner:
                 for device_id, train_seed in jobs:
                     metrics.append(worker.train_with_seed(device_id, train_seed, global_tensors))
                     stats.append(UplinkStats())
-                    received.append(self.uplink.transmit(device_id, version, worker.delta(global_tensors), stats[-1]))
+                    update = worker.delta(global_tensors)
+                    received.append(self.uplink.transmit(device_id, version, update, stats[-1], encoded))
+            if encoded is None:  # lossless: the received float32 deltas go on
+                updates = [(tensors_to_numpy(self.keys, r), None) for r in received]
+            else:  # lossy: the rows go on as they crossed the uplink (the leaf's decoded copy is not needed)
+                updates = [(None, row) for row in split_rows(encoded)]
             return [
-                (tensors_to_numpy(self.keys, r), m, worker.label_histogram(d) if with_histogram else None, st)
-                for d, r, m, st in zip(ids, received, metrics, stats, strict=True)
+                (delta, m, worker.label_histogram(d) if with_histogram else None, st, row)
+                for d, (delta, row), m, st in zip(ids, updates, metrics, stats, strict=True)
             ]
         finally:
             self._idle.put(worker)

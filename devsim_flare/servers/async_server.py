@@ -25,7 +25,7 @@ from devsim.aggregation.fedbuff import FedBuff
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
 from devsim.codec import load_numpy_into_model
-from devsim.compression import CodecSpec, payload_bytes
+from devsim.compression import CodecSpec, decode_row, payload_bytes, row_of
 from devsim.config import AsyncConfig
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.observe.metrics import MetricsWriter
@@ -93,7 +93,7 @@ class AsyncServer:
         self.traffic = TrafficCounter()
         self._residual_counts: dict[str, dict] = {}
         self.model_bytes = array_bytes(self.weights)
-        spec = CodecSpec.from_settings(config.to_dict())
+        spec = self.codec_spec = CodecSpec.from_settings(config.to_dict())
         self.population_model = build_population_model(config)
         self.scheduler = AsyncScheduler(
             population_size=config.num_devices,
@@ -360,6 +360,14 @@ class AsyncServer:
         if result is None:
             self.failures["leaf_lost"] += 1
             return None
+        if "encoded" in result:  # a lossy uplink's row, forwarded by the leaf as it arrived
+            parts, keys = result.pop("encoded"), result.pop("delta_keys")
+            try:
+                result["delta"] = decode_row(parts, keys, self.weights, self.codec_spec)
+            except ValueError as error:
+                self.failures["rejected"] += 1
+                print(f"[server] version {self.scheduler.version}: device {job.device_id}: {error}", flush=True)
+                return None
         fault = self.faults.any_fault(job.job_id, job.device_id)
         if fault is not None:
             result["delta"] = FaultInjector.corrupt(result["delta"], fault)
@@ -392,8 +400,12 @@ class AsyncServer:
             self._count_reply(outcome.leaf, payload)
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)
             for row, jid in enumerate(payload["job_id"].tolist()):
+                if "encoded" in payload:  # decoded on arrival (_arrival_result): held here at the uplink's size
+                    update = {"encoded": row_of(payload["encoded"], row), "delta_keys": payload["delta_keys"]}
+                else:
+                    update = {"delta": {k: v[row] for k, v in payload["deltas"].items()}}
                 self._waiting[jid] = {
-                    "delta": {k: v[row] for k, v in payload["deltas"].items()},
+                    **update,
                     "num_samples": int(payload["num_samples"][row]),
                     "loss": float(payload["loss"][row]),
                     "label_hist": payload["label_hist"][row] if "label_hist" in payload else None,
@@ -402,11 +414,16 @@ class AsyncServer:
         return self._waiting.pop(job_id, None)
 
     def _count_reply(self, leaf: str, payload: dict) -> None:
-        """Bytes of one leaf reply: encoded device updates in, float32 updates on to the server."""
-        deltas = array_bytes(payload["deltas"])
+        """Bytes of one leaf reply: the device updates as they crossed the uplink (and their float32 size), and
+        as the leaf sent them on (encoded with a lossy codec, float32 with ``none``)."""
+        if "encoded" in payload:
+            forwarded = array_bytes(payload["encoded"])
+            float32 = int(np.sum(payload["uplink_raw_bytes"]))
+        else:
+            forwarded = float32 = array_bytes(payload["deltas"])
         self.traffic.add("device_to_leaf", int(np.sum(payload.get("uplink_bytes", 0))))
-        self.traffic.add("device_to_leaf_float32", deltas)
-        self.traffic.add("leaf_to_server", deltas)
+        self.traffic.add("device_to_leaf_float32", float32)
+        self.traffic.add("leaf_to_server", forwarded)
         self._residual_counts[leaf] = dict(payload.get("counts", {}))
 
     def _traffic_fields(self) -> dict:
