@@ -120,3 +120,20 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def small_processors(count: int, **overrides) -> list:
+    """``count`` CNN task processors on a small synthetic set (by default 20 iid samples a device, batch 10,
+    seed 3; ``overrides`` replace settings): leaf runners in core tests that need real local training."""
+    from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+
+    settings = dict(
+        dataset="synthetic",
+        synthetic_train_size=600,
+        synthetic_test_size=50,
+        samples_per_device=20,
+        partition="iid",
+        batch_size=10,
+        seed=3,
+    )
+    return [Cifar10FedAvgTaskProcessor.from_settings(settings | overrides) for _ in range(count)]

@@ -27,6 +27,7 @@ from devsim.compression import (
 from devsim.compression import uplink as uplink_module
 from devsim.compression.codecs import _cpu_topk_indices, _int8_scales
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig
+from tests.conftest import small_processors
 
 SPECS = [
     CodecSpec("none"),
@@ -350,21 +351,6 @@ def test_topk_warmup_is_refused_in_asynchronous_runs():
     assert str(info.value).startswith("--topk-warmup-rounds") and "asynchronous" in str(info.value)
 
 
-def _processors(n):
-    from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
-
-    settings = dict(
-        dataset="synthetic",
-        synthetic_train_size=600,
-        synthetic_test_size=50,
-        samples_per_device=20,
-        partition="iid",
-        batch_size=10,
-        seed=3,
-    )
-    return [Cifar10FedAvgTaskProcessor.from_settings(settings) for _ in range(n)]
-
-
 def test_none_codec_leaf_results_equal_uncompressed_training():
     """The ``none`` uplink changes nothing: the leaf's sum and job deltas are bit-identical to training alone."""
     from devsim.codec import model_to_numpy, numpy_to_tensors, tensors_to_numpy
@@ -372,8 +358,8 @@ def test_none_codec_leaf_results_equal_uncompressed_training():
     from devsim.training.leaf_runner import LeafRoundRunner
 
     weights = model_to_numpy(build_model("cnn"))
-    runner = LeafRoundRunner(_processors(1), uplink=UplinkCompressor(CodecSpec("none")))
-    reference = _processors(1)[0]
+    runner = LeafRoundRunner(small_processors(1), uplink=UplinkCompressor(CodecSpec("none")))
+    reference = small_processors(1)[0]
     try:
         result = runner.run_round(1, weights, [4, 2])
         jobs = runner.run_jobs(weights, [0, 1], [4, 2], [11, 12], version=3)
@@ -408,7 +394,8 @@ def test_topk_leaf_round_reports_compressed_bytes_and_keeps_residuals():
 
     weights = model_to_numpy(build_model("cnn"))
     spec = CodecSpec("topk", topk_fraction=0.01)
-    runner = LeafRoundRunner(_processors(1), uplink=UplinkCompressor(spec, residual_capacity=1, residual_max_age=5))
+    uplink = UplinkCompressor(spec, residual_capacity=1, residual_max_age=5)
+    runner = LeafRoundRunner(small_processors(1), uplink=uplink)
     try:
         result = runner.run_round(0, weights, [1, 2, 3])
     finally:

@@ -13,7 +13,7 @@ from devsim.population.devices import DevicePopulation, natural_sort
 from devsim.seeding import derive_seed
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim.training.local import LocalTrainer, LocalTrainingSpec
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+from tests.conftest import small_processors
 
 
 def test_core_does_not_import_nvflare():
@@ -121,20 +121,9 @@ def test_fedavg_weighted_mean_and_global_lr():
 
 
 def _processors(n, **kw):
-    settings = (
-        dict(
-            dataset="synthetic",
-            synthetic_train_size=2000,
-            synthetic_test_size=200,
-            samples_per_device=40,
-            partition="dirichlet",
-            alpha=0.5,
-            batch_size=10,
-            seed=3,
-        )
-        | kw
-    )
-    return [Cifar10FedAvgTaskProcessor.from_settings(settings) for _ in range(n)]
+    """Processors on a larger Dirichlet-partitioned synthetic set (40 samples a device)."""
+    settings = dict(synthetic_train_size=2000, synthetic_test_size=200, samples_per_device=40)
+    return small_processors(n, **(settings | dict(partition="dirichlet", alpha=0.5) | kw))
 
 
 def test_leaf_round_is_independent_of_worker_count():

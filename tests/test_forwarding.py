@@ -12,7 +12,7 @@ from devsim.compression.forwarding import expected_parts
 from devsim.models import build_model
 from devsim.observe.traffic import array_bytes
 from devsim.training.leaf_runner import LeafRoundRunner
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+from tests.conftest import small_processors
 
 LOSSY = [
     CodecSpec("fp16"),
@@ -24,28 +24,13 @@ LOSSY = [
 ]
 
 
-def _processors(n: int) -> list[Cifar10FedAvgTaskProcessor]:
-    settings = dict(
-        dataset="synthetic",
-        synthetic_train_size=400,
-        synthetic_test_size=100,
-        num_leaf_nodes=1,
-        devices_per_leaf=10,
-        samples_per_device=20,
-        partition="iid",
-        batch_size=10,
-        seed=3,
-    )
-    return [Cifar10FedAvgTaskProcessor.from_settings(settings) for _ in range(n)]
-
-
 @pytest.mark.parametrize("spec", LOSSY, ids=lambda s: f"{s.name}-{s.topk_values}-{s.int8_block}")
 @pytest.mark.parametrize("device_batch", [1, 3])
 def test_forwarded_rows_decode_to_what_the_leaf_received(spec, device_batch):
     """The server's decode of each forwarded row equals what one device's transmit delivers to the leaf (bit for
     bit when the leaf trains one device at a time); the forwarded arrays weigh what the uplink carried."""
     weights = model_to_numpy(build_model("cnn"))
-    runner = LeafRoundRunner(_processors(1), device_batch=device_batch, uplink=UplinkCompressor(spec))
+    runner = LeafRoundRunner(small_processors(1), device_batch=device_batch, uplink=UplinkCompressor(spec))
     try:
         payload = runner.run_jobs(weights, [0, 1, 2], [4, 2, 7], [11, 12, 13], version=3)
     finally:
@@ -53,7 +38,7 @@ def test_forwarded_rows_decode_to_what_the_leaf_received(spec, device_batch):
     assert "deltas" not in payload
     assert array_bytes(payload["encoded"]) == int(payload["uplink_bytes"].sum())
     assert int(payload["uplink_raw_bytes"].sum()) == 3 * 4 * sum(v.size for v in weights.values())
-    reference = _processors(1)[0]
+    reference = small_processors(1)[0]
     global_tensors = numpy_to_tensors(weights, reference.keys, reference.torch_device)
     for row, (device, seed) in enumerate(((4, 11), (2, 12), (7, 13))):
         reference.train_with_seed(device, seed, global_tensors)
