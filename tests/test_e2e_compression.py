@@ -64,6 +64,8 @@ def test_async_compression_changes_arrivals_on_the_virtual_clock(tmp_path):
         assert ratio == 1.0 if codec == "none" else ratio > 3.9
         assert totals["leaf_to_server"] == totals["device_to_leaf"]  # the leaves forward the updates as they came
         assert results["rounds"][-1]["failed_rejected"] == 0
+        decoding = sum(r["timing"]["info"]["server_decode_seconds"] for r in results["rounds"] if "timing" in r)
+        assert decoding == 0.0 if codec == "none" else decoding > 0.0
         with open(next((out / "ws" / "runs").rglob("arrivals.csv")), encoding="utf-8") as stream:
             arrivals[codec] = [(r["job_id"], r["arrival_time"]) for r in csv.DictReader(stream)]
     assert arrivals["none"] != arrivals["int8"]

@@ -158,9 +158,23 @@ def test_window_timing_splits_blocked_time_over_call_parts():
     assert timing.info["calls"] == 2.0
     assert timing.info["concurrency"] == pytest.approx(2.0, abs=1e-6)
     assert timing.info["device_compute_max"] == pytest.approx(0.7)
+    assert timing.info["server_decode_seconds"] == 0.0
     assert "1 window:" in summarize([timing], unit="window")
     with pytest.raises(ValueError, match="unknown server part"):
         window.add("dispatch", 1.0)
+
+
+def test_window_counts_the_servers_decoding_apart_from_its_parts():
+    window = WindowTiming(start=T0)
+    window.add("server_prepare", 0.25)
+    window.add_server_decode(0.05)
+    window.add_server_decode(-1.0)  # a clock step back counts as nothing
+    timing = window.close(end=T0 + 1.0)
+    assert timing.info["server_decode_seconds"] == pytest.approx(0.05)
+    assert timing.parts()["server_prepare"] == pytest.approx(0.25)
+    _assert_sums_to_wall(timing)
+    line = next(row for row in summarize([timing], unit="window").splitlines() if row.startswith("server_decode"))
+    assert line.rstrip().endswith("5.0%")
 
 
 def test_window_without_calls_leaves_blocked_time_in_the_remainder():

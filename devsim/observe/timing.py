@@ -57,7 +57,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 SERVER_PARTS = ("server_prepare", "server_aggregate", "evaluation")
-WALL_SHARE_INFO = ("codec_seconds", "critical_leaf_codec_seconds")  # info seconds printed with a share of the wall
+WALL_SHARE_INFO = (  # info seconds printed with a share of the wall
+    "codec_seconds",
+    "critical_leaf_codec_seconds",
+    "server_decode_seconds",
+)
 CALL_PARTS = ("dispatch", "leaf_compute", "leaf_aggregate", "leaf_overhead", "return")
 MEASURED_PARTS = (
     "server_prepare",
@@ -222,12 +226,17 @@ class WindowTiming:
         self._compute_sum = 0.0
         self._compute_max = 0.0
         self._codec = 0.0
+        self._server_decode = 0.0
 
     def add(self, part: str, seconds: float) -> None:
         """Add ``seconds`` (>= 0) of a server-thread section: one of ``SERVER_PARTS``."""
         if part not in self._server:
             raise ValueError(f"unknown server part {part!r}; one of {', '.join(SERVER_PARTS)}")
         self._server[part] += max(0.0, float(seconds))
+
+    def add_server_decode(self, seconds: float) -> None:
+        """Add ``seconds`` (>= 0) the server spent decoding forwarded device updates (inside its own parts)."""
+        self._server_decode += max(0.0, float(seconds))
 
     def add_wait(self, seconds: float) -> None:
         """Add ``seconds`` (>= 0) during which the server thread was blocked waiting for call results."""
@@ -258,6 +267,7 @@ class WindowTiming:
             "device_compute_sum": self._compute_sum,
             "device_compute_max": self._compute_max,
             "codec_seconds": self._codec,
+            "server_decode_seconds": self._server_decode,
             "calls": float(self._calls),
             "wait": self._wait,
             "call_busy_seconds": busy_total,

@@ -362,12 +362,15 @@ class AsyncServer:
             return None
         if "encoded" in result:  # a lossy uplink's row, forwarded by the leaf as it arrived
             parts, keys = result.pop("encoded"), result.pop("delta_keys")
+            decode_started = time.perf_counter()
             try:
                 result["delta"] = decode_row(parts, keys, self.weights, self.codec_spec)
             except ValueError as error:
                 self.failures["rejected"] += 1
                 print(f"[server] version {self.scheduler.version}: device {job.device_id}: {error}", flush=True)
                 return None
+            finally:
+                window.add_server_decode(time.perf_counter() - decode_started)
         fault = self.faults.any_fault(job.job_id, job.device_id)
         if fault is not None:
             result["delta"] = FaultInjector.corrupt(result["delta"], fault)
