@@ -8,7 +8,7 @@ import torch
 
 from devsim.codec import model_to_numpy, numpy_to_tensors, tensors_to_numpy
 from devsim.compression import CodecSpec, UplinkCompressor, UplinkStats, decode_row, row_of
-from devsim.compression.forwarding import expected_parts
+from devsim.compression.codecs import wire_parts
 from devsim.models import build_model
 from devsim.observe.traffic import array_bytes
 from devsim.training.leaf_runner import LeafRoundRunner
@@ -76,7 +76,7 @@ def test_decode_row_refuses_what_does_not_fit_naming_it():
     spec = CodecSpec("topk", topk_fraction=0.1)
     index = np.arange(11, dtype=np.uint8)
     values = np.ones(11, np.float32)
-    assert [(d, s) for d, s in expected_parts(spec, [(10, 10), (10,)])] == [(index.dtype, (11,)), (values.dtype, (11,))]
+    assert [(d, s) for d, s in wire_parts([(10, 10), (10,)], spec)] == [(index.dtype, (11,)), (values.dtype, (11,))]
     assert decode_row((index, values), ["w", "b"], model, spec)["w"].sum() == 11.0
     with pytest.raises(ValueError, match=r"forwarded entries \['b', 'x'\] are not the model's"):
         decode_row((index, values), ["x", "b"], model, spec)
@@ -96,4 +96,4 @@ def test_decode_row_refuses_what_does_not_fit_naming_it():
     ):
         decode_row({"index": index, "part1": values}, ["w", "b"], model, spec)
     with pytest.raises(ValueError, match="only lossy codecs"):
-        expected_parts(CodecSpec("none"), [(3,)])
+        decode_row((values,), ["w", "b"], model, CodecSpec("none"))

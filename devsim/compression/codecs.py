@@ -39,7 +39,6 @@ CODECS = ("none", "fp16", "int8", "topk")
 FP16_MAX = 65504.0
 INT8_LEVELS = 127
 TOPK_VALUES = ("float32", "float16", "int8")
-VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
 SAMPLE_STRIDE = 16  # top-k on the CPU: every 16th entry bounds the k-th largest from below
 
 
@@ -109,20 +108,26 @@ class Encoded:
         return sum(p.numel() * p.element_size() for p in self.parts)
 
 
+def wire_parts(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """(dtype, shape) of each array one device's update travels as, in order (``Encoded.parts`` of one row),
+    for entries of ``shapes``: ``none`` one float32 (n,) vector standing for the entries themselves."""
+    n = sum(math.prod(shape) for shape in shapes)
+    if spec.name == "none":
+        return [(np.dtype(np.float32), (n,))]
+    if spec.name == "fp16":
+        return [(np.dtype(np.float16), (n,))]
+    if spec.name == "int8":
+        scales = len(shapes) if spec.int8_block == 0 else math.ceil(n / spec.int8_block)
+        return [(np.dtype(np.int8), (n,)), (np.dtype(np.float32), (scales,))]
+    k = spec.topk_count(n)
+    parts = [(torch.empty(0, dtype=index_dtype(n)).numpy().dtype, (k,)), (np.dtype(spec.topk_values), (k,))]
+    return parts + [(np.dtype(np.float32), (1,))] if spec.topk_values == "int8" else parts
+
+
 def payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int:
     """Uplink bytes of one device update whose entries have ``shapes`` (equals ``encode(...).nbytes``); for a
     top-k warm-up, the bytes after it (see :func:`round_payload_bytes`)."""
-    sizes = [math.prod(shape) for shape in shapes]
-    n = sum(sizes)
-    if spec.name == "none":
-        return 4 * n
-    if spec.name == "fp16":
-        return 2 * n
-    if spec.name == "int8":
-        scales = len(sizes) if spec.int8_block == 0 else math.ceil(n / spec.int8_block)
-        return n + 4 * scales
-    scale = 4 if spec.topk_values == "int8" else 0
-    return spec.topk_count(n) * (index_dtype(n).itemsize + VALUE_BYTES[spec.topk_values]) + scale
+    return sum(dtype.itemsize * math.prod(shape) for dtype, shape in wire_parts(shapes, spec))
 
 
 def round_payload_bytes(shapes: Sequence[Sequence[int]], spec: CodecSpec) -> int | Callable[[int], int]:
@@ -224,6 +229,30 @@ def decode_flat(encoded: Encoded, spec: CodecSpec, out: torch.Tensor | None = No
         values = values.to(torch.float32) * encoded.parts[2] if spec.topk_values == "int8" else values.to(torch.float32)
         return out.scatter_(-1, index.to(torch.int64), values)
     raise ValueError(f"decode_flat does not take codec {spec.name!r}")
+
+
+def decode_row_arrays(parts: Sequence[np.ndarray], spec: CodecSpec, sizes: Sequence[int]) -> np.ndarray:
+    """:func:`decode_flat`'s arithmetic for one row in NumPy (IEEE float32 conversions and products, so
+    bit-identical; ``tests/test_forwarding.py`` checks it): the float32 vector ``(n,)`` that ``parts`` (one
+    device's lossy encoding of entries of ``sizes`` elements) decode to. For a server thread that shares its
+    process with other threads: each torch call releases and retakes the GIL (see
+    :mod:`devsim.compression.forwarding`). The leaves keep :func:`decode_flat`, which is faster on rows
+    (torch converts float16 and scatters several times faster than NumPy here)."""
+    n = sum(sizes)
+    if spec.name == "fp16":
+        return parts[0].astype(np.float32)
+    if spec.name == "int8":
+        codes, scales = parts
+        block = spec.int8_block
+        per_element = np.repeat(scales, sizes) if block == 0 else np.repeat(scales, block)[:n]
+        return np.multiply(codes, per_element, dtype=np.float32)
+    if spec.name == "topk":
+        index, values = parts[:2]
+        received = values.astype(np.float32) * parts[2] if spec.topk_values == "int8" else values.astype(np.float32)
+        flat = np.zeros(n, dtype=np.float32)
+        flat[index.astype(np.int64)] = received
+        return flat
+    raise ValueError(f"decode_row_arrays does not take codec {spec.name!r}")
 
 
 def _int8_scales(flat: torch.Tensor, shapes, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,12 @@ Asynchronous runs need this: the server takes each device's update on its own (F
 staleness), so a leaf that decoded the updates and sent them on as float32 would carry 4 bytes an element on
 the leaf -> server hop, e.g. 66x what top-k 1% sent up from the device. The leaf stacks the rows part by part
 (:func:`stack_rows`); the server decodes one job's row (:func:`decode_row`) into float32 entries equal, bit
-for bit, to what the leaf decoded (the same float32 arithmetic, in NumPy). A row that does not fit the
-run's codec and model is refused with the reason (``ValueError``), as a leaf reply that does not fit the
-model is.
+for bit, to what the leaf decoded: :func:`~devsim.compression.codecs.decode_row_arrays` is the leaf's
+arithmetic in NumPy. NumPy, not torch: in the README's FedBuff example (top-k 1%, 2 updates a version, 2 busy
+cores) a torch decode cost the server thread 0.93 s a version and the NumPy one 0.14 s, against 83 and 28 us
+for one 62k update alone; every torch call releases and retakes the GIL, and each retake can wait behind the
+process's other threads. A row that does not fit the run's codec and model is refused with the reason
+(``ValueError``), as a leaf reply that does not fit the model is.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from devsim.compression.codecs import CodecSpec, Encoded, index_dtype
+from devsim.compression.codecs import CodecSpec, Encoded, decode_row_arrays, wire_parts
 
 PART_PREFIX = "part"
 
@@ -41,22 +44,6 @@ def row_of(stacked: Mapping[str, np.ndarray], row: int) -> dict[str, np.ndarray]
     return {name: part[row] for name, part in stacked.items()}
 
 
-def expected_parts(spec: CodecSpec, shapes: Sequence[tuple[int, ...]]) -> list[tuple[np.dtype, tuple[int, ...]]]:
-    """(dtype, shape) of each part of one device's update under ``spec`` (a lossy codec), entries of ``shapes``."""
-    n = sum(math.prod(shape) for shape in shapes)
-    if spec.name == "fp16":
-        return [(np.dtype(np.float16), (n,))]
-    if spec.name == "int8":
-        scales = len(shapes) if spec.int8_block == 0 else math.ceil(n / spec.int8_block)
-        return [(np.dtype(np.int8), (n,)), (np.dtype(np.float32), (scales,))]
-    if spec.name == "topk":
-        k = spec.topk_count(n)
-        index = torch.empty(0, dtype=index_dtype(n)).numpy().dtype
-        parts = [(index, (k,)), (np.dtype(spec.topk_values), (k,))]
-        return parts + [(np.dtype(np.float32), (1,))] if spec.topk_values == "int8" else parts
-    raise ValueError(f"codec {spec.name!r} is not forwarded encoded (only lossy codecs are)")
-
-
 def decode_row(
     parts: Mapping[str, np.ndarray] | Sequence[np.ndarray],
     keys: Sequence[str],
@@ -75,8 +62,10 @@ def decode_row(
     keys = [str(key) for key in keys]
     if sorted(keys) != sorted(model):
         raise ValueError(f"forwarded entries {sorted(keys)} are not the model's {sorted(model)}")
+    if spec.lossless:
+        raise ValueError("the none codec is not forwarded encoded (only lossy codecs are)")
     shapes = [tuple(np.shape(model[key])) for key in keys]
-    expected = expected_parts(spec, shapes)
+    expected = wire_parts(shapes, spec)
     if len(parts) != len(expected):
         raise ValueError(f"{spec.name} update forwarded in {len(parts)} parts, expected {len(expected)}")
     arrays = []
@@ -89,30 +78,9 @@ def decode_row(
     n = sum(sizes)
     if spec.name == "topk" and arrays[0].size and int(arrays[0].max()) >= n:
         raise ValueError(f"top-k index {int(arrays[0].max())} is beyond the update's {n} elements")
-    flat = _decode(arrays, spec, sizes)
+    flat = decode_row_arrays(arrays, spec, sizes)
     ends = np.cumsum(sizes).tolist()
     starts = [0, *ends[:-1]]
     return {
         key: flat[start:end].reshape(shape) for key, shape, start, end in zip(keys, shapes, starts, ends, strict=True)
     }
-
-
-def _decode(parts: list[np.ndarray], spec: CodecSpec, sizes: list[int]) -> np.ndarray:
-    """The float32 vector (n,) a checked row decodes to: the arithmetic of the uplink's own CPU decoding
-    (:func:`~devsim.compression.codecs.decode_flat`; IEEE float32 conversions and products, so bit-identical),
-    in NumPy. Measured in the README's FedBuff example (top-k 1%, 2 updates a version, 2 busy cores): a torch
-    decode cost the server thread 0.93 s a version and this one 0.14 s, against 83 and 28 us for one 62k
-    update alone; every torch call releases and retakes the GIL, and each retake can wait behind the
-    process's other threads."""
-    n = sum(sizes)
-    if spec.name == "fp16":
-        return parts[0].astype(np.float32)
-    if spec.name == "int8":
-        codes, scales = parts
-        per_element = np.repeat(scales, sizes) if spec.int8_block == 0 else np.repeat(scales, spec.int8_block)[:n]
-        return codes.astype(np.float32) * per_element
-    index, values = parts[:2]
-    received = values.astype(np.float32) * parts[2] if spec.topk_values == "int8" else values.astype(np.float32)
-    flat = np.zeros(n, dtype=np.float32)
-    flat[index.astype(np.int64)] = received
-    return flat
