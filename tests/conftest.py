@@ -137,3 +137,22 @@ def small_processors(count: int, **overrides) -> list:
         seed=3,
     )
     return [Cifar10FedAvgTaskProcessor.from_settings(settings | overrides) for _ in range(count)]
+
+
+def lossy_codecs() -> list:
+    """One spec of each lossy codec form (fp16; int8 per entry and in blocks; top-k with float32, int8 and
+    float16 values), for tests parametrized over them (``ids=codec_id``)."""
+    from devsim.compression import CodecSpec
+
+    return [
+        CodecSpec("fp16"),
+        CodecSpec("int8"),
+        CodecSpec("int8", int8_block=7),
+        CodecSpec("topk", topk_fraction=0.1),
+        CodecSpec("topk", topk_fraction=0.02, topk_values="int8"),
+        CodecSpec("topk", topk_fraction=0.05, topk_values="float16"),
+    ]
+
+
+def codec_id(spec) -> str:
+    return f"{spec.name}-{spec.topk_values}-{spec.int8_block}"

@@ -27,7 +27,7 @@ from devsim.compression import (
 from devsim.compression import uplink as uplink_module
 from devsim.compression.codecs import _cpu_topk_indices, _int8_scales
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig
-from tests.conftest import small_processors
+from tests.conftest import codec_id, lossy_codecs, small_processors
 
 SPECS = [
     CodecSpec("none"),
@@ -423,18 +423,7 @@ def test_traffic_counter_windows_totals_and_timing_info():
     assert timing.info["bytes_device_to_leaf"] == 10.0 and "bytes_device_to_leaf" in summarize([timing])
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        CodecSpec("fp16"),
-        CodecSpec("int8"),
-        CodecSpec("int8", int8_block=7),
-        CodecSpec("topk", topk_fraction=0.1),
-        CodecSpec("topk", topk_fraction=0.02, topk_values="int8"),
-        CodecSpec("topk", topk_fraction=0.05, topk_values="float16"),
-    ],
-    ids=lambda spec: f"{spec.name}-{spec.topk_values}-{spec.int8_block}",
-)
+@pytest.mark.parametrize("spec", lossy_codecs(), ids=codec_id)
 @pytest.mark.parametrize("chunk_rows", [None, 2], ids=["one-chunk", "chunks-of-2"])
 def test_a_group_of_rows_crosses_the_uplink_exactly_as_its_devices_one_by_one(spec, chunk_rows, monkeypatch):
     """transmit_rows (a batched group's (D, *shape) deltas) gives the bytes, received values and error-feedback

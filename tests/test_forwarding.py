@@ -12,19 +12,10 @@ from devsim.compression.codecs import wire_parts
 from devsim.models import build_model
 from devsim.observe.traffic import array_bytes
 from devsim.training.leaf_runner import LeafRoundRunner
-from tests.conftest import small_processors
-
-LOSSY = [
-    CodecSpec("fp16"),
-    CodecSpec("int8"),
-    CodecSpec("int8", int8_block=256),
-    CodecSpec("topk", topk_fraction=0.01),
-    CodecSpec("topk", topk_fraction=0.04, topk_values="int8"),
-    CodecSpec("topk", topk_fraction=0.02, topk_values="float16"),
-]
+from tests.conftest import codec_id, lossy_codecs, small_processors
 
 
-@pytest.mark.parametrize("spec", LOSSY, ids=lambda s: f"{s.name}-{s.topk_values}-{s.int8_block}")
+@pytest.mark.parametrize("spec", lossy_codecs(), ids=codec_id)
 @pytest.mark.parametrize("device_batch", [1, 3])
 def test_forwarded_rows_decode_to_what_the_leaf_received(spec, device_batch):
     """The server's decode of each forwarded row equals what one device's transmit delivers to the leaf (bit for
@@ -54,7 +45,7 @@ def test_forwarded_rows_decode_to_what_the_leaf_received(spec, device_batch):
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("spec", LOSSY, ids=lambda s: f"{s.name}-{s.topk_values}-{s.int8_block}")
+@pytest.mark.parametrize("spec", lossy_codecs(), ids=codec_id)
 def test_decode_row_is_the_uplinks_own_decode(spec):
     """Bit for bit: the same arrays through the server's decode and the leaf's."""
     model = {
