@@ -37,7 +37,7 @@ from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.device_batch import plan_device_batch  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
+from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 
 def settings_of(args) -> dict:
@@ -61,7 +61,7 @@ def resolve(args, value: str, workers: int) -> tuple[int, str]:
     """``--batches`` entry -> (device_batch, note): ``auto`` as a leaf resolves it, a number as is."""
     if value != "auto":
         return int(value), ""
-    worker = Cifar10FedAvgTaskProcessor.from_settings(settings_of(args), compute_device=args.compute_device)
+    worker = TaskDeviceProcessor.from_settings(settings_of(args), compute_device=args.compute_device)
     plan = plan_device_batch(
         "auto",
         obstacle=worker.batching_obstacle(),
@@ -78,7 +78,7 @@ def measure(args, device_batch: int, workers: int, weights: dict) -> tuple[float
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
     settings = settings_of(args)
     processors = [
-        Cifar10FedAvgTaskProcessor.from_settings(settings, compute_device=args.compute_device) for _ in range(workers)
+        TaskDeviceProcessor.from_settings(settings, compute_device=args.compute_device) for _ in range(workers)
     ]
     runner = LeafRoundRunner(processors, device_batch=device_batch)
     rates, result = [], None

@@ -57,7 +57,7 @@ from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch  # 
 from devsim.seeding import derive_seed  # noqa: E402
 from devsim.training.evaluation import Evaluator  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
+from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 LAST_ROUNDS = 5
 CODECS = {
@@ -152,7 +152,7 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
     model = build_model(config.model, num_classes=config.num_classes)
     weights = model_to_numpy(model)
     settings = config.to_dict()
-    worker = Cifar10FedAvgTaskProcessor.from_settings(settings)
+    worker = TaskDeviceProcessor.from_settings(settings)
     worker.setup()
     plan = device_batch_plan(args.device_batch, worker)
     runner = LeafRoundRunner(
@@ -189,7 +189,7 @@ def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evalua
     return {"rounds": rounds, "evictions": evictions, "path": plan.reason, "device": str(worker.torch_device)}
 
 
-def device_batch_plan(setting: str, worker: Cifar10FedAvgTaskProcessor) -> DeviceBatchPlan:
+def device_batch_plan(setting: str, worker: TaskDeviceProcessor) -> DeviceBatchPlan:
     """``--device-batch`` resolved for the one-worker leaf as a job's leaf resolves it."""
     try:
         value: int | str = int(setting)

@@ -49,7 +49,7 @@ from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor  # noqa: E402
+from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu", "compression", "compression_job")
 CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
@@ -164,7 +164,7 @@ def leaf_rate(
     }
     if device == "cpu":
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    processors = [Cifar10FedAvgTaskProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
+    processors = [TaskDeviceProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
     runner = LeafRoundRunner(processors, device_batch=device_batch)
     torch.manual_seed(0)
     weights = model_to_numpy(build_model(model_name))

@@ -20,7 +20,7 @@ from typing import Any
 DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
 MODELS = ("cnn", "resnet18", "resnet18_nonorm")
 DEVICE_BATCH_WORDS = ("auto", "off")
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("auto", "natural", "iid", "dirichlet")
 OPTIMIZERS = ("sgd", "adam")
 STALENESS_WEIGHTINGS = ("none", "polynomial")
 GROUP_KINDS = ("label_permutation", "input_transform")
@@ -56,7 +56,17 @@ class SimulationConfig:
     Units: learning rates are plain multipliers; sizes are counts; timeouts are seconds.
     """
 
-    dataset: str = field(default="synthetic", metadata=_help(f"dataset, one of {', '.join(DATASETS)}"))
+    task: str | None = field(
+        default=None,
+        metadata=_help(
+            "your task: a Python file (path/to/my_task.py) or module (package.module) defining model() and data(), "
+            "optionally loss(), metrics(), prepare(), augment() (docs/tasks.md); unset: the built-in task of "
+            "--dataset and --model"
+        ),
+    )
+    dataset: str = field(
+        default="synthetic", metadata=_help(f"built-in dataset (without --task), one of {', '.join(DATASETS)}")
+    )
     data_root: str | None = field(
         default=None, metadata=_help("folder holding the CIFAR python-format data (required for cifar*)")
     )
@@ -73,12 +83,25 @@ class SimulationConfig:
         metadata=_help(f"how hidden groups differ, one of {', '.join(GROUP_KINDS)}"),
     )
     num_leaf_nodes: int = field(default=2, metadata=_help("leaf nodes (NVFlare clients) under the server"))
-    devices_per_leaf: int = field(default=50, metadata=_help("simulated devices owned by each leaf"))
+    devices_per_leaf: int = field(
+        default=50,
+        metadata=_help("simulated devices owned by each leaf (natural partition: owners / leaves, set from the task)"),
+    )
     device_selection_size: int = field(
         default=20, metadata={"help": "devices sampled per round, over all leaves", "sync_only": True}
     )
-    samples_per_device: int = field(default=100, metadata=_help("training samples in each device's shard"))
-    partition: str = field(default="dirichlet", metadata=_help(f"data partition, one of {', '.join(PARTITIONS)}"))
+    samples_per_device: int = field(
+        default=100,
+        metadata=_help("training samples in each device's shard (iid, dirichlet; natural: set to the mean owner's)"),
+    )
+    partition: str = field(
+        default="auto",
+        metadata=_help(
+            f"data partition, one of {', '.join(PARTITIONS)} (natural: one device per owner in the task's "
+            "owner_train, the population size follows from it; auto: natural when the task names owners, "
+            "else dirichlet)"
+        ),
+    )
     alpha: float = field(default=0.5, metadata=_help("Dirichlet concentration (> 0) for --partition dirichlet"))
     num_rounds: int = field(default=20, metadata={"help": "synchronous rounds", "sync_only": True})
     local_epochs: int = field(default=1, metadata=_help("local epochs per device (ignored with --local-iterations)"))
@@ -91,7 +114,7 @@ class SimulationConfig:
     momentum: float = field(default=0.9, metadata=_help("local SGD momentum in [0, 1) (--optimizer sgd)"))
     augment: bool = field(default=False, metadata=_help("random crop (4 px reflect padding) and flip locally"))
     global_lr: float = field(default=1.0, metadata=_help("server learning rate applied to the mean delta"))
-    model: str = field(default="cnn", metadata=_help(f"model, one of {', '.join(MODELS)}"))
+    model: str = field(default="cnn", metadata=_help(f"built-in model (without --task), one of {', '.join(MODELS)}"))
     num_workers: int | None = field(
         default=None,
         metadata=_help("device-training threads per leaf; unset: sized from CPU cores and free VRAM"),
@@ -247,10 +270,6 @@ class SimulationConfig:
         """The kinds listed in ``inject_faults``."""
         return [k.strip() for k in self.inject_faults.split(",") if k.strip()]
 
-    @property
-    def num_classes(self) -> int:
-        return DATASET_CLASSES[self.dataset]
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -344,7 +363,10 @@ class SimulationConfig:
         _check_device_batch(self)
         _check_codec_and_network(self)
         _check_heterogeneity(self)
-        if self.dataset == "digits":
+        if self.task is not None:
+            if not self.task.strip():
+                raise ConfigError("task", "give a file path (my_task.py) or a module name (package.module)")
+        elif self.dataset == "digits":
             _check_digits(self)
         elif self.dataset != "synthetic":
             if not self.data_root:

@@ -280,18 +280,28 @@ class ResNet18(nn.Module):
 
 
 def last_layer_names(model: nn.Module) -> list[str]:
-    """Return the ``state_dict`` keys ``[weight, bias]`` of the model's final linear layer.
+    """Return the ``state_dict`` keys of the model's final linear layer (weight, then bias when it has one).
 
-    Uses the model's ``classifier_name`` attribute; raises ValueError if it is missing or does not
-    name an ``nn.Linear`` submodule.
+    Uses the model's ``classifier_name`` attribute when it has one (the built-in models); otherwise the last
+    ``nn.Linear`` registered in the model (a user's model: usually its output layer). Raises ValueError when
+    ``classifier_name`` does not name an ``nn.Linear`` or the model has no linear layer at all.
     """
     name = getattr(model, "classifier_name", None)
+    if name is None:
+        linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        if not linear:
+            raise ValueError(
+                f"model {type(model).__name__} has no nn.Linear layer to compare as its last layer; compare whole "
+                "models instead (--similarity-on model_drift, layer_drift or layer_updates)"
+            )
+        name = linear[-1]
     if not isinstance(name, str):
-        raise ValueError(f"model {type(model).__name__} has no 'classifier_name' attribute")
+        raise ValueError(f"classifier_name of {type(model).__name__} must be a module name, got {name!r}")
     layer = model.get_submodule(name)
     if not isinstance(layer, nn.Linear):
         raise ValueError(f"classifier_name {name!r} of {type(model).__name__} is not an nn.Linear")
-    return [f"{name}.weight", f"{name}.bias"]
+    prefix = f"{name}." if name else ""
+    return [f"{prefix}weight"] + ([f"{prefix}bias"] if layer.bias is not None else [])
 
 
 def build_model(name: str, num_classes: int = 10, track_features: bool = False) -> nn.Module:

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 from devsim.config import AsyncConfig, ConfigError, SimulationConfig, flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
-from devsim.resources.gpu_placement import leaf_gpu_groups, leaves_per_gpu, parse_gpu_ids
-from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS, build_env
+from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
+from devsim.tasks.contract import is_file_spec
+from devsim_flare.execution import SIM_SYNC_TIMEOUT, run_recipe
+from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS
 
 
 def int_or_word(text: str) -> int | str:
@@ -130,6 +129,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     for path_field in ("data_root", "trace_file"):
         if values.get(path_field):
             values[path_field] = os.path.abspath(values[path_field])
+    if values.get("task") and is_file_spec(values["task"]):
+        values["task"] = os.path.abspath(values["task"])
     try:
         return config_cls.from_dict(values)
     except ConfigError as error:
@@ -156,7 +157,7 @@ def _resumed_values(parser: argparse.ArgumentParser, run_dir: str) -> dict:
 
 def prepare_data(parser: argparse.ArgumentParser, config: SimulationConfig) -> None:
     """Download CIFAR once here when asked, then check the test split reads, before any process starts."""
-    if config.dataset == "synthetic":
+    if config.task or config.dataset == "synthetic":
         return
     try:
         if config.download:
@@ -166,55 +167,29 @@ def prepare_data(parser: argparse.ArgumentParser, config: SimulationConfig) -> N
         parser.error(str(error))
 
 
+def task_config(parser: argparse.ArgumentParser, config: SimulationConfig) -> SimulationConfig:
+    """Load and check the run's task here, before any process starts, and fit the configuration to it
+    (:func:`devsim.tasks.fit.fit_config`); a bad task or a flag it cannot honour ends the program with one line
+    naming the task file or the flag."""
+    from devsim.tasks import TaskError, load_task
+    from devsim.tasks.fit import fit_config
+
+    try:
+        task = load_task(config.to_dict())
+        config, notes = fit_config(config, task)
+    except (TaskError, ConfigError) as error:
+        parser.error(str(error))
+        raise
+    print(task.describe(), flush=True)
+    for note in notes:
+        print(note, flush=True)
+    return config
+
+
 def default_output_dir(workspace: str, method: str) -> str:
     """A fresh, absolute run folder under ``<workspace>/runs``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return os.path.abspath(os.path.join(workspace, "runs", f"{method}-{stamp}-{os.getpid()}"))
-
-
-JOB_POLL_SECONDS = 2.0
-END_GRACE_SECONDS = 60.0
-
-
-def _summary_written(config: SimulationConfig) -> bool:
-    """Whether the server wrote its final summary into a local ``--output-dir``."""
-    if not config.output_dir or not os.path.isfile(os.path.join(config.output_dir, "results.json")):
-        return False
-    from devsim.observe.results import load_results
-
-    try:
-        return bool(load_results(config.output_dir).get("summary"))
-    except (OSError, ValueError):
-        return False
-
-
-def wait_for_job(run, timeout: float, server_done=lambda: False) -> tuple[str | None, str | None]:
-    """Wait for a POC/production job; returns (status, server result folder).
-
-    NVFlare ends a job only once every site has ended it, so a job whose leaf died keeps RUNNING after
-    the server has finished and written its results. When ``server_done()`` (the results are complete)
-    and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
-    complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too.
-    """
-    deadline = time.monotonic() + timeout
-    finished_at = None
-    while time.monotonic() < deadline:
-        status = run.get_status() or ""
-        if status.startswith("FINISHED"):
-            return status, run.get_result(timeout=60.0)
-        if finished_at is None and server_done():
-            finished_at = time.monotonic()
-        if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
-            print(
-                f"the server finished and wrote its results, but the job is still {status} "
-                f"{END_GRACE_SECONDS:g}s later (a leaf that died cannot end it); aborting the job"
-            )
-            break
-        time.sleep(JOB_POLL_SECONDS)
-    else:
-        print(f"the job did not finish within --job-timeout {timeout:g}s; aborting it", file=sys.stderr)
-    run.abort()
-    return run.get_status(), run.get_result(timeout=60.0)
 
 
 def export_requested() -> bool:
@@ -253,93 +228,6 @@ def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     return ids
 
 
-SIM_SYNC_TIMEOUT = 180.0  # sim: seconds the server waits for the leaf processes it started (see leaf_lost_its_port)
-PORT_RACE = "Address already in use"
-
-
-def leaf_lost_its_port(nvflare_root: str, within_s: float) -> bool:
-    """Whether a simulated leaf process died at start because its port was taken: NVFlare's simulator picks a
-    free port for each leaf worker, closes it and has the new process bind it a second or two later; another
-    socket on the host can take it in between (seen once in four full test runs here, with 6 leaves). The
-    server then waits ``SIM_SYNC_TIMEOUT`` for the leaf and fails the job; the same job run again succeeds.
-    Looks for the error in the sites' ``error_log.txt`` files written in the last ``within_s`` seconds."""
-    since = time.time() - within_s
-    for path in glob.glob(os.path.join(nvflare_root, "*", "site-*", "error_log.txt")):
-        if os.path.getmtime(path) >= since:
-            with open(path, encoding="utf-8", errors="replace") as stream:
-                if PORT_RACE in stream.read():
-                    return True
-    return False
-
-
-def run_recipe(
-    make_recipe: Callable[[], Any], args: argparse.Namespace, config: SimulationConfig, gpu_ids: tuple[int, ...] = ()
-) -> int:
-    """Export or run the recipe ``make_recipe()`` builds in the chosen environment; prints where results are.
-    Returns an exit code. A second attempt (see :func:`leaf_lost_its_port`) builds a new recipe: NVFlare's job
-    object cannot run twice."""
-    workspace = os.path.abspath(args.workspace)
-    env = build_env(
-        args.env,
-        config.num_leaf_nodes,
-        os.path.join(workspace, "nvflare"),
-        startup_kit=args.startup_kit,
-        log_level=args.log_level,
-        gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
-    )
-    attempts = 2 if args.env == "sim" else 1
-    for attempt in range(1, attempts + 1):
-        started = time.perf_counter()
-        try:
-            run = make_recipe().execute(env)
-            break
-        except RuntimeError as error:
-            if attempt < attempts and leaf_lost_its_port(os.path.join(workspace, "nvflare"), time.time() - started):
-                print(
-                    "warning: NVFlare's simulator started a leaf on a port that another process took in the meantime "
-                    "(Address already in use, in a site's error_log.txt); running the job again",
-                    file=sys.stderr,
-                )
-                continue
-            print(
-                f"error: the job failed ({error}). The server's reason is in the ERROR lines above; "
-                f"partial results, if any, are in {config.output_dir or workspace}",
-                file=sys.stderr,
-            )
-            return 1
-    if args.env != "sim":
-        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config))
-        print(f"job status: {status}; server result folder: {result}")
-        if result is None and not _summary_written(config):
-            return 1
-    summary_path = os.path.join(config.output_dir or "", "results.json")
-    if config.output_dir and os.path.isfile(summary_path):
-        from devsim.observe.results import load_results
-
-        summary = load_results(config.output_dir)["summary"]
-        stop = config.stop_after_round or getattr(config, "stop_after_version", None)
-        if not summary and stop:
-            print(f"stopped after {stop}; continue with --resume {config.output_dir}")
-            return 0
-        if not summary:
-            print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
-            return 1
-        progress = (
-            f"{summary['rounds']} rounds"
-            if "rounds" in summary
-            else f"{summary['versions']} versions, simulated time {summary['simulated_time']:.1f}s"
-        )
-        print(
-            f"final accuracy {summary['final_accuracy']:.4f} after {progress} "
-            f"({time.perf_counter() - started:.1f}s wall); results: {summary_path}"
-        )
-        return 0
-    if args.env == "sim":
-        print(f"no results file at {summary_path}; see the NVFlare logs under {workspace}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
     """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
     from devsim_flare.recipe import build_recipe
@@ -356,6 +244,7 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     config = config_from_args(parser, args)
     gpu_ids = gpu_ids_from_args(parser, args)
     prepare_data(parser, config)
+    config = task_config(parser, config)
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
     simulated_here = args.env == "sim" and not export_requested()

@@ -28,7 +28,7 @@ from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
 from devsim.resources.workers import plan_workers
 from devsim.training.leaf_runner import LeafRoundRunner
 
-DEFAULT_PROCESSOR = "processors.cifar10_fedavg_task_processor.Cifar10FedAvgTaskProcessor"
+DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
 
 
 def _import_class(path: str):
@@ -90,14 +90,17 @@ class LeafNode:
         group = f"; hidden group {settings['hidden_group']}" if int(settings.get("hidden_groups", 1)) > 1 else ""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
+        if hasattr(first, "_ready_task"):
+            print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
         print(f"[{collab.site_name}] {batching.reason}", flush=True)
         self._collector = PeriodicCollector().start()
 
     def _plan_device_batch(self, worker, num_workers: int) -> DeviceBatchPlan:
-        """Resolve --device-batch for this leaf's workers (auto: batch when exact, sized from free memory)."""
+        """Resolve --device-batch for this leaf's workers (auto: batch when the probe finds the batched updates
+        exact, sized from free memory); the probe runs only when batching is still in question."""
         if hasattr(worker, "batching_obstacle") and hasattr(worker, "train_devices_batched"):
-            obstacle, device_bytes = worker.batching_obstacle(), worker.batched_device_bytes()
+            obstacle, device_bytes = worker.batching_obstacle, worker.batched_device_bytes()
         else:
             obstacle, device_bytes = f"processor {type(worker).__name__} trains one device at a time", 1
         return plan_device_batch(

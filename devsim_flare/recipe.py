@@ -17,6 +17,7 @@ from nvflare.collab import CollabRecipe
 from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
+from devsim.tasks.contract import SHIPPED_FOLDER, source_file
 from devsim_flare.leaf import LeafNode
 
 ENVIRONMENTS = ("sim", "poc", "prod")
@@ -30,12 +31,16 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DevsimRecipe(CollabRecipe):
-    """A Collab recipe whose job folder carries this project's packages whole.
+    """A Collab recipe whose job folder carries this project's packages whole, and the run's task file.
 
     NVFlare copies only the modules it finds by scanning imports, without package ``__init__``
     files, which would shadow an installed copy with a partial one. Shipping every source file
-    of the packages keeps the job self-contained: a site needs only NVFlare, PyTorch and NumPy.
+    of the packages keeps the job self-contained: a site needs only NVFlare, PyTorch and NumPy (and
+    what the task file itself imports). A user's task file goes to ``custom/devsim_user_task/``, where every
+    site loads it from (:func:`devsim.tasks.contract.locate`).
     """
+
+    task_file: str | None = None
 
     def finalize(self):
         if self._finalized:
@@ -43,7 +48,10 @@ class DevsimRecipe(CollabRecipe):
         job = super().finalize()
         job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         targets = self.configured_sites() or [ALL_SITES]
-        for source, dest_dir in package_sources():
+        sources = package_sources()
+        if self.task_file:
+            sources.append((self.task_file, SHIPPED_FOLDER))
+        for source, dest_dir in sources:
             job.add_file_to_server(source, dest_dir=dest_dir, app_folder_type="custom")
             for target in targets:
                 job.add_file_to(source, target=target, dest_dir=dest_dir, app_folder_type="custom")
@@ -86,7 +94,7 @@ def build_recipe(
         processor=server_cls.processor,
         leaves_on_gpu=leaves_on_gpu,
     )
-    return DevsimRecipe(
+    recipe = DevsimRecipe(
         job_name=job_name,
         server=server,
         client=leaf,
@@ -95,6 +103,8 @@ def build_recipe(
         max_call_threads_for_server=max(8, 2 * config.num_leaf_nodes),
         max_call_threads_for_client=4,
     )
+    recipe.task_file = source_file(config.task) if config.task else None
+    return recipe
 
 
 LOG_LEVELS = ("WARNING", "INFO", "DEBUG")

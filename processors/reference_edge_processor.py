@@ -3,7 +3,7 @@
 A deliberately faithful (and therefore slow) baseline: it exists so that
 ``benchmarks/stock_edge_comparison.py`` can time this project against NVFlare's own edge simulation run
 the way NVFlare's PyTorch edge examples run it. Do not use it for real work: use
-:class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor`.
+:class:`~processors.edge_task_processor.EdgeTaskProcessor`.
 
 The per-task pattern follows the structure of NVFlare's example CIFAR-10 PyTorch task processors,
 expressed here in this project's terms:
@@ -50,7 +50,7 @@ from devsim.config import DATASET_CLASSES
 from devsim.data import ImageDataset, load_dataset
 from devsim.data.partition import Partitioner, make_partitioner
 from devsim.models import build_model
-from processors.edge_cifar10_task_processor import device_number
+from processors.edge_task_processor import device_number
 
 _RAW_LOCK = threading.Lock()
 _RAW_CACHE: dict[tuple, tuple[ImageDataset, Partitioner]] = {}

@@ -125,7 +125,7 @@ def processes_mentioning(text: str) -> list[str]:
 def small_processors(count: int, **overrides) -> list:
     """``count`` CNN task processors on a small synthetic set (by default 20 iid samples a device, batch 10,
     seed 3; ``overrides`` replace settings): leaf runners in core tests that need real local training."""
-    from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+    from processors.task_processor import TaskDeviceProcessor
 
     settings = dict(
         dataset="synthetic",
@@ -136,7 +136,7 @@ def small_processors(count: int, **overrides) -> list:
         batch_size=10,
         seed=3,
     )
-    return [Cifar10FedAvgTaskProcessor.from_settings(settings | overrides) for _ in range(count)]
+    return [TaskDeviceProcessor.from_settings(settings | overrides) for _ in range(count)]
 
 
 def lossy_codecs() -> list:

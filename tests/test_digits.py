@@ -186,7 +186,8 @@ def test_a_few_devices_learn_the_digits() -> None:
     from devsim.models import build_model
     from devsim.training.evaluation import Evaluator
     from devsim.training.leaf_runner import LeafRoundRunner
-    from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor
+    from devsim.tasks import task_from_settings
+    from processors.task_processor import TaskDeviceProcessor
 
     settings = dict(
         dataset="digits", samples_per_device=150, partition="iid", local_epochs=3, batch_size=10, lr=0.02, seed=1
@@ -194,9 +195,9 @@ def test_a_few_devices_learn_the_digits() -> None:
     torch.manual_seed(1)
     model = build_model("cnn", num_classes=10)
     weights = model_to_numpy(model)
-    evaluator = Evaluator(load_dataset("digits", None, train=False), torch.device("cpu"))
+    evaluator = Evaluator.for_task(task_from_settings(settings), torch.device("cpu"))
     initial = evaluator.evaluate(model).accuracy
-    runner = LeafRoundRunner([Cifar10FedAvgTaskProcessor.from_settings(settings)])
+    runner = LeafRoundRunner([TaskDeviceProcessor.from_settings(settings)])
     try:
         for round_index in range(4):
             result = runner.run_round(round_index, weights, [0, 1, 2, 3])

@@ -24,7 +24,7 @@ from devsim.codec import model_to_numpy
 from devsim.models import build_model
 from devsim_flare.edge.job import NumpyBuffModelManager, seeded_initial_weights
 from devsim_flare.edge.runner import FastEdgeRunner, SharedProcessorFactory
-from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor, clear_workers, device_number
+from processors.edge_task_processor import EdgeTaskProcessor, clear_workers, device_number
 from tests.conftest import REPO, processes_mentioning, run_in_group
 
 CHANCE = 0.10
@@ -63,7 +63,7 @@ def test_device_number_maps_simulator_ids_per_leaf():
 
 def test_adapter_turns_weights_dxo_into_weight_diff_dxo():
     weights = model_to_numpy(build_model("cnn"))
-    processor = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    processor = EdgeTaskProcessor(settings=SETTINGS, devices_per_leaf=4)
     processor.device = _Device("abc#1")
     try:
         result = from_dict(processor.process_task(_task(weights, version=2)))
@@ -83,9 +83,9 @@ def test_adapter_turns_weights_dxo_into_weight_diff_dxo():
 
 def test_shared_processor_serves_many_devices_like_per_device_copies():
     weights = model_to_numpy(build_model("cnn"))
-    shared = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    shared = EdgeTaskProcessor(settings=SETTINGS, devices_per_leaf=4)
     factory = SharedProcessorFactory(shared)
-    copy_for_device = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    copy_for_device = EdgeTaskProcessor(settings=SETTINGS, devices_per_leaf=4)
     copy_for_device.device = _Device("abc#3")
     try:
         via_factory = from_dict(factory.make_device("abc#3").do_task(_task(weights, version=1)))
@@ -143,7 +143,7 @@ def test_numpy_model_manager_builds_the_same_models_as_nvflares_list_manager(sta
 def test_processor_survives_deepcopy_like_the_stock_device_factory():
     import copy
 
-    processor = EdgeCifar10TaskProcessor(settings=SETTINGS, devices_per_leaf=4)
+    processor = EdgeTaskProcessor(settings=SETTINGS, devices_per_leaf=4)
     processor.leaf_index = 1
     clone = copy.deepcopy(processor)
     assert clone.settings == SETTINGS and clone.leaf_index == 1 and clone.devices_per_leaf == 4
@@ -163,10 +163,10 @@ def test_exported_edge_job_has_no_torchvision_components(tmp_path):
     assert "nvflare.edge.widgets.evaluator" not in server and "torchvision" not in server
     assert "devsim_flare.edge.job.EdgeGlobalEvaluator" in server
     paths = {c["path"] for c in client["components"]}
-    assert "processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor" in paths
+    assert "processors.edge_task_processor.EdgeTaskProcessor" in paths
     assert "devsim_flare.edge.runner.FastEdgeRunner" in paths
     assert "devsim_flare.edge.job.NumpyBuffModelManager" in server and "SeededModelPersistor" in server
-    assert (app / "custom" / "processors" / "edge_cifar10_task_processor.py").is_file()
+    assert (app / "custom" / "processors" / "edge_task_processor.py").is_file()
     meta = json.loads((tmp_path / "job" / "devsim_edge" / "meta.json").read_text())
     assert meta["edge_method"] == "edge" and meta["min_clients"] == 2
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devsim_flare.edge.selection import SeededDeviceManager, leaf_device_prefix
-from processors.edge_cifar10_task_processor import device_number
+from processors.edge_task_processor import device_number
 
 
 def _manager(seed: int, leaves: dict[str, int], selection: int = 4) -> SeededDeviceManager:

@@ -112,9 +112,16 @@ def test_last_layer_names(name: str, num_classes: int) -> None:
     assert list(state)[-2:] == [weight_key, bias_key]
 
 
-def test_last_layer_names_requires_classifier_name() -> None:
-    with pytest.raises(ValueError, match="classifier_name"):
-        last_layer_names(nn.Linear(2, 2))
+def test_last_layer_names_fall_back_to_the_last_linear_layer() -> None:
+    assert last_layer_names(nn.Linear(2, 2)) == ["weight", "bias"]
+    user_model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3, bias=False))
+    assert last_layer_names(user_model) == ["2.weight"]
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        last_layer_names(nn.Sequential(nn.Conv2d(3, 4, 3)))
+    odd = nn.Sequential(nn.Conv2d(3, 4, 3))
+    odd.classifier_name = "0"
+    with pytest.raises(ValueError, match="is not an nn.Linear"):
+        last_layer_names(odd)
 
 
 def test_cnn_constructor_attr() -> None:

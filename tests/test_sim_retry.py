@@ -7,7 +7,7 @@ import os
 import time
 
 from devsim.config import SimulationConfig
-from devsim_flare import cli
+from devsim_flare import execution as cli
 
 
 class FlakyRecipe:

@@ -7,6 +7,7 @@ from devsim.data.partition import (
     PARTITION_KINDS,
     DirichletPartitioner,
     IIDPartitioner,
+    NaturalPartitioner,
     Partitioner,
     make_partitioner,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "DatasetUnavailableError",
     "DirichletPartitioner",
     "IIDPartitioner",
+    "NaturalPartitioner",
     "ImageDataset",
     "Partitioner",
     "download_cifar",

@@ -9,10 +9,12 @@ cluster-aware strategy can find the groups. Two kinds:
   classes); group 0 keeps the identity.
 * ``"input_transform"``: group ``g`` transforms the images, labels unchanged. ``g`` is read in mixed
   radix: ``g % 4`` quarter turns (counter-clockwise in the image plane), then ``(g // 4) % 2``
-  inversion (``255 - x``), then ``g // 8`` one of the six channel orders (0 = RGB). Groups 0..47 are
-  distinct transforms (group 0 is the identity); larger groups are rejected. Independent of ``seed``.
+  inversion (``255 - x`` for uint8 images, ``-x`` for float ones), then ``g // 8`` one of the six channel
+  orders (0 = RGB; three-channel images only). Groups 0..47 are distinct transforms for three channels,
+  0..7 for other channel counts (group 0 is the identity); larger groups are rejected. Independent of ``seed``.
 
-Pure numpy; images are ``uint8`` ``(N, 3, H, W)`` with ``H == W`` (CIFAR: 32x32), labels ``int64`` ``(N,)``.
+Pure numpy; images are ``(N, C, H, W)`` with ``H == W``, uint8 or float32 (any task with square image
+inputs); labels ``int64`` ``(N,)``. Label permutations work for any classification task.
 """
 
 from __future__ import annotations
@@ -100,29 +102,47 @@ class GroupTransform:
         """Transformed copies ``(images, labels)``, same shapes and dtypes, C-contiguous.
 
         Args:
-            images: ``uint8`` ``(N, 3, H, W)`` with ``H == W``.
+            images: uint8 or float32 ``(N, C, H, W)`` with ``H == W`` (``"input_transform"``); any inputs with one
+                row per label for ``"label_permutation"``.
             labels: Integer ``(N,)`` in ``[0, num_classes)`` (for ``"label_permutation"``).
         """
-        _check_arrays(images, labels)
+        if self.kind == "input_transform":
+            _check_arrays(images, labels)
+        elif not isinstance(labels, np.ndarray) or labels.ndim != 1 or labels.shape[0] != len(images):
+            raise ValueError("labels must be a 1-D array with one class id per input row")
         if self.kind == "label_permutation":
             if labels.size and (labels.min() < 0 or labels.max() >= int(self.num_classes or 0)):
                 raise ValueError(f"labels must lie in [0, {self.num_classes}) for label_permutation")
             return images.copy(order="C"), self.label_map()[labels].astype(labels.dtype, copy=False)
         turns, invert, channels = self.input_parts()
+        if channels != (0, 1, 2) and images.shape[1] != 3:
+            raise ValueError(f"input_transform group {self.group} reorders channels: it needs 3 channels")
         out = images[:, list(channels)] if channels != (0, 1, 2) else images
         if turns:
             out = np.rot90(out, k=turns, axes=(2, 3))
         out = np.array(out, order="C")
-        if invert:
+        if invert and out.dtype == np.uint8:
             np.subtract(np.uint8(255), out, out=out)
+        elif invert:
+            np.negative(out, out=out)
         return out, labels.copy()
 
 
+def input_transform_groups(sample_shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """How many distinct ``input_transform`` groups inputs of ``sample_shape`` and ``dtype`` allow (0: none,
+    they are not square images of uint8 or float values)."""
+    if len(sample_shape) != 3 or sample_shape[1] != sample_shape[2]:
+        return 0
+    if np.dtype(dtype) not in (np.dtype(np.uint8), np.dtype(np.float32)):
+        return 0
+    return NUM_INPUT_TRANSFORMS if sample_shape[0] == 3 else 8
+
+
 def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
-    if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
-        raise TypeError("images must be a uint8 numpy array")
-    if images.ndim != 4 or images.shape[1] != 3 or images.shape[2] != images.shape[3]:
-        raise ValueError(f"images must have shape (N, 3, H, H), got {images.shape}")
+    if not isinstance(images, np.ndarray) or images.dtype not in (np.uint8, np.float32):
+        raise TypeError("images must be a uint8 or float32 numpy array")
+    if images.ndim != 4 or images.shape[2] != images.shape[3]:
+        raise ValueError(f"images must have shape (N, C, H, H), got {images.shape}")
     if not isinstance(labels, np.ndarray) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise TypeError("labels must be a 1-D integer numpy array")
     if labels.shape[0] != images.shape[0]:
@@ -141,7 +161,7 @@ def apply_group(
     """Apply group ``group``'s transform of ``kind`` to a subset of a dataset.
 
     Args:
-        images: ``uint8`` ``(N, 3, H, W)`` with ``H == W``.
+        images: uint8 or float32 ``(N, C, H, W)`` with ``H == W``.
         labels: Integer ``(N,)``.
         group: Group index (see :func:`leaf_group`).
         kind: One of :data:`GROUP_KINDS`.

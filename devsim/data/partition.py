@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-PARTITION_KINDS: tuple[str, ...] = ("iid", "dirichlet")
+PARTITION_KINDS: tuple[str, ...] = ("iid", "dirichlet", "natural")
 """Kinds accepted by :func:`make_partitioner`."""
 
 
@@ -36,29 +36,54 @@ class Partitioner(ABC):
     """Maps a device id to the indices of its training samples.
 
     Attributes:
-        labels: int64 labels of the whole training set, shape ``(N,)``.
-        num_classes: Number of classes C; label histograms have length C.
-        samples_per_device: Number of indices in every device's shard (1 <= it <= N).
+        labels: int64 class labels of the whole training set, shape ``(N,)``; None for tasks without class
+            labels (then only the IID and natural partitions apply and label histograms do not exist).
+        num_classes: Number of classes C (label histograms have length C); None without labels.
+        samples_per_device: Number of indices in every device's shard (1 <= it <= N); None when shard sizes
+            differ (the natural partition).
         seed: Non-negative seed; together with the device id it fixes the shard.
     """
 
-    def __init__(self, labels: np.ndarray, num_classes: int, samples_per_device: int, seed: int) -> None:
-        labels = np.asarray(labels)
-        if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(f"labels must be a non-empty 1-D integer array, got {labels.dtype} {labels.shape}")
-        self.num_classes = _check_int("num_classes", num_classes, 1)
-        if labels.min() < 0 or labels.max() >= self.num_classes:
-            raise ValueError(f"labels must lie in [0, {self.num_classes})")
-        self.labels = labels.astype(np.int64, copy=False)
-        self.samples_per_device = _check_int("samples_per_device", samples_per_device, 1)
-        if self.samples_per_device > labels.size:
-            raise ValueError(f"samples_per_device ({samples_per_device}) exceeds the training set size ({labels.size})")
+    def __init__(
+        self,
+        labels: np.ndarray | None,
+        num_classes: int | None,
+        samples_per_device: int | None,
+        seed: int,
+        num_samples: int | None = None,
+    ) -> None:
+        if labels is None:
+            self.labels = None
+            self.num_classes = None
+            self._num_samples = _check_int("num_samples", num_samples, 1)
+        else:
+            labels = np.asarray(labels)
+            if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
+                raise ValueError(f"labels must be a non-empty 1-D integer array, got {labels.dtype} {labels.shape}")
+            self.num_classes = _check_int("num_classes", num_classes, 1)
+            if labels.min() < 0 or labels.max() >= self.num_classes:
+                raise ValueError(f"labels must lie in [0, {self.num_classes})")
+            self.labels = labels.astype(np.int64, copy=False)
+            self._num_samples = int(labels.size)
+        if samples_per_device is None:
+            self.samples_per_device = None
+        else:
+            self.samples_per_device = _check_int("samples_per_device", samples_per_device, 1)
+            if self.samples_per_device > self._num_samples:
+                raise ValueError(
+                    f"samples_per_device ({samples_per_device}) exceeds the training set size ({self._num_samples})"
+                )
         self.seed = _check_int("seed", seed, 0)
 
     @property
     def num_samples(self) -> int:
         """Size N of the training set being partitioned."""
-        return int(self.labels.size)
+        return self._num_samples
+
+    @property
+    def num_devices(self) -> int | None:
+        """Devices that hold data (the natural partition's owners), or None: any device id has a shard."""
+        return None
 
     @abstractmethod
     def device_indices(self, device_id: int) -> np.ndarray:
@@ -68,14 +93,17 @@ class Partitioner(ABC):
             device_id: Integer >= 0.
 
         Returns:
-            A new int64 array of shape ``(samples_per_device,)`` with values in ``[0, N)``.
+            A new int64 array of shape ``(samples_per_device,)`` (or the owner's sample count, for the natural
+            partition) with values in ``[0, N)``.
         """
 
     def device_label_histogram(self, device_id: int) -> np.ndarray:
         """Number of the device's samples in each class: int64 array of shape ``(num_classes,)``.
 
-        It sums to ``samples_per_device``.
+        It sums to the device's shard size. Raises ValueError without class labels.
         """
+        if self.labels is None:
+            raise ValueError("label histograms need class labels (a classification task)")
         labels = self.labels[self.device_indices(device_id)]
         return np.bincount(labels, minlength=self.num_classes).astype(np.int64)
 
@@ -88,19 +116,28 @@ class IIDPartitioner(Partitioner):
     population holds at most N samples in total, and recur cyclically beyond that.
 
     Args:
-        labels: Training labels, integer array of shape ``(N,)``.
+        labels: Training labels, integer array of shape ``(N,)``; None for a task without class labels (then
+            give ``num_samples``).
         samples_per_device: Shard size (1..N).
         seed: Non-negative seed of the global permutation (``np.random.default_rng(seed)``).
         num_classes: Histogram length; defaults to ``max(labels) + 1``.
+        num_samples: N, when ``labels`` is None.
     """
 
     def __init__(
-        self, labels: np.ndarray, samples_per_device: int, seed: int, *, num_classes: int | None = None
+        self,
+        labels: np.ndarray | None,
+        samples_per_device: int,
+        seed: int,
+        *,
+        num_classes: int | None = None,
+        num_samples: int | None = None,
     ) -> None:
-        labels = np.asarray(labels)
-        if num_classes is None:
-            num_classes = int(labels.max()) + 1 if labels.size and labels.ndim == 1 else 1
-        super().__init__(labels, num_classes, samples_per_device, seed)
+        if labels is not None:
+            labels = np.asarray(labels)
+            if num_classes is None:
+                num_classes = int(labels.max()) + 1 if labels.size and labels.ndim == 1 else 1
+        super().__init__(labels, num_classes, samples_per_device, seed, num_samples=num_samples)
         self._permutation = np.random.default_rng(self.seed).permutation(self.num_samples)
         self._window = np.arange(self.samples_per_device, dtype=np.int64)
 
@@ -195,33 +232,89 @@ class DirichletPartitioner(Partitioner):
             offsets[classes == cls] = rng.permutation(self._pool_sizes[cls])[: counts[cls]]
 
 
+class NaturalPartitioner(Partitioner):
+    """The task's own partition: device ``d`` holds every training sample of the ``d``-th smallest owner id.
+
+    ``owners`` (one int per training sample, from the task's ``owner_train``) names the device holding each
+    sample, so shard sizes differ as they do between real users. Device ids ``0 .. num_devices - 1`` map to
+    the distinct owner ids in ascending order; the rows of a device keep the training set's order (its local
+    training reshuffles them). Memory: two int64 arrays of N entries and one of ``num_devices + 1``.
+
+    Args:
+        owners: Integer array of shape ``(N,)``.
+        seed: Non-negative seed (kept for the interface; the partition itself is not random).
+        labels: Training class labels ``(N,)`` for label histograms, or None.
+        num_classes: Histogram length, with ``labels``.
+    """
+
+    def __init__(
+        self, owners: np.ndarray, seed: int = 0, labels: np.ndarray | None = None, num_classes: int | None = None
+    ) -> None:
+        owners = np.asarray(owners)
+        if owners.ndim != 1 or owners.size == 0 or not np.issubdtype(owners.dtype, np.integer):
+            raise ValueError(f"owners must be a non-empty 1-D integer array, got {owners.dtype} {owners.shape}")
+        super().__init__(labels, num_classes, None, seed, num_samples=int(owners.size))
+        if labels is not None and self.num_samples != owners.size:
+            raise ValueError(f"owners has {owners.size} entries but labels has {self.num_samples}")
+        self.owner_ids, counts = np.unique(owners, return_counts=True)
+        self._order = np.argsort(owners, kind="stable").astype(np.int64)
+        self._offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+    @property
+    def num_devices(self) -> int:
+        """Distinct owners: the devices that hold data."""
+        return int(self.owner_ids.size)
+
+    def shard_sizes(self) -> np.ndarray:
+        """Samples held by each device, int64 ``(num_devices,)``."""
+        return np.diff(self._offsets)
+
+    def device_indices(self, device_id: int) -> np.ndarray:
+        device = _check_int("device_id", device_id, 0)
+        if device >= self.num_devices:
+            raise ValueError(f"device_id {device} is outside the {self.num_devices} devices of the natural partition")
+        return self._order[self._offsets[device] : self._offsets[device + 1]].copy()
+
+
 def make_partitioner(
     kind: str,
-    labels: np.ndarray,
-    num_classes: int,
+    labels: np.ndarray | None,
+    num_classes: int | None,
     samples_per_device: int,
     seed: int,
     alpha: float | None = None,
+    *,
+    owners: np.ndarray | None = None,
+    num_samples: int | None = None,
 ) -> Partitioner:
     """Build a partitioner by kind.
 
     Args:
-        kind: ``"iid"`` or ``"dirichlet"`` (see :data:`PARTITION_KINDS`).
-        labels: Training labels, integer array of shape ``(N,)``.
-        num_classes: Number of classes C.
-        samples_per_device: Shard size (1..N).
+        kind: ``"iid"``, ``"dirichlet"`` or ``"natural"`` (see :data:`PARTITION_KINDS`).
+        labels: Training labels, integer array of shape ``(N,)``; None for a task without class labels (iid and
+            natural only; give ``num_samples``).
+        num_classes: Number of classes C (None without labels).
+        samples_per_device: Shard size (1..N); ignored by ``"natural"``.
         seed: Non-negative seed.
-        alpha: Dirichlet concentration, required (> 0) for ``"dirichlet"``, ignored for ``"iid"``.
+        alpha: Dirichlet concentration, required (> 0) for ``"dirichlet"``, ignored otherwise.
+        owners: The owner of each training sample, required for ``"natural"``.
+        num_samples: N, when ``labels`` is None.
 
     Raises:
-        ValueError: Unknown kind, missing or invalid alpha, or other invalid arguments.
+        ValueError: Unknown kind, missing or invalid alpha or owners, or other invalid arguments.
     """
     if kind == "iid":
-        return IIDPartitioner(labels, samples_per_device, seed, num_classes=num_classes)
+        return IIDPartitioner(labels, samples_per_device, seed, num_classes=num_classes, num_samples=num_samples)
     if kind == "dirichlet":
         if alpha is None:
             raise ValueError("alpha is required for the dirichlet partition (e.g. 0.5)")
+        if labels is None:
+            raise ValueError("the dirichlet partition needs class labels (a classification task)")
         return DirichletPartitioner(labels, num_classes, samples_per_device, alpha, seed)
+    if kind == "natural":
+        if owners is None:
+            raise ValueError("the natural partition needs the owner of every training sample (owner_train)")
+        return NaturalPartitioner(owners, seed, labels=labels, num_classes=num_classes)
     raise ValueError(f"unknown partition {kind!r}; allowed values: {', '.join(PARTITION_KINDS)}")
 
 

@@ -102,3 +102,12 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_metrics(loss: float, metrics: dict[str, float]) -> str:
+    """``accuracy 0.9583  loss 0.1268  <other metrics>``: an evaluation's loss and the task's metrics, accuracy
+    first when there is one, then the loss, then the other metrics in their order; 4 decimals each."""
+    parts = [f"accuracy {float(metrics['accuracy']):.4f}"] if "accuracy" in metrics else []
+    parts.append(f"loss {float(loss):.4f}")
+    parts += [f"{name} {float(value):.4f}" for name, value in metrics.items() if name != "accuracy"]
+    return "  ".join(parts)

@@ -28,6 +28,7 @@ and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from devsim.resources.workers import _fmt_bytes, free_vram_bytes
@@ -71,7 +72,7 @@ def free_ram_bytes() -> int | None:
 def plan_device_batch(
     setting: int | str,
     *,
-    obstacle: str | None,
+    obstacle: str | None | Callable[[], str | None],
     device_bytes: int,
     device: str,
     num_workers: int,
@@ -84,7 +85,8 @@ def plan_device_batch(
 
     Args:
         setting: the configured value.
-        obstacle: why the worker cannot batch exactly (see ``batching_obstacle``), None when it can.
+        obstacle: why the worker cannot batch exactly (see ``batching_obstacle``), None when it can; or a
+            function returning that, called only when the answer decides the plan (it may run a probe).
         device_bytes: estimated bytes one more device adds to a batch (> 0).
         device: the worker's torch device (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
         num_workers: workers of this leaf, each running its own batches at the same time.
@@ -101,10 +103,6 @@ def plan_device_batch(
         raise ValueError(f"device_batch must be 'auto', 'off' or an integer >= 1, got {setting!r}")
     if device_bytes <= 0:
         raise ValueError(f"device_bytes must be > 0, got {device_bytes}")
-    if obstacle is not None:
-        if setting == "auto":
-            return DeviceBatchPlan(1, f"device_batch=auto -> thread pool, one device at a time: {obstacle}")
-        raise ValueError(f"--device-batch {setting}: {obstacle}")
     on_gpu = device.startswith("cuda")
     if setting == "auto" and not on_gpu and num_params > AUTO_CPU_MAX_PARAMS:
         return DeviceBatchPlan(
@@ -112,6 +110,12 @@ def plan_device_batch(
             f"device_batch=auto -> thread pool, one device at a time: {num_params:,} parameters are compute-bound "
             f"on the CPU (batched above {AUTO_CPU_MAX_PARAMS:,} only on a GPU or with --device-batch N)",
         )
+    if callable(obstacle):
+        obstacle = obstacle()
+    if obstacle is not None:
+        if setting == "auto":
+            return DeviceBatchPlan(1, f"device_batch=auto -> thread pool, one device at a time: {obstacle}")
+        raise ValueError(f"--device-batch {setting}: {obstacle}")
     if free_bytes is None:
         free_bytes = free_vram_bytes(device) if on_gpu else free_ram_bytes()
     sharing = max(1, num_workers) * max(1, leaves_on_gpu if on_gpu else leaves_on_host)

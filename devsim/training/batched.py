@@ -2,80 +2,73 @@
 
 :class:`BatchedTrainer` keeps one copy of the model's state per device, stacked along a new leading
 dimension (``(D, *shape)`` for D devices), and takes every device's step together: ``torch.func.vmap``
-of ``torch.func.grad`` of a ``functional_call`` of the shared module. It reproduces
+of ``torch.func.grad`` of a ``functional_call`` of the shared module with the task's loss. It reproduces
 :class:`~devsim.training.local.LocalTrainer` device by device, up to float rounding:
 
-- each device sees exactly its own batches (same generator, same reshuffled passes, same random
-  crops and flips with ``augment``);
-- the update is PyTorch's: SGD with momentum (``buf = momentum * buf + grad``, the first step
-  ``buf = grad``; ``p -= lr * buf``) or Adam (``torch.optim.Adam`` with its default betas and eps),
-  L2 weight decay added to the gradient, fresh optimizer state per device;
+- each device sees exactly its own batches (same generator, same reshuffled passes, same augmentation);
+- the update is PyTorch's: SGD with momentum (``buf = momentum * buf + grad`` from ``buf = 0``, which is
+  ``buf = grad`` at the first step; ``p -= lr * buf``) or Adam (``torch.optim.Adam`` with its default betas and
+  eps), L2 weight decay added to the gradient, fresh optimizer state per device;
 - BatchNorm layers normalise each device's batch with its own statistics and update that device's own
-  running mean and variance (the buffers are stacked per device like the weights), so the deltas of
-  ``running_mean`` / ``running_var`` match too; GroupNorm has no buffers and needs nothing special;
-- devices with unequal shard sizes (hence unequal step counts or a short last batch) are bucketed by
-  size: each bucket is one lockstep computation, so nothing is padded and nothing is masked.
+  running mean and variance (buffers are stacked per device like the weights);
+- devices with unequal shards (natural partitions: every user holds a different number of samples) run in
+  one ragged lockstep: devices are ordered by step count, at step ``t`` only those with more than ``t`` steps
+  take part (a prefix of the stack, so its state is a view), and devices whose batch at ``t`` is short (the
+  end of a pass) take that step as their own group of equal batch size. Nothing is padded or masked: every
+  device's arithmetic is the one it would do alone.
 
-:func:`batching_obstacle` says why a model and spec cannot be batched exactly (None when they can):
-an optimizer other than SGD/Adam, or a module keeping buffers other than BatchNorm's running
-statistics (with a numeric ``momentum``) or :class:`~devsim.models.FeatureTracker`'s.
+:func:`batching_obstacle` says why a model and spec cannot be batched (None when they can): an optimizer other
+than SGD/Adam, or a BatchNorm with a cumulative average. Whether a task's model gives the same updates batched
+is checked on a probe before a leaf batches it (:func:`devsim.training.batch_probe.probe_batching`).
 :func:`batched_device_bytes` estimates what one more device in a batch costs in memory, for sizing.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from devsim.codec import float_state_keys
 from devsim.data.device_shards import ShardPool
-from devsim.models import FeatureTracker
-from devsim.training.local import DeviceMetrics, LocalTrainingSpec, batch_orders, crop_and_flip
-
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
-OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
+from devsim.training.local import DeviceMetrics, LocalTrainingSpec, Objective, batch_orders, crop_and_flip
+from devsim.training.stacked import OPTIMIZER_STATES, StackedOptimizer, StackedRows
 
 
 def batching_obstacle(model: nn.Module, spec: LocalTrainingSpec) -> str | None:
-    """Why ``model`` trained with ``spec`` cannot be batched exactly, or None when it can."""
+    """Why ``model`` trained with ``spec`` cannot be batched, or None when nothing rules it out."""
     if spec.optimizer not in OPTIMIZER_STATES:
         return f"optimizer {spec.optimizer!r} has no batched update (batched: {', '.join(OPTIMIZER_STATES)})"
     for name, module in model.named_modules():
-        if not list(module.buffers(recurse=False)):
-            continue
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            if module.momentum is None:
-                return f"BatchNorm {name!r} uses a cumulative average (momentum=None)"
-        elif not isinstance(module, FeatureTracker):
-            return f"module {name!r} ({type(module).__name__}) keeps buffers the batched path does not handle"
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.momentum is None:
+            return f"BatchNorm {name!r} uses a cumulative average (momentum=None)"
     return None
 
 
-def activation_bytes_per_sample(model: nn.Module, sample_shape: tuple[int, ...] = (3, 32, 32)) -> int:
+def activation_bytes_per_sample(model: nn.Module, example: torch.Tensor | None = None) -> int:
     """Bytes of float32 activations one training sample keeps for the backward pass (estimate).
 
-    Sums the output sizes of every leaf module for one sample (a forward pass in eval mode without
-    gradients) and doubles it for the saved inputs and gradient buffers of the backward pass.
+    Sums the output sizes of every leaf module for ``example`` (one model input row ``(1, ...)``; default a
+    zero 3x32x32 image) in a forward pass in eval mode without gradients, and doubles it for the saved inputs
+    and gradient buffers of the backward pass.
     """
     sizes: list[int] = []
     hooks = [
-        m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel()))
+        m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel() if isinstance(out, torch.Tensor) else 0))
         for m in model.modules()
         if not list(m.children())
     ]
+    parameter = next(model.parameters())
+    if example is None:
+        example = torch.zeros(1, 3, 32, 32, dtype=parameter.dtype)
     was_training = model.training
     try:
         model.eval()
         with torch.no_grad():
-            parameter = next(model.parameters())
-            model(torch.zeros(1, *sample_shape, device=parameter.device, dtype=parameter.dtype))
+            model(example[:1].to(parameter.device))
     finally:
         for hook in hooks:
             hook.remove()
@@ -83,37 +76,47 @@ def activation_bytes_per_sample(model: nn.Module, sample_shape: tuple[int, ...] 
     return 2 * 4 * sum(sizes)
 
 
-def batched_device_bytes(model: nn.Module, spec: LocalTrainingSpec, shard_samples: int) -> int:
-    """Memory one device adds to a batch, in bytes (float32).
+def batched_device_bytes(
+    model: nn.Module, spec: LocalTrainingSpec, shard_samples: int, example: torch.Tensor | None = None
+) -> int:
+    """Memory one device adds to a batch, in bytes.
 
-    ``4 * state * (3 + optimizer states)`` (its weights, gradients, output delta and 1 SGD or 2 Adam
-    state tensors) plus ``batch_size * activation_bytes_per_sample`` plus its shard
-    (``shard_samples`` images of 3x32x32 float32, stacked for gathering).
+    ``4 * state * (3 + optimizer states)`` (its weights, gradients, output delta and 1 SGD or 2 Adam state
+    tensors) plus ``batch_size * activation_bytes_per_sample`` plus its shard (``shard_samples`` model inputs
+    like ``example``, one prepared input row; default 3x32x32 float32 images).
     """
     state = sum(t.numel() for t in model.state_dict().values() if t.is_floating_point())
     copies = 3 + OPTIMIZER_STATES.get(spec.optimizer, 2)
-    shard = shard_samples * 3 * 32 * 32 * 4
-    return 4 * state * copies + spec.batch_size * activation_bytes_per_sample(model) + shard
+    row_bytes = 3 * 32 * 32 * 4 if example is None else example[0].numel() * example.element_size()
+    return (
+        4 * state * copies + spec.batch_size * activation_bytes_per_sample(model, example) + shard_samples * row_bytes
+    )
 
 
 class BatchedTrainer:
-    """Local training of D devices in lockstep on one compute device.
+    """Local training of D devices in (ragged) lockstep on one compute device.
 
     Args:
         model: the architecture (its current weights are not used; non-float buffers such as
             BatchNorm's ``num_batches_tracked`` start from the model's values); moved to ``device``.
         spec: local training settings (SGD or Adam, any schedule, with or without augmentation).
         device: torch device for the stacked state and the batches.
+        objective: the task's loss, classification flag and augmentation (default: cross-entropy, accuracy,
+            crop and flip).
 
     Raises:
         ValueError: with :func:`batching_obstacle`'s reason when the model or spec cannot be batched.
     """
 
-    def __init__(self, model: nn.Module, spec: LocalTrainingSpec, device: torch.device):
+    def __init__(
+        self, model: nn.Module, spec: LocalTrainingSpec, device: torch.device, objective: Objective | None = None
+    ):
         obstacle = batching_obstacle(model, spec)
         if obstacle is not None:
             raise ValueError(f"batched training cannot reproduce this setup: {obstacle}")
         self.spec = spec
+        self.objective = objective if objective is not None else Objective(augment=crop_and_flip)
+        self.augment = self.objective.augmentation(spec)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.keys = float_state_keys(self.model)
@@ -122,12 +125,13 @@ class BatchedTrainer:
         missing = set(self.param_keys) - set(self.keys)
         if missing:
             raise ValueError(f"batched training needs floating-point parameters; not float: {sorted(missing)}")
+        loss_fn = self.objective.loss
 
-        def loss_and_logits(params: dict, buffers: dict, inputs: torch.Tensor, targets: torch.Tensor):
-            logits = functional_call(self.model, (params, buffers), (inputs,))
-            return F.cross_entropy(logits, targets), logits
+        def loss_and_outputs(params: dict, buffers: dict, inputs: torch.Tensor, targets: torch.Tensor):
+            outputs = functional_call(self.model, (params, buffers), (inputs,))
+            return loss_fn(outputs, targets), outputs
 
-        self._step = vmap(grad_and_value(loss_and_logits, has_aux=True), in_dims=(0, 0, 1, 1))
+        self._step = vmap(grad_and_value(loss_and_outputs, has_aux=True), in_dims=(0, 0, 1, 1))
         self.fold_channels_last = self.device.type == "cpu" and _folds_channels_last(self.model)
 
     def train(
@@ -142,22 +146,26 @@ class BatchedTrainer:
         Args:
             device_ids: logical device ids (metrics only), length D.
             global_tensors: global state on ``self.device``, ordered like ``self.keys``; not modified.
-            shards: per device, float32 images (n_i, C, H, W) and int64 labels (n_i,) on ``self.device``;
-                sizes may differ (devices are bucketed by size).
+            shards: per device, model inputs (n_i, ...) and targets (n_i, ...) on ``self.device``; sizes may differ.
             generators: per device, the CPU generator fixing its batch order (as for ``LocalTrainer``).
 
         Returns:
             One (D, *shape) tensor per key (trained state minus global, rows in ``device_ids`` order) and
-            per-device metrics (compute_seconds is the bucket's wall time divided by its size).
+            per-device metrics (compute_seconds is the call's wall time divided by D).
         """
         if not device_ids or len(shards) != len(device_ids):
             raise ValueError("device_ids, shards and generators must be non-empty and of equal length")
-        sizes = [int(labels.shape[0]) for _, labels in shards]
-        starts = [0, *itertools.accumulate(sizes)][:-1]
+        starts, offset = [], 0
+        for _, targets in shards:
+            starts.append(offset)
+            offset += int(targets.shape[0])
         pool = ShardPool(
-            images=torch.cat([images for images, _ in shards]),
-            labels=torch.cat([labels for _, labels in shards]),
-            indices=[torch.arange(s, s + n, device=self.device) for s, n in zip(starts, sizes, strict=True)],
+            inputs=torch.cat([inputs for inputs, _ in shards]),
+            targets=torch.cat([targets for _, targets in shards]),
+            indices=[
+                torch.arange(s, s + int(t.shape[0]), device=self.device)
+                for s, (_, t) in zip(starts, shards, strict=True)
+            ],
         )
         return self.train_pool(device_ids, global_tensors, pool, generators)
 
@@ -170,95 +178,144 @@ class BatchedTrainer:
     ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
         """:meth:`train` with the devices' samples given as rows of one shared tensor (see :class:`ShardPool`).
 
-        Each step gathers only that step's rows (D devices x batch) and prepares them, so a round never
-        copies whole shards.
+        Each step gathers only that step's rows (devices x batch) and prepares them, so a round never copies
+        whole shards. A step's batch is gathered batch-major, (batch, D, ...), and vmapped over dimension 1: the
+        batching rule of a convolution folds D into the channels, (batch, D * C, H, W), which is then a view
+        instead of a copy of every step's images. With ``fold_channels_last`` (convolutional nets on the CPU)
+        the batch is stored (batch, H, W, D, C), so that folded view is channels-last.
         """
         count = len(device_ids)
         if not count or len(pool.indices) != count or len(generators) != count:
             raise ValueError("device_ids, shards and generators must be non-empty and of equal length")
-        buckets: dict[int, list[int]] = {}
-        for i, rows in enumerate(pool.indices):
-            buckets.setdefault(int(rows.shape[0]), []).append(i)
-        if len(buckets) == 1:
-            return self._train_bucket(device_ids, global_tensors, pool, generators)
-        deltas = [torch.empty((count, *g.shape), dtype=g.dtype, device=self.device) for g in global_tensors]
-        metrics: list[DeviceMetrics | None] = [None] * count
-        for rows in buckets.values():
-            part_pool = ShardPool(pool.images, pool.labels, [pool.indices[i] for i in rows], pool.prepare)
-            part, part_metrics = self._train_bucket(
-                [device_ids[i] for i in rows], global_tensors, part_pool, [generators[i] for i in rows]
-            )
-            index = torch.tensor(rows, device=self.device)
-            for out, values in zip(deltas, part, strict=True):
-                out.index_copy_(0, index, values)
-            for i, m in zip(rows, part_metrics, strict=True):
-                metrics[i] = m
-        return deltas, metrics
-
-    def _train_bucket(
-        self,
-        device_ids: list[int],
-        global_tensors: list[torch.Tensor],
-        pool: ShardPool,
-        generators: list[torch.Generator],
-    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
-        """Devices whose shards all hold the same number of samples, in lockstep.
-
-        A step's batch is gathered batch-major, (batch, D, C, H, W), and vmapped over dimension 1: the
-        batching rule of a convolution folds D into the channels, (batch, D * C, H, W), which is then a
-        view instead of a copy of every step's images. With ``fold_channels_last`` (the CNN on the CPU) the
-        batch is stored (batch, H, W, D, C), so that folded view is channels-last.
-        """
         started = time.perf_counter()
-        count = len(device_ids)
-        num_samples = int(pool.indices[0].shape[0])
-        steps = self.spec.steps_for(num_samples)
-        globals_by_key = dict(zip(self.keys, global_tensors, strict=True))
-        model_buffers = dict(self.model.named_buffers())
-
-        def stacked(key: str) -> torch.Tensor:
-            source = globals_by_key[key] if key in globals_by_key else model_buffers[key]
-            return source.detach().unsqueeze(0).repeat(count, *([1] * source.dim()))
-
-        params = {k: stacked(k) for k in self.param_keys}
-        buffers = {k: stacked(k) for k in self.buffer_keys}
-        optimizer = _StackedOptimizer(self.spec, list(params.values()))
-        device_rows = torch.stack(list(pool.indices)).to(self.device)
-        rows = torch.arange(count, device=self.device)[:, None]
-        sample_shape = tuple(pool.images.shape[1:])
-        loss_sum = torch.zeros(count, device=self.device)
-        correct = torch.zeros(count, device=self.device, dtype=torch.int64)
-        seen = 0
-        orders = [batch_orders(num_samples, steps, self.spec.batch_size, g) for g in generators]
-        self.model.train()
-        for _ in range(steps):
-            index = torch.stack([next(order) for order in orders]).to(self.device, non_blocking=True)
-            flat = device_rows[rows, index].t().reshape(-1)
-            batch = int(index.shape[1])
-            inputs = pool.images.index_select(0, flat).view(batch, count, *sample_shape)
-            if self.fold_channels_last and not self.spec.augment:
-                inputs = fold_channels_last(inputs)
-            if pool.prepare is not None:
-                inputs = pool.prepare(inputs)
-            targets = pool.labels.index_select(0, flat).view(batch, count)
-            if self.spec.augment:
-                inputs = torch.stack([crop_and_flip(inputs[:, i], g) for i, g in enumerate(generators)], dim=1)
-                if self.fold_channels_last:
-                    inputs = fold_channels_last(inputs)
-            grads, (loss, logits) = self._step(params, buffers, inputs, targets)
-            optimizer.step([grads[k] for k in self.param_keys])
-            loss_sum += loss.detach()
-            correct += (logits.detach().argmax(dim=-1) == targets.t()).sum(dim=1)
-            seen += batch
-        trained = {**params, **buffers}
-        deltas = [trained[k] - globals_by_key[k].unsqueeze(0) for k in self.keys]
+        sizes = [int(rows.shape[0]) for rows in pool.indices]
+        steps = [self.spec.steps_for(n) for n in sizes]
+        order = sorted(range(count), key=lambda i: -steps[i])
+        run = _Lockstep(self, global_tensors, pool, [sizes[i] for i in order], [pool.indices[i] for i in order])
+        orders = [batch_orders(sizes[i], steps[i], self.spec.batch_size, generators[i]) for i in order]
+        ordered_generators = [generators[i] for i in order]
+        ordered_steps = [steps[i] for i in order]
+        active = count
+        for step in range(ordered_steps[0]):
+            while ordered_steps[active - 1] <= step:
+                active -= 1
+            batches = [next(orders[p]) for p in range(active)]
+            for rows, positions in _groups_by_batch_size(batches):
+                run.step(rows, [batches[p] for p in positions], [ordered_generators[p] for p in positions], step)
+        deltas, losses, hits, seen = run.finish()
+        if order != list(range(count)):
+            inverse = torch.empty(count, dtype=torch.int64)
+            inverse[torch.tensor(order)] = torch.arange(count)
+            deltas = [d.index_select(0, inverse.to(self.device)) for d in deltas]
+            losses, hits, seen = ([values[j] for j in inverse.tolist()] for values in (losses, hits, seen))
         per_device = (time.perf_counter() - started) / count
-        losses, hits = (loss_sum / max(steps, 1)).tolist(), correct.tolist()
+        classification = self.objective.classification
         metrics = [
-            DeviceMetrics(int(d), num_samples, steps, losses[i], hits[i] / max(seen, 1), per_device)
+            DeviceMetrics(
+                int(d),
+                sizes[i],
+                steps[i],
+                losses[i] / max(steps[i], 1),
+                hits[i] / max(seen[i], 1) if classification else math.nan,
+                per_device,
+            )
             for i, d in enumerate(device_ids)
         ]
         return deltas, metrics
+
+
+def _groups_by_batch_size(batches: list[torch.Tensor]) -> list[tuple[StackedRows, list[int]]]:
+    """Positions of the active devices grouped by this step's batch size; each group's rows. Almost every
+    step has one group (every device at a full batch): the prefix ``0 .. len(batches)``."""
+    size_of = [int(b.shape[0]) for b in batches]
+    if min(size_of) == max(size_of):
+        return [(StackedRows(0, len(batches)), list(range(len(batches))))]
+    groups: dict[int, list[int]] = {}
+    for position, size in enumerate(size_of):
+        groups.setdefault(size, []).append(position)
+    out = []
+    for positions in groups.values():
+        if positions[-1] - positions[0] + 1 == len(positions):
+            out.append((StackedRows(positions[0], positions[-1] + 1), positions))
+        else:
+            out.append((StackedRows(0, 0, torch.tensor(positions)), positions))
+    return out
+
+
+class _Lockstep:
+    """The stacked state and tallies of one :meth:`BatchedTrainer.train_pool` call (devices in step order)."""
+
+    def __init__(
+        self,
+        trainer: BatchedTrainer,
+        global_tensors: list[torch.Tensor],
+        pool: ShardPool,
+        sizes: list[int],
+        indices: list[torch.Tensor],
+    ):
+        self.trainer = trainer
+        self.pool = pool
+        device = trainer.device
+        count = len(sizes)
+        self.globals_by_key = dict(zip(trainer.keys, global_tensors, strict=True))
+        model_buffers = dict(trainer.model.named_buffers())
+
+        def stacked(key: str) -> torch.Tensor:
+            source = self.globals_by_key[key] if key in self.globals_by_key else model_buffers[key]
+            return source.detach().unsqueeze(0).repeat(count, *([1] * source.dim()))
+
+        self.params = {k: stacked(k) for k in trainer.param_keys}
+        self.buffers = {k: stacked(k) for k in trainer.buffer_keys}
+        self.optimizer = StackedOptimizer(trainer.spec, list(self.params.values()))
+        if min(sizes) == max(sizes):
+            self.device_rows = torch.stack(indices).to(device)
+        else:
+            self.device_rows = torch.zeros((count, max(sizes)), dtype=torch.int64, device=device)
+            for position, rows in enumerate(indices):
+                self.device_rows[position, : rows.shape[0]] = rows
+        self.sample_shape = tuple(pool.inputs.shape[1:])
+        self.target_shape = tuple(pool.targets.shape[1:])
+        self.loss_sum = torch.zeros(count, device=device)
+        self.correct = torch.zeros(count, device=device, dtype=torch.int64)
+        self.seen = torch.zeros(count, dtype=torch.int64)
+        trainer.model.train()
+
+    def step(
+        self, rows: StackedRows, batches: list[torch.Tensor], generators: list[torch.Generator], step: int
+    ) -> None:
+        """One optimizer step of the devices in ``rows`` (all with batches of the same size)."""
+        trainer = self.trainer
+        device = trainer.device
+        index = torch.stack(batches).to(device, non_blocking=True)
+        group, batch = int(index.shape[0]), int(index.shape[1])
+        positions = torch.arange(rows.start, rows.stop) if rows.index is None else rows.index
+        flat = self.device_rows[positions.to(device)[:, None], index].t().reshape(-1)
+        inputs = self.pool.inputs.index_select(0, flat).view(batch, group, *self.sample_shape)
+        fold = trainer.fold_channels_last and inputs.dim() == 5
+        if fold and trainer.augment is None:
+            inputs = fold_channels_last(inputs)
+        if self.pool.prepare is not None:
+            inputs = self.pool.prepare(inputs)
+        targets = self.pool.targets.index_select(0, flat).view(batch, group, *self.target_shape)
+        if trainer.augment is not None:
+            inputs = torch.stack([trainer.augment(inputs[:, j], g) for j, g in enumerate(generators)], dim=1)
+            if fold:
+                inputs = fold_channels_last(inputs)
+        params = {k: rows.take(v) for k, v in self.params.items()}
+        buffers = {k: rows.take(v) for k, v in self.buffers.items()}
+        grads, (loss, outputs) = trainer._step(params, buffers, inputs, targets)
+        self.optimizer.step([grads[k] for k in trainer.param_keys], rows, list(params.values()), step + 1)
+        rows.put(list(self.buffers.values()), list(buffers.values()))
+        rows.add(self.loss_sum, loss.detach())
+        if trainer.objective.classification:
+            rows.add(self.correct, (outputs.detach().argmax(dim=-1) == targets.t()).sum(dim=1))
+        rows.add(self.seen, torch.full((group,), batch, dtype=torch.int64))
+
+    def finish(self) -> tuple[list[torch.Tensor], list[float], list[int], list[int]]:
+        """Per key the (D, *shape) deltas, and per device its summed loss, correct predictions and samples seen."""
+        trained = {**self.params, **self.buffers}
+        deltas = [trained[k] - self.globals_by_key[k].unsqueeze(0) for k in self.trainer.keys]
+        return deltas, self.loss_sum.tolist(), self.correct.tolist(), self.seen.tolist()
 
 
 def fold_channels_last(inputs: torch.Tensor) -> torch.Tensor:
@@ -285,46 +342,3 @@ def _folds_channels_last(model: nn.Module) -> bool:
     return (
         bool(layers) and isinstance(layers[0], nn.Conv2d) and all(isinstance(m, (nn.Conv2d, nn.Linear)) for m in layers)
     )
-
-
-class _StackedOptimizer:
-    """``torch.optim.SGD`` / ``torch.optim.Adam`` arithmetic on stacked (D, *shape) parameters, in place."""
-
-    def __init__(self, spec: LocalTrainingSpec, params: list[torch.Tensor]):
-        self.spec = spec
-        self.params = params
-        self.steps = 0
-        self.first: list[torch.Tensor] = []
-        self.second: list[torch.Tensor] = []
-
-    @torch.no_grad()
-    def step(self, grads: list[torch.Tensor]) -> None:
-        spec = self.spec
-        if spec.weight_decay:
-            grads = torch._foreach_add(grads, self.params, alpha=spec.weight_decay)
-        self.steps += 1
-        if spec.optimizer == "adam":
-            self._adam(grads)
-        elif spec.momentum:
-            if self.steps == 1:
-                self.first = [g.clone() for g in grads]
-            else:
-                torch._foreach_mul_(self.first, spec.momentum)
-                torch._foreach_add_(self.first, grads)
-            torch._foreach_add_(self.params, self.first, alpha=-spec.lr)
-        else:
-            torch._foreach_add_(self.params, grads, alpha=-spec.lr)
-
-    def _adam(self, grads: list[torch.Tensor]) -> None:
-        beta1, beta2 = ADAM_BETAS
-        if self.steps == 1:
-            self.first = [torch.zeros_like(p) for p in self.params]
-            self.second = [torch.zeros_like(p) for p in self.params]
-        torch._foreach_lerp_(self.first, grads, 1 - beta1)
-        torch._foreach_mul_(self.second, beta2)
-        torch._foreach_addcmul_(self.second, grads, grads, value=1 - beta2)
-        step_size = self.spec.lr / (1 - beta1**self.steps)
-        denom = torch._foreach_sqrt(self.second)
-        torch._foreach_div_(denom, math.sqrt(1 - beta2**self.steps))
-        torch._foreach_add_(denom, ADAM_EPS)
-        torch._foreach_addcdiv_(self.params, self.first, denom, value=-step_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,8 @@ class LocalTrainingSpec:
     ``iterations`` (when set) fixes the number of steps, cycling through the shard in reshuffled
     epochs; otherwise ``epochs`` full passes are made, the last batch possibly short. ``optimizer``
     is "sgd" (with ``momentum``) or "adam"; either starts from fresh state for every device.
-    ``augment`` applies a random 32x32 crop of the 4-pixel reflect-padded image and a random
-    horizontal flip to every training batch.
+    ``augment`` applies the task's augmentation (:class:`Objective`; for images: a random crop of the
+    4-pixel reflect-padded image and a random horizontal flip) to every training batch.
     """
 
     epochs: int = 1
@@ -63,8 +64,32 @@ class LocalTrainingSpec:
 
 
 @dataclass(frozen=True)
+class Objective:
+    """What a device's local training minimises and counts, from its task.
+
+    ``loss(outputs, targets)`` returns a scalar tensor (the batch mean); with ``classification`` (outputs
+    ``(batch, C)``, class ids ``(batch,)``) the trainers also count correct predictions, otherwise a device's
+    accuracy is NaN. ``augment(inputs, generator)`` transforms a training batch when the spec's ``augment`` is on
+    (default: :func:`crop_and_flip`, for images).
+    """
+
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    classification: bool = True
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+
+    def augmentation(self, spec: LocalTrainingSpec) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None:
+        """The augmentation a device trained with ``spec`` applies, or None; refuses ``augment`` without one."""
+        if not spec.augment:
+            return None
+        if self.augment is None:
+            raise ValueError("augment is on but the task defines no augment(inputs, generator)")
+        return self.augment
+
+
+@dataclass(frozen=True)
 class DeviceMetrics:
-    """What one device's local training reports. Loss and accuracy are means over its steps."""
+    """What one device's local training reports. Loss is the mean over its steps; accuracy the fraction of its
+    training samples predicted right while it trained (NaN for tasks that are not classification)."""
 
     device_id: int
     num_samples: int
@@ -75,10 +100,18 @@ class DeviceMetrics:
 
 
 class LocalTrainer:
-    """A worker's model and SGD optimizer, reused for every device the worker trains."""
+    """A worker's model and SGD optimizer, reused for every device the worker trains.
 
-    def __init__(self, model: nn.Module, spec: LocalTrainingSpec, device: torch.device):
+    ``objective`` is the task's loss, classification flag and augmentation (default: cross-entropy with
+    accuracy, random crop and flip).
+    """
+
+    def __init__(
+        self, model: nn.Module, spec: LocalTrainingSpec, device: torch.device, objective: Objective | None = None
+    ):
         self.spec = spec
+        self.objective = objective if objective is not None else Objective(augment=crop_and_flip)
+        self.augment = self.objective.augmentation(spec)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.keys = float_state_keys(self.model)
@@ -102,8 +135,8 @@ class LocalTrainer:
         self,
         device_id: int,
         global_tensors: list[torch.Tensor],
-        images: torch.Tensor,
-        labels: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
         generator: torch.Generator,
     ) -> DeviceMetrics:
         """Train on one shard starting from ``global_tensors``.
@@ -111,38 +144,40 @@ class LocalTrainer:
         Args:
             device_id: logical device id (for the metrics only).
             global_tensors: global weights on ``self.device``, ordered like ``self.keys``; not modified.
-            images: float32 (n, C, H, W) normalised inputs on ``self.device``.
-            labels: int64 (n,) class labels on ``self.device``.
-            generator: CPU generator that fixes the batch order.
+            inputs: (n, ...) model inputs (prepared, e.g. normalised images) on ``self.device``.
+            targets: (n, ...) targets (int64 class ids for classification) on ``self.device``.
+            generator: CPU generator that fixes the batch order (and the augmentation).
         """
         started = time.perf_counter()
         self.load(global_tensors)
         self.optimizer.state.clear()
         self.model.train()
-        num_samples = int(labels.shape[0])
+        num_samples = int(targets.shape[0])
         steps = self.spec.steps_for(num_samples)
+        loss_fn, classification = self.objective.loss, self.objective.classification
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
         seen = 0
         for batch_index in batch_orders(num_samples, steps, self.spec.batch_size, generator):
             batch_index = batch_index.to(self.device, non_blocking=True)
-            inputs, targets = images[batch_index], labels[batch_index]
-            if self.spec.augment:
-                inputs = crop_and_flip(inputs, generator)
-            logits = self.model(inputs)
-            loss = F.cross_entropy(logits, targets)
+            batch_inputs, batch_targets = inputs[batch_index], targets[batch_index]
+            if self.augment is not None:
+                batch_inputs = self.augment(batch_inputs, generator)
+            outputs = self.model(batch_inputs)
+            loss = loss_fn(outputs, batch_targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             loss_sum += loss.detach()
-            correct += (logits.detach().argmax(dim=1) == targets).sum()
-            seen += int(targets.shape[0])
+            if classification:
+                correct += (outputs.detach().argmax(dim=1) == batch_targets).sum()
+            seen += int(batch_targets.shape[0])
         return DeviceMetrics(
             device_id=int(device_id),
             num_samples=num_samples,
             steps=steps,
             loss=float(loss_sum) / max(steps, 1),
-            accuracy=float(correct) / max(seen, 1),
+            accuracy=float(correct) / max(seen, 1) if classification else math.nan,
             compute_seconds=time.perf_counter() - started,
         )
 

@@ -209,7 +209,7 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
     """
     from nvflare.recipe import ProdEnv
 
-    from devsim_flare.cli import wait_for_job
+    from devsim_flare.execution import wait_for_job
 
     user = {"username": args.username} if args.username else {}
     env = ProdEnv(startup_kit_location=os.path.abspath(args.startup_kit), login_timeout=30.0, **user)

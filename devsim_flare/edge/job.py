@@ -14,7 +14,7 @@ import torchvision:
   test split and writes ``edge_results.json`` and ``final_model.pt``;
 - every client (leaf): ``EdgeTaskReceiver``, ``ModelUpdateDXOAggrFactory``, ``EdgeModelExecutor``
   (``EdgeJob.configure_client``), the device processor
-  :class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` and a device runner:
+  :class:`~processors.edge_task_processor.EdgeTaskProcessor` and a device runner:
   :class:`~devsim_flare.edge.runner.FastEdgeRunner` (default) or :class:`EdgeLeafRunner` (NVFlare's
   ``TPORunner`` plus the leaf index, so device shards are distinct across leaves).
 
@@ -54,11 +54,11 @@ from nvflare.recipe.spec import Recipe
 from nvflare.widgets.widget import Widget
 
 from devsim.codec import float_state_keys, load_numpy_into_model
-from devsim.config import DATASET_CLASSES
-from devsim.models import build_model
+from devsim.observe.progress import format_metrics
 from devsim.seeding import derive_seed
+from devsim.tasks import task_from_settings
 from devsim_flare.edge.selection import SeededDeviceManager, leaf_index_of
-from processors.edge_cifar10_task_processor import EdgeCifar10TaskProcessor
+from processors.edge_task_processor import EdgeTaskProcessor
 
 EDGE_METHOD = "edge"
 RESULTS_FILE = "edge_results.json"
@@ -114,23 +114,13 @@ class EdgeGlobalEvaluator(Widget):
         self.register_event_handler(EventType.END_RUN, self._end)
 
     def _start(self, event_type: str, fl_ctx: FLContext):
-        from devsim.data import load_dataset
         from devsim.training.evaluation import Evaluator
-        from processors.cifar10_fedavg_task_processor import default_torch_device
+        from processors.task_processor import default_torch_device
 
-        s = self.settings
-        dataset = s.get("dataset", "synthetic")
         device = default_torch_device()
-        test = load_dataset(
-            dataset,
-            s.get("data_root"),
-            train=False,
-            seed=s.get("data_seed", 0),
-            synthetic_train_size=s.get("synthetic_train_size", 20000),
-            synthetic_test_size=s.get("synthetic_test_size", 2000),
-        )
-        self._evaluator = Evaluator(test, device)
-        self._model = build_model(s.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset]).to(device)
+        task = task_from_settings(self.settings)
+        self._evaluator = Evaluator.for_task(task, device)
+        self._model = task.build_model().to(device)
         if self.output_dir and os.path.isabs(self.output_dir):
             self._folder = self.output_dir
         else:
@@ -138,7 +128,7 @@ class EdgeGlobalEvaluator(Widget):
             self._folder = os.path.join(run_dir, self.output_dir or "devsim_edge")
         os.makedirs(self._folder, exist_ok=True)
         self._started = self._previous = time.perf_counter()
-        self.log_info(fl_ctx, f"edge evaluator: {len(test.labels)} test samples; results in {self._folder}")
+        self.log_info(fl_ctx, f"edge evaluator: {len(task.y_test)} test samples; results in {self._folder}")
 
     def _on_global_model(self, event_type: str, fl_ctx: FLContext):
         learnable = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
@@ -156,8 +146,7 @@ class EdgeGlobalEvaluator(Widget):
             result = self._evaluator.evaluate(self._model)
             record = {
                 "version": version,
-                "accuracy": result.accuracy,
-                "loss": result.loss,
+                **result.record(),
                 "elapsed_s": round(now - self._started, 4),
                 "since_previous_s": round(now - self._previous, 4),
             }
@@ -165,7 +154,7 @@ class EdgeGlobalEvaluator(Widget):
             self._records.append(record)
             self._write()
         line = (
-            f"[edge] version {version}  accuracy {result.accuracy:.4f}  loss {result.loss:.4f}  "
+            f"[edge] version {version}  {format_metrics(result.loss, result.metrics)}  "
             f"elapsed {record['elapsed_s']:.1f}s  (+{record['since_previous_s']:.2f}s)"
         )
         self.log_info(fl_ctx, line)
@@ -190,10 +179,10 @@ class EdgeGlobalEvaluator(Widget):
 
 
 def seeded_initial_weights(settings: dict) -> dict[str, np.ndarray]:
-    """Version-0 global weights for ``settings`` (model, dataset, seed), as the Collab jobs build them."""
-    dataset = settings.get("dataset", "synthetic")
+    """Version-0 global weights for ``settings`` (the task, seed), as the Collab jobs build them."""
+    task = task_from_settings(settings)
     torch.manual_seed(derive_seed(int(settings.get("seed", 0)), "model-init"))
-    model = build_model(settings.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset])
+    model = task.build_model()
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
@@ -263,7 +252,7 @@ class DevsimEdgeRecipe(Recipe):
     """An NVFlare 2.9 edge job (FedAvg or FedBuff) whose simulated devices run this project's processor.
 
     Args:
-        settings: processor settings (see ``Cifar10FedAvgTaskProcessor``).
+        settings: processor settings (see ``TaskDeviceProcessor``).
         num_leaf_nodes: leaf sites expected (all must report devices before the first selection).
         devices_per_leaf: simulated devices per leaf.
         num_versions: trained global model versions (version 1 is the initial model; the job stops at
@@ -280,7 +269,7 @@ class DevsimEdgeRecipe(Recipe):
         numpy_payloads: global models travel as float32 arrays (:class:`NumpyBuffModelManager`); False
             keeps NVFlare's nested lists (needed by real devices behind NVFlare's web API).
         processor: the leaves' device task processor; default this project's
-            :class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` built from ``settings``.
+            :class:`~processors.edge_task_processor.EdgeTaskProcessor` built from ``settings``.
         leaves_on_host: leaf processes sharing one host's cores (for the fast runner's worker sizing).
         update_interval: seconds between a leaf's status reports to the server.
         update_timeout: seconds a leaf waits for the server's answer to a report (NVFlare's default
@@ -378,7 +367,7 @@ class DevsimEdgeRecipe(Recipe):
             update_timeout=update_timeout,
         )
         if processor is None:
-            processor = EdgeCifar10TaskProcessor(settings=self.settings, devices_per_leaf=devices_per_leaf)
+            processor = EdgeTaskProcessor(settings=self.settings, devices_per_leaf=devices_per_leaf)
         tp_id = job.to_clients(processor, id="task_processor")
         if runner == "fast":
             from devsim_flare.edge.runner import FastEdgeRunner

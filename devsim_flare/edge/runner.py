@@ -11,7 +11,7 @@ NVFlare's stock ``TPORunner`` drives a ``Simulator`` that
 leaf's ``EdgeTaskReceiver``): every selected device is dispatched at once, an idle leaf polls with a
 backoff from ``min_poll_interval`` to ``max_poll_interval``, and all devices share one task processor
 (it must implement ``process_device_task(device_id, task)``, as
-:class:`~processors.edge_cifar10_task_processor.EdgeCifar10TaskProcessor` does). The worker pool is sized
+:class:`~processors.edge_task_processor.EdgeTaskProcessor` does). The worker pool is sized
 with :func:`devsim.resources.workers.plan_workers` (CPU cores, or free VRAM on a GPU) unless ``num_workers`` is
 given.
 """

@@ -30,7 +30,7 @@ from devsim.config import AsyncConfig
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
-from devsim.observe.progress import BoundEta, ProgressLine, format_duration
+from devsim.observe.progress import BoundEta, ProgressLine, format_duration, format_metrics
 from devsim.observe.results import RunRecorder
 from devsim.observe.timing import RoundTiming, WindowTiming, summarize
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
@@ -88,7 +88,7 @@ class AsyncServer:
     def run(self) -> None:
         output_dir, device = start_run(self, self.model_args())
         config = self.config
-        self.evaluator = central_evaluator(config, device)
+        self.evaluator = central_evaluator(self.task, config, device)
         self.population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
         self.traffic = TrafficCounter()
         self._residual_counts: dict[str, dict] = {}
@@ -140,8 +140,8 @@ class AsyncServer:
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"K={config.concurrency} B={config.buffer_size} O={config.min_open_slots}, delays {config.delay_schedule}, "
-            f"until version {config.max_versions} / simulated time {config.max_sim_time}; model {config.model}, "
-            f"dataset {config.dataset}; availability {config.availability}, speeds {config.speed_distribution}; "
+            f"until version {config.max_versions} / simulated time {config.max_sim_time}; task {self.task.name}; "
+            f"availability {config.availability}, speeds {config.speed_distribution}; "
             f"results in {output_dir}",
             flush=True,
         )
@@ -157,9 +157,7 @@ class AsyncServer:
             _truncate_lines(arrivals_path, accepted + 1)
             arrivals = open(arrivals_path, "a", encoding="utf-8")  # noqa: SIM115
         else:
-            recorder.add_round(
-                {"version": 0, "simulated_time": 0.0, "accuracy": evaluation.accuracy, "loss": evaluation.loss}
-            )
+            recorder.add_round({"version": 0, "simulated_time": 0.0, **evaluation.record()})
             accepted = 0
             arrivals = open(arrivals_path, "w", encoding="utf-8")  # noqa: SIM115
             arrivals.write("job_id,device_id,base_version,dispatch_time,arrival_time,staleness\n")
@@ -208,8 +206,7 @@ class AsyncServer:
                     record = {
                         "version": self.scheduler.version,
                         "simulated_time": self.scheduler.now,
-                        "accuracy": evaluation.accuracy,
-                        "loss": evaluation.loss,
+                        **evaluation.record(),
                         "accepted_updates": accepted,
                         "staleness_mean": float(np.mean(window_staleness)),
                         "staleness_max": int(np.max(window_staleness)),
@@ -465,7 +462,7 @@ class AsyncServer:
 
     def _print_progress(self, progress: ProgressLine | None, record: dict, run_started: float) -> None:
         summary = (
-            f"sim-time {record['simulated_time']:.1f}s  accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}  "
+            f"sim-time {record['simulated_time']:.1f}s  {format_metrics(record['loss'], record['metrics'])}  "
             f"staleness {record['staleness_mean']:.1f}"
         )
         elapsed = time.time() - run_started
@@ -484,8 +481,9 @@ class AsyncServer:
         torch.save(weights_to_tensors(self.weights), final_path)
         recorder.finish(
             {
-                "final_accuracy": evaluation.accuracy,
+                "final_accuracy": evaluation.metrics.get("accuracy"),
                 "final_loss": evaluation.loss,
+                "final_metrics": dict(evaluation.metrics),
                 "versions": self.scheduler.version,
                 "simulated_time": self.scheduler.now,
                 "accepted_updates": accepted,

@@ -1,5 +1,5 @@
-"""What every server (sync or async) does the same way: check the leaves, pick the output folder,
-build the model and the central evaluator."""
+"""What every server (sync or async) does the same way: load the task, check the leaves, pick the output
+folder, build the model and the central evaluator."""
 
 from __future__ import annotations
 
@@ -9,33 +9,33 @@ import torch
 from nvflare.collab import collab
 
 from devsim.config import SimulationConfig
-from devsim.data import load_config_split
-from devsim.data.groups import grouped_dataset
-from devsim.models import build_model
 from devsim.population.devices import natural_sort
 from devsim.seeding import derive_seed
+from devsim.tasks import Task, task_from_settings
+from devsim.tasks.shards import grouped_task
 from devsim.training.evaluation import Evaluator
 
 
 def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device]:
     """Shared start of every server's run: validated config, connected leaves, initial model and weights.
 
-    Sets ``server.config``, ``server.leaves``, ``server.model`` and ``server.weights``; returns the
+    Sets ``server.config``, ``server.task``, ``server.leaves``, ``server.model`` and ``server.weights``; returns the
     output folder and the compute device. Pins glibc's mmap threshold for this (server) process unless
     the runtime defaults are switched off (:mod:`devsim.resources.allocator`).
     """
     from devsim.codec import model_to_numpy
     from devsim.resources.allocator import pin_mmap_threshold
     from devsim_flare.recipe import runtime_defaults_enabled
-    from processors.cifar10_fedavg_task_processor import default_torch_device
+    from processors.task_processor import default_torch_device
 
     if runtime_defaults_enabled():
         pin_mmap_threshold()
 
     server.config = server.config_cls.from_dict(server.settings)
+    server.task = task_from_settings(server.settings)
     server.leaves = connected_leaves(server.config)
     device = default_torch_device()
-    server.model = initial_model(server.config, device, **(model_args or {}))
+    server.model = initial_model(server.task, server.config, device, **(model_args or {}))
     server.weights = model_to_numpy(server.model)
     return output_dir_for(server.config), device
 
@@ -59,22 +59,25 @@ def output_dir_for(config: SimulationConfig) -> str:
     return os.path.join(run_dir, "devsim")
 
 
-def initial_model(config: SimulationConfig, device: torch.device, **model_args) -> torch.nn.Module:
-    """The global model at version 0, initialised from the run seed."""
+def initial_model(task: Task, config: SimulationConfig, device: torch.device, **model_args) -> torch.nn.Module:
+    """The global model at version 0: the task's model, initialised after seeding torch from the run seed."""
     torch.manual_seed(derive_seed(config.seed, "model-init"))
-    return build_model(config.model, num_classes=config.num_classes, **model_args).to(device)
+    return task.build_model(**model_args).to(device)
 
 
-def central_evaluator(config: SimulationConfig, device: torch.device) -> Evaluator:
-    """Evaluator over the test split of the run's dataset."""
-    return group_evaluators(config, device, groups=1)[0]
+def central_evaluator(task: Task, config: SimulationConfig, device: torch.device) -> Evaluator:
+    """Evaluator over the test split of the run's task."""
+    return group_evaluators(task, config, device, groups=1)[0]
 
 
-def group_evaluators(config: SimulationConfig, device: torch.device, groups: int | None = None) -> dict[int, Evaluator]:
+def group_evaluators(
+    task: Task, config: SimulationConfig, device: torch.device, groups: int | None = None
+) -> dict[int, Evaluator]:
     """One evaluator per hidden group: the test split as that group's leaves see it (group 0: as is)."""
-    test = load_config_split(config, train=False)
     count = config.hidden_groups if groups is None else groups
     return {
-        g: Evaluator(grouped_dataset(test, g, config.group_kind, seed=config.data_seed), device, config.eval_batch_size)
+        g: Evaluator.for_task(
+            grouped_task(task, g, config.group_kind, config.data_seed), device, config.eval_batch_size
+        )
         for g in range(count)
     }

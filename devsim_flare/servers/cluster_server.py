@@ -22,7 +22,7 @@ import torch
 from devsim.aggregation import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation
 from devsim.config import ClusterConfig
-from devsim.models import build_model, last_layer_names
+from devsim.models import last_layer_names
 from devsim.observe.checkpoint import weights_to_tensors
 from devsim_flare.servers.sync_server import SyncServer, Weights
 
@@ -34,7 +34,7 @@ class ClusterServer(SyncServer):
     config_cls = ClusterConfig
 
     def setup_strategy(self, config: ClusterConfig) -> None:
-        keys = last_layer_names(build_model(config.model, num_classes=config.num_classes))
+        keys = last_layer_names(self.task.build_model())
         self.strategy = ClusterAggregation(
             tau=config.tau,
             similarity_on=config.similarity_on,
@@ -61,7 +61,7 @@ class ClusterServer(SyncServer):
         ]
         scorer = None
         if self.config.gate_margin is not None:
-            scorer = lambda leaf, weights: self.score(weights, self.leaf_groups[leaf]).accuracy  # noqa: E731
+            scorer = lambda leaf, weights: self.score(weights, self.leaf_groups[leaf]).score  # noqa: E731
         result = self.strategy.aggregate_clusters(dict(self.current), updates, leaf_val_scores=scorer)
         self.current = dict(result.leaf_models)
         self.weights = _mean_model(list(self.current.values()))
@@ -98,8 +98,7 @@ class ClusterServer(SyncServer):
             by_cluster.setdefault(int(labels.get(leaf, -1)), []).append(accuracy)
         cluster_accuracy = {str(label): float(np.mean(values)) for label, values in sorted(by_cluster.items())}
         return {
-            "accuracy": overall.accuracy,
-            "loss": overall.loss,
+            **overall.record(),
             "cluster_accuracy": cluster_accuracy,
             **self._leaf_fields(leaf_accuracy),
         }

@@ -22,7 +22,7 @@ from devsim.config import FedReviveConfig
 from devsim.models import build_model
 from devsim_flare.servers.async_server import AsyncServer, Weights
 
-FEDREVIVE_PROCESSOR = "processors.cifar10_fedrevive_task_processor.Cifar10FedReviveTaskProcessor"
+FEDREVIVE_PROCESSOR = "processors.fedrevive_task_processor.FedReviveDeviceProcessor"
 
 
 class FedReviveServer(AsyncServer):

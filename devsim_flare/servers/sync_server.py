@@ -28,7 +28,7 @@ from devsim.data.groups import leaf_group
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation
-from devsim.observe.progress import ProgressLine
+from devsim.observe.progress import ProgressLine, format_metrics
 from devsim.observe.results import RunRecorder
 from devsim.observe.timing import RoundTiming, ServerStamps, summarize
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
@@ -95,10 +95,10 @@ class SyncServer:
         return self.evaluators[group].evaluate(self.model)
 
     def evaluate(self) -> dict:
-        """Record fields of an evaluation: ``accuracy``/``loss`` of the global model on the test set, and
-        with hidden groups each leaf's accuracy on its group's view of it (``leaf_accuracy``)."""
-        result = self.score(self.weights)
-        fields = {"accuracy": result.accuracy, "loss": result.loss}
+        """Record fields of an evaluation: the global model's ``loss`` on the test set, its ``metrics`` (the
+        task's; ``accuracy`` also at the top level when there is one), and with hidden groups each leaf's
+        accuracy on its group's view of it (``leaf_accuracy``)."""
+        fields = self.score(self.weights).record()
         if len(self.evaluators) > 1:
             by_group = {g: self.score(self.weights, g).accuracy for g in self.evaluators}
             fields.update(self._leaf_fields({leaf: by_group[g] for leaf, g in self.leaf_groups.items()}))
@@ -112,7 +112,7 @@ class SyncServer:
     def run(self) -> None:
         output_dir, device = start_run(self)
         config = self.config
-        self.evaluators = group_evaluators(config, device)
+        self.evaluators = group_evaluators(self.task, config, device)
         self.leaf_groups = {leaf: leaf_group(i, config.hidden_groups) for i, leaf in enumerate(self.leaves)}
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
         self.population_model = build_population_model(config)
@@ -142,7 +142,7 @@ class SyncServer:
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
-            f"model {config.model}, dataset {config.dataset}; results in {output_dir}",
+            f"task {self.task.name}; results in {output_dir}",
             flush=True,
         )
         run_started = time.time()
@@ -151,7 +151,10 @@ class SyncServer:
         metrics = MetricsWriter(output_dir)
         timings: list[RoundTiming] = []
         initial = self.evaluate()
-        print(f"[server] model before round {start_round + 1}: accuracy {initial['accuracy']:.4f}", flush=True)
+        print(
+            f"[server] model before round {start_round + 1}: {format_metrics(initial['loss'], initial['metrics'])}",
+            flush=True,
+        )
         collector = PeriodicCollector().start()
         try:
             for round_num in range(start_round, config.num_rounds):
@@ -178,10 +181,10 @@ class SyncServer:
                 record.update(self.aggregate(round_num, payloads, assignments))
                 aggregated = time.time()
                 record.update(
-                    train_seconds=aggregated - round_started,
-                    device_train_loss=_mean_metric(payloads, "loss"),
-                    device_train_accuracy=_mean_metric(payloads, "accuracy"),
+                    train_seconds=aggregated - round_started, device_train_loss=_mean_metric(payloads, "loss")
                 )
+                if self.task.classification:
+                    record["device_train_accuracy"] = _mean_metric(payloads, "accuracy")
                 if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
                     evaluation = self.evaluate()
                     record.update(evaluation)
@@ -220,9 +223,10 @@ class SyncServer:
         self.save_outputs(output_dir)
         recorder.finish(
             {
-                "initial_accuracy": initial["accuracy"],
-                "final_accuracy": evaluation["accuracy"] if evaluation else None,
+                "initial_accuracy": initial.get("accuracy"),
+                "final_accuracy": evaluation.get("accuracy") if evaluation else None,
                 "final_loss": evaluation["loss"] if evaluation else None,
+                "final_metrics": evaluation["metrics"] if evaluation else None,
                 "final_mean_leaf_accuracy": evaluation.get("mean_leaf_accuracy") if evaluation else None,
                 "rounds": config.num_rounds,
                 "simulated_time": sim_clock.now if self.population_model is None else self.sim_time,
@@ -393,9 +397,9 @@ def _mean_metric(payloads: dict[str, dict], name: str) -> float:
 
 
 def _round_summary(record: dict) -> str:
-    """The figures of a round line after the progress prefix: accuracy, loss, seconds."""
-    if "accuracy" in record:
-        text = f"accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}"
+    """The figures of a round line after the progress prefix: accuracy, loss, the task's metrics, seconds."""
+    if "loss" in record:
+        text = format_metrics(record["loss"], record.get("metrics", {}))
     else:
         text = f"train-loss {record['device_train_loss']:.4f}"
     if "mean_leaf_accuracy" in record:

@@ -1,15 +1,16 @@
-"""Device task processor for FedAvg on CIFAR-10/100 or the synthetic image set.
+"""Device task processor: one simulated device's local training on the run's task (built-in or the user's).
 
-One processor instance is one *worker*: it owns a model and an optimizer that are reused for
-every device it trains. The training data is loaded once per process and shared by all
-processors in it (see :func:`shared_data_source`). Model, global weights and data are placed on
-the GPU when one is present.
+One processor instance is one *worker*: it owns a model and an optimizer that are reused for every device it
+trains. The task (model factory, data, loss, metrics) is loaded once per process
+(:func:`devsim.tasks.task_from_settings`) and its training split, partitioned into device shards, is shared
+by all processors in it (see :func:`shared_data_source`). Model, global weights and data are placed on the GPU
+when one is present.
 
 Two ways in:
-- :meth:`train_device` / :meth:`accumulate_delta`: the fast path used by this project's leaf
-  node, which keeps everything on the compute device and sums deltas in place.
-- :meth:`process_task`: NVFlare's edge ``DeviceTaskProcessor`` interface, so the same
-  processor runs inside NVFlare's own edge device simulation; it returns a NumPy delta.
+- :meth:`train_device` / :meth:`accumulate_delta`: the fast path used by this project's leaf node, which keeps
+  everything on the compute device and sums deltas in place.
+- :meth:`process_task`: NVFlare's edge ``DeviceTaskProcessor`` interface, so the same processor runs inside
+  NVFlare's own edge device simulation; it returns a NumPy delta.
 """
 
 from __future__ import annotations
@@ -26,18 +27,17 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
-from devsim.config import DATASET_CLASSES
-from devsim.data import load_dataset
 from devsim.data.device_shards import DeviceDataSource
-from devsim.data.groups import grouped_dataset
-from devsim.data.partition import make_partitioner
-from devsim.models import build_model
 from devsim.seeding import derive_seed
-from devsim.training.batched import BatchedTrainer, batched_device_bytes, batching_obstacle
-from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec
+from devsim.tasks import Task, task_from_settings
+from devsim.tasks.shards import grouped_task, task_partitioner
+from devsim.training.batch_probe import ProbeOutcome, probe_batching
+from devsim.training.batched import BatchedTrainer, batched_device_bytes
+from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec, Objective
 
 _SHARED_LOCK = threading.Lock()
 _SHARED_SOURCES: dict[tuple, DeviceDataSource] = {}
+_PROBES: dict[tuple, ProbeOutcome] = {}
 
 
 def default_torch_device() -> torch.device:
@@ -46,12 +46,8 @@ def default_torch_device() -> torch.device:
 
 
 def shared_data_source(
+    task: Task,
     *,
-    dataset: str,
-    data_root: str | None,
-    data_seed: int,
-    synthetic_train_size: int,
-    synthetic_test_size: int,
     partition: str,
     alpha: float,
     samples_per_device: int,
@@ -59,60 +55,41 @@ def shared_data_source(
     device: torch.device,
     hidden_group: int = 0,
     group_kind: str = "label_permutation",
+    data_seed: int = 0,
 ) -> DeviceDataSource:
-    """The process-wide data source for these settings, loaded on first use only.
+    """The process-wide device data of ``task`` for these settings, built on first use only.
 
-    The cache holds one entry per distinct setting (one per job in practice), never per device.
+    The cache holds one entry (the job's), never one per device.
     """
-    key = (
-        hidden_group,
-        group_kind,
-        dataset,
-        data_root,
-        data_seed,
-        synthetic_train_size,
-        synthetic_test_size,
-        partition,
-        alpha,
-        samples_per_device,
-        seed,
-        str(device),
-    )
+    key = (id(task), hidden_group, group_kind, data_seed, partition, alpha, samples_per_device, seed, str(device))
     with _SHARED_LOCK:
         source = _SHARED_SOURCES.get(key)
         if source is None:
-            train = load_dataset(
-                dataset,
-                data_root,
-                train=True,
-                seed=data_seed,
-                synthetic_train_size=synthetic_train_size,
-                synthetic_test_size=synthetic_test_size,
-            )
-            train = grouped_dataset(train, hidden_group, group_kind, seed=data_seed)
-            partitioner = make_partitioner(
-                partition, train.labels, train.num_classes, samples_per_device, seed, alpha=alpha
-            )
+            seen = grouped_task(task, hidden_group, group_kind, seed=data_seed)
+            partitioner = task_partitioner(seen, partition, samples_per_device, seed, alpha)
             _SHARED_SOURCES.clear()
-            source = DeviceDataSource(train, partitioner, device)
+            source = DeviceDataSource(seen.x_train, seen.y_train, partitioner, device, seen.prepare)
             _SHARED_SOURCES[key] = source
         return source
 
 
-class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
-    """Local SGD for one simulated device at a time; constructor takes plain values only."""
+class TaskDeviceProcessor(DeviceTaskProcessor):
+    """Local training for one simulated device at a time; the constructor takes plain values only (they
+    travel in NVFlare's job configuration): the task's name (``task``, or the built-in ``dataset``/``model``
+    and their data settings), the partition and the local training settings."""
 
     track_features = False
 
     def __init__(
         self,
+        task: str | None = None,
         dataset: str = "synthetic",
         data_root: str | None = None,
         data_seed: int = 0,
         synthetic_train_size: int = 20000,
         synthetic_test_size: int = 2000,
         model: str = "cnn",
-        partition: str = "dirichlet",
+        partition: str = "auto",
         alpha: float = 0.5,
         samples_per_device: int = 100,
         local_epochs: int = 1,
@@ -128,6 +105,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         compute_device: str | None = None,
     ):
         super().__init__()
+        self.task = task
         self.dataset = dataset
         self.data_root = data_root
         self.data_seed = data_seed
@@ -149,15 +127,28 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         self.group_kind = group_kind
         self.compute_device = compute_device
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
+        self._task: Task | None = None
         self._data: DeviceDataSource | None = None
         self._trainer: LocalTrainer | None = None
         self._batched: BatchedTrainer | None = None
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any], compute_device: str | None = None) -> Cifar10FedAvgTaskProcessor:
+    def from_settings(cls, settings: dict[str, Any], compute_device: str | None = None) -> TaskDeviceProcessor:
         """Build from a run configuration dict, ignoring keys the processor does not take."""
-        names = set(inspect.signature(Cifar10FedAvgTaskProcessor.__init__).parameters) - {"self", "compute_device"}
+        names = set(inspect.signature(TaskDeviceProcessor.__init__).parameters) - {"self", "compute_device"}
         return cls(**{k: settings[k] for k in names if k in settings}, compute_device=compute_device)
+
+    def task_settings(self) -> dict[str, Any]:
+        """The settings that name this processor's task (see :func:`devsim.tasks.task_from_settings`)."""
+        return {
+            "task": self.task,
+            "dataset": self.dataset,
+            "model": self.model,
+            "data_root": self.data_root,
+            "data_seed": self.data_seed,
+            "synthetic_train_size": self.synthetic_train_size,
+            "synthetic_test_size": self.synthetic_test_size,
+        }
 
     @property
     def keys(self) -> list[str]:
@@ -167,16 +158,19 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
     def num_params(self) -> int:
         return sum(t.numel() for t in self._ready().state_tensors)
 
+    @property
+    def objective(self) -> Objective:
+        """The task's loss, classification flag and augmentation, as the trainers take them."""
+        task = self._ready_task()
+        return Objective(task.loss, task.classification, task.augment)
+
     def setup(self, job: JobResponse | None = None) -> None:
-        """Load the shared data (first processor in the process only) and build this worker's model."""
+        """Load the task and its shared data (first processor in the process only) and build this worker's model."""
         if self._trainer is not None:
             return
+        task = self._ready_task()
         self._data = shared_data_source(
-            dataset=self.dataset,
-            data_root=self.data_root,
-            data_seed=self.data_seed,
-            synthetic_train_size=self.synthetic_train_size,
-            synthetic_test_size=self.synthetic_test_size,
+            task,
             partition=self.partition,
             alpha=self.alpha,
             samples_per_device=self.samples_per_device,
@@ -184,13 +178,14 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             device=self.torch_device,
             hidden_group=self.hidden_group,
             group_kind=self.group_kind,
+            data_seed=self.data_seed,
         )
         spec = LocalTrainingSpec.from_settings(self)
-        net = build_model(self.model, num_classes=DATASET_CLASSES[self.dataset], track_features=self.track_features)
-        self._trainer = LocalTrainer(net, spec, self.torch_device)
+        net = task.build_model(track_features=self.track_features)
+        self._trainer = LocalTrainer(net, spec, self.torch_device, self.objective)
 
     def shutdown(self) -> None:
-        """Drop this worker's model; the shared data stays for other workers in the process."""
+        """Drop this worker's model; the shared task and data stay for other workers in the process."""
         self._trainer = None
         self._batched = None
         self._data = None
@@ -205,8 +200,8 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
     def train_with_seed(self, device_id: int, train_seed: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
         """Train ``device_id`` from ``global_tensors`` with batch order and augmentation fixed by ``train_seed``."""
         trainer = self._ready()
-        images, labels = self._data.shard(device_id)
-        return trainer.train(device_id, global_tensors, images, labels, torch.Generator().manual_seed(train_seed))
+        inputs, targets = self._data.shard(device_id)
+        return trainer.train(device_id, global_tensors, inputs, targets, torch.Generator().manual_seed(train_seed))
 
     def train_devices_batched(
         self, device_ids: list[int], train_seeds: list[int], global_tensors: list[torch.Tensor]
@@ -219,19 +214,45 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
         """
         trainer = self._ready()
         if self._batched is None:
-            self._batched = BatchedTrainer(trainer.model, trainer.spec, self.torch_device)
+            self._batched = BatchedTrainer(trainer.model, trainer.spec, self.torch_device, self.objective)
         generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
         return self._batched.train_pool(device_ids, global_tensors, self._data.shard_pool(device_ids), generators)
 
     def batching_obstacle(self) -> str | None:
-        """Why this worker's devices cannot be trained as one batch (None: they can); see ``batching_obstacle``."""
+        """Why this worker's devices cannot be trained as one batch (None: they can).
+
+        Decided once per process on a probe (:func:`devsim.training.batch_probe.probe_batching`): three small
+        devices trained one at a time and batched from the same weights must get the same updates.
+        """
+        return self.batching_probe().obstacle
+
+    def batching_probe(self) -> ProbeOutcome:
+        """The probe's outcome for this process's task and training settings (run on first use)."""
         trainer = self._ready()
-        return batching_obstacle(trainer.model, trainer.spec)
+        key = (id(self._task), trainer.spec, str(self.torch_device), self.track_features)
+        with _SHARED_LOCK:
+            outcome = _PROBES.get(key)
+        if outcome is None:
+            task = self._ready_task()
+            outcome = probe_batching(
+                lambda: task.build_model(track_features=self.track_features),
+                trainer.spec,
+                self.objective,
+                self._data.shard_pool([]),
+                self.torch_device,
+            )
+            with _SHARED_LOCK:
+                _PROBES.clear()
+                _PROBES[key] = outcome
+        return outcome
 
     def batched_device_bytes(self) -> int:
         """Bytes one more device adds to a batched computation (for sizing ``device_batch``)."""
         trainer = self._ready()
-        return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device)
+        example = self._data.inputs[:1]
+        if self._data.prepare is not None:
+            example = self._data.prepare(example)
+        return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device, example)
 
     def round_seed(self, device_id: int, round_num: int) -> int:
         """The batch-order seed of ``device_id`` in synchronous round ``round_num``."""
@@ -244,7 +265,7 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             torch._foreach_sub_(out, global_tensors)
 
     def label_histogram(self, device_id: int) -> np.ndarray:
-        """Samples per class in ``device_id``'s shard, int64 (num_classes,)."""
+        """Samples per class in ``device_id``'s shard, int64 (num_classes,) (classification tasks)."""
         self._ready()
         return self._data.partitioner.device_label_histogram(device_id)
 
@@ -278,6 +299,11 @@ class Cifar10FedAvgTaskProcessor(DeviceTaskProcessor):
             "num_samples": metrics.num_samples,
             "metrics": {"loss": metrics.loss, "accuracy": metrics.accuracy, "steps": metrics.steps},
         }
+
+    def _ready_task(self) -> Task:
+        if self._task is None:
+            self._task = task_from_settings(self.task_settings())
+        return self._task
 
     def _ready(self) -> LocalTrainer:
         if self._trainer is None:

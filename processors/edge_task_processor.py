@@ -1,4 +1,4 @@
-"""Adapter that runs :class:`Cifar10FedAvgTaskProcessor` inside NVFlare's own edge device simulation.
+"""Adapter that runs :class:`TaskDeviceProcessor` (any task) inside NVFlare's own edge device simulation.
 
 NVFlare 2.9's edge stack (``EdgeModelExecutor`` + ``TPORunner`` + ``Simulator``) talks to a task
 processor in DXO dicts:
@@ -10,7 +10,7 @@ processor in DXO dicts:
 
 The stock ``TPODeviceFactory`` deep-copies the processor for every simulated device (and for every
 selection poll), so this object holds plain settings only. The real work is done by one
-:class:`Cifar10FedAvgTaskProcessor` per simulator worker thread, kept in a module-level cache: models and
+:class:`TaskDeviceProcessor` per simulator worker thread, kept in a module-level cache: models and
 optimizers are built once per thread, the training data once per process.
 
 Simulated device ids are ``"<uuid>#<i>"`` with ``i`` in ``[0, devices_per_leaf)``; the leaf runner sets
@@ -32,25 +32,24 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
-from devsim.config import DATASET_CLASSES
-from devsim.models import build_model
-from processors.cifar10_fedavg_task_processor import Cifar10FedAvgTaskProcessor, default_torch_device
+from devsim.tasks import task_from_settings
+from processors.task_processor import TaskDeviceProcessor, default_torch_device
 
 _WORKERS_LOCK = threading.Lock()
-_WORKERS: dict[tuple, Cifar10FedAvgTaskProcessor] = {}
+_WORKERS: dict[tuple, TaskDeviceProcessor] = {}
 
 
 def _settings_key(settings: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in settings.items()))
 
 
-def worker_for_thread(settings: dict[str, Any]) -> Cifar10FedAvgTaskProcessor:
+def worker_for_thread(settings: dict[str, Any]) -> TaskDeviceProcessor:
     """The calling thread's processor for ``settings`` (built on first use)."""
     key = (_settings_key(settings), threading.get_ident())
     with _WORKERS_LOCK:
         worker = _WORKERS.get(key)
         if worker is None:
-            worker = Cifar10FedAvgTaskProcessor.from_settings(settings)
+            worker = TaskDeviceProcessor.from_settings(settings)
             _WORKERS[key] = worker
     worker.setup()
     return worker
@@ -73,7 +72,7 @@ def device_number(device_id: str, leaf_index: int, devices_per_leaf: int) -> int
     return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
 
 
-def _global_tensors(worker: Cifar10FedAvgTaskProcessor, payload: dict, version: int) -> list:
+def _global_tensors(worker: TaskDeviceProcessor, payload: dict, version: int) -> list:
     """The global model of ``payload`` as tensors on the worker's device, converted once per version per thread.
 
     The leaf hands every device of a version the same weight objects (lists or arrays), so the
@@ -93,11 +92,11 @@ def _global_tensors(worker: Cifar10FedAvgTaskProcessor, payload: dict, version: 
     return tensors
 
 
-class EdgeCifar10TaskProcessor(DeviceTaskProcessor):
-    """NVFlare edge ``DeviceTaskProcessor`` wrapping :class:`Cifar10FedAvgTaskProcessor`.
+class EdgeTaskProcessor(DeviceTaskProcessor):
+    """NVFlare edge ``DeviceTaskProcessor`` wrapping :class:`TaskDeviceProcessor`.
 
     Args:
-        settings: keyword arguments of :class:`Cifar10FedAvgTaskProcessor` (unknown keys are ignored),
+        settings: keyword arguments of :class:`TaskDeviceProcessor` (unknown keys are ignored),
             e.g. ``{"dataset": "synthetic", "samples_per_device": 100, "lr": 0.05}``.
         devices_per_leaf: number of simulated devices per leaf (``SimulationConfig.num_devices``).
     """
@@ -116,8 +115,7 @@ class EdgeCifar10TaskProcessor(DeviceTaskProcessor):
 
     def describe_compute(self) -> tuple[str, int, int]:
         """(torch device, model parameter count, batch size) for sizing a leaf's worker pool."""
-        dataset = self.settings.get("dataset", "synthetic")
-        net = build_model(self.settings.get("model", "cnn"), num_classes=DATASET_CLASSES[dataset])
+        net = task_from_settings(self.settings).build_model()
         num_params = sum(p.numel() for p in net.parameters())
         return str(default_torch_device()), num_params, int(self.settings.get("batch_size", 10))
 

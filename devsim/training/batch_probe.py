@@ -1,0 +1,186 @@
+"""Whether a task's model may be trained many devices at once: checked once, on a probe.
+
+The batched path (:mod:`devsim.training.batched`) runs any model through ``torch.func``'s ``vmap``. That
+gives the same updates as training one device at a time for most models, but not for all: a model that draws
+random numbers (dropout) or calls ``.item()`` cannot run under ``vmap``, one whose operators have no batching
+rule runs them through a per-sample loop (PyTorch warns "There is a performance drop ..."), and a model that
+keeps state outside its buffers would diverge. :func:`probe_batching` trains three small probe devices both
+ways from the same weights, on rows of the task's own training data, with shards of different sizes (short
+batches and different step counts, as a natural partition has), and returns why the model may not be batched,
+or None. When PyTorch warned of a per-sample loop, both ways are also timed on :data:`TIMED_DEVICES` devices
+(warm, best of two): the loop may cost little (ResNet-18's average pooling) or everything (the CPU LSTM), and the
+batched path is kept only when it is not the slower one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from devsim.codec import float_state_keys
+from devsim.data.device_shards import ShardPool
+from devsim.training.batched import BatchedTrainer, batching_obstacle
+from devsim.training.local import LocalTrainer, LocalTrainingSpec, Objective
+
+PROBE_BATCH = 4
+"""Batch size of the probe devices (smaller than most runs': the probe is about exactness, not speed)."""
+
+TOLERANCE = 1e-3
+"""Largest allowed ``max |batched - single| / max |single|`` over the probe's deltas (float rounding is ~1e-6)."""
+
+SLOW_FALLBACK = "There is a performance drop"
+TIMED_DEVICES = 8
+"""Devices in the timing comparison that follows a per-sample-loop warning."""
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """The verdict (``obstacle`` None: batch it) and the probe's wall seconds both ways."""
+
+    obstacle: str | None
+    single_seconds: float = 0.0
+    batched_seconds: float = 0.0
+
+
+def probe_batching(
+    model_fn: Callable[[], nn.Module],
+    spec: LocalTrainingSpec,
+    objective: Objective,
+    pool: ShardPool,
+    device: torch.device,
+) -> ProbeOutcome:
+    """Train three probe devices one at a time and batched from the same weights; compare their deltas.
+
+    Args:
+        model_fn: builds a fresh model of the task (called twice; the second copy gets the first's weights).
+        spec: the run's local training settings (the probe uses epochs=1 and batch size
+            ``min(batch_size, PROBE_BATCH)``, so the probe stays cheap).
+        objective: the task's loss, classification flag and augmentation.
+        pool: the training rows (a leaf's shared train split); the probe devices use its first rows.
+        device: the compute device.
+    """
+    obstacle = batching_obstacle(model_fn(), spec)
+    if obstacle is not None:
+        return ProbeOutcome(obstacle)
+    batch = min(spec.batch_size, PROBE_BATCH)
+    probe_spec = dataclasses.replace(spec, epochs=1, iterations=None, batch_size=batch)
+    total = int(pool.inputs.shape[0])
+    sizes = [batch + 1, 2 * batch, 3 * batch + 2]
+    starts = [0, sizes[0], sizes[0] + sizes[1]]
+    indices = [torch.arange(s, s + n, device=device) % total for s, n in zip(starts, sizes, strict=True)]
+    reference = model_fn().to(device)
+    keys = float_state_keys(reference)
+    state = reference.state_dict()
+    global_tensors = [state[k].detach().clone() for k in keys]
+    twin = model_fn().to(device)
+    twin.load_state_dict(state)
+    seeds = [101, 202, 303]
+    try:
+        started = time.perf_counter()
+        single = LocalTrainer(reference, probe_spec, device, objective)
+        expected = []
+        for i, rows in enumerate(indices):
+            inputs = pool.inputs[rows]
+            inputs = pool.prepare(inputs) if pool.prepare is not None else inputs
+            single.train(i, global_tensors, inputs, pool.targets[rows], torch.Generator().manual_seed(seeds[i]))
+            expected.append([(t - g).detach() for t, g in zip(single.state_tensors, global_tensors, strict=True)])
+        single_seconds = time.perf_counter() - started
+    except Exception as error:
+        return ProbeOutcome(f"the model does not train on the probe one device at a time: {_short(error)}")
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer = BatchedTrainer(twin, probe_spec, device, objective)
+            probe_pool = ShardPool(pool.inputs, pool.targets, indices, pool.prepare)
+            deltas, _ = trainer.train_pool([0, 1, 2], global_tensors, probe_pool, generators)
+        except Exception as error:
+            return ProbeOutcome(f"vmap cannot run the model: {_short(error)}", single_seconds)
+    batched_seconds = time.perf_counter() - started
+    largest = max(max(float(e.abs().max()) for e in device_deltas) for device_deltas in expected)
+    worst = max(
+        float((deltas[k][i] - expected[i][k]).abs().max()) for i in range(len(indices)) for k in range(len(keys))
+    )
+    if largest > 0 and worst / largest > TOLERANCE or largest == 0 and worst > 0:
+        return ProbeOutcome(
+            f"batched updates differ from one-at-a-time updates by {worst / max(largest, 1e-30):.1e} of the largest "
+            f"update (allowed {TOLERANCE:g}): the model keeps state or randomness the batched path cannot reproduce",
+            single_seconds,
+            batched_seconds,
+        )
+    slow = [str(w.message) for w in caught if SLOW_FALLBACK in str(w.message)]
+    if slow:
+        operator = slow[0].split("batching rule for ")[-1].split(".")[0] if "batching rule for" in slow[0] else "an op"
+        single_time, batched_time = _timed(model_fn, spec, objective, pool, device, global_tensors)
+        if batched_time >= single_time:
+            return ProbeOutcome(
+                f"vmap has no batching rule for {operator} and loops over samples: {TIMED_DEVICES} devices took "
+                f"{batched_time * 1e3:.1f} ms batched against {single_time * 1e3:.1f} ms one at a time",
+                single_time,
+                batched_time,
+            )
+        return ProbeOutcome(None, single_time, batched_time)
+    return ProbeOutcome(None, single_seconds, batched_seconds)
+
+
+def _timed(
+    model_fn: Callable[[], nn.Module],
+    spec: LocalTrainingSpec,
+    objective: Objective,
+    pool: ShardPool,
+    device: torch.device,
+    global_tensors: list[torch.Tensor],
+) -> tuple[float, float]:
+    """Seconds of two local steps of :data:`TIMED_DEVICES` devices one at a time and batched (best of two warm
+    runs each, after one untimed run), at the run's batch size."""
+    timed_spec = dataclasses.replace(spec, iterations=2)
+    total = int(pool.inputs.shape[0])
+    rows = [
+        torch.arange(i * 2 * spec.batch_size, (i + 1) * 2 * spec.batch_size, device=device) % total
+        for i in range(TIMED_DEVICES)
+    ]
+    single = LocalTrainer(model_fn().to(device), timed_spec, device, objective)
+    batched = BatchedTrainer(model_fn().to(device), timed_spec, device, objective)
+    shards = []
+    for index in rows:
+        inputs = pool.inputs[index]
+        shards.append((pool.prepare(inputs) if pool.prepare is not None else inputs, pool.targets[index]))
+
+    def run_single() -> None:
+        for i, (inputs, targets) in enumerate(shards):
+            single.train(i, global_tensors, inputs, targets, torch.Generator().manual_seed(i))
+
+    def run_batched() -> None:
+        generators = [torch.Generator().manual_seed(i) for i in range(TIMED_DEVICES)]
+        batched.train_pool(
+            list(range(TIMED_DEVICES)),
+            global_tensors,
+            ShardPool(pool.inputs, pool.targets, rows, pool.prepare),
+            generators,
+        )
+
+    return _best_of(run_single), _best_of(run_batched)
+
+
+def _best_of(run: Callable[[], None], repeats: int = 2) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run()
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
