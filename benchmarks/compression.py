@@ -50,11 +50,10 @@ from devsim.clock import NetworkModel, SyncRoundClock, load_schedule  # noqa: E4
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.compression import CodecSpec, UplinkCompressor, round_payload_bytes  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
-from devsim.data import load_config_split  # noqa: E402
-from devsim.models import build_model  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
 from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch  # noqa: E402
 from devsim.seeding import derive_seed  # noqa: E402
+from devsim.tasks import task_from_settings  # noqa: E402
 from devsim.training.evaluation import Evaluator  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
@@ -149,7 +148,7 @@ def int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]
 def run_codec(args, config: SimulationConfig, spec: CodecSpec, evaluator: Evaluator) -> dict:
     """One FedAvg run with ``spec`` on the uplink; per-round bytes, seconds, accuracy and simulated time."""
     torch.manual_seed(derive_seed(config.seed, "model-init"))
-    model = build_model(config.model, num_classes=config.num_classes)
+    model = task_from_settings(config.to_dict()).build_model()
     weights = model_to_numpy(model)
     settings = config.to_dict()
     worker = TaskDeviceProcessor.from_settings(settings)
@@ -269,8 +268,7 @@ def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], sta
         seed=seed,
         synthetic_train_size=max(20000, args.devices * args.samples),
     ).validate()
-    test = load_config_split(config, train=False)
-    evaluator = Evaluator(test, torch.device("cpu"), config.eval_batch_size)
+    evaluator = Evaluator.for_task(task_from_settings(config.to_dict()), torch.device("cpu"), config.eval_batch_size)
     results = {}
     for name in names:
         results[name] = run_codec(args, config, specs[name], evaluator)

@@ -150,21 +150,18 @@ def centralized_accuracy(seed: int, epochs: int) -> float:
     """Test accuracy of the CNN trained on the whole digits training split (SGD lr 0.01, momentum 0.9, batch 32)."""
     import torch
 
-    from devsim.data import load_dataset
-    from devsim.data.device_shards import Normaliser
-    from devsim.models import build_model
+    from devsim.tasks import task_from_settings
     from devsim.training.evaluation import Evaluator
     from devsim.training.local import LocalTrainer, LocalTrainingSpec
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    train, test = load_dataset("digits", None, train=True), load_dataset("digits", None, train=False)
-    normalise = Normaliser(train.mean, train.std, torch.device("cpu"))
-    images, labels = normalise(torch.from_numpy(train.images)), torch.from_numpy(train.labels)
-    trainer = LocalTrainer(build_model("cnn"), LocalTrainingSpec(epochs=epochs, batch_size=32, lr=0.01), "cpu")
+    task = task_from_settings({"dataset": "digits", "model": "cnn"})
+    images, labels = task.prepare(torch.from_numpy(task.x_train)), torch.from_numpy(task.y_train)
+    trainer = LocalTrainer(task.build_model(), LocalTrainingSpec(epochs=epochs, batch_size=32, lr=0.01), "cpu")
     start = [t.clone() for t in trainer.state_tensors]
     trainer.train(0, start, images, labels, torch.Generator().manual_seed(seed))
-    return Evaluator(test, torch.device("cpu")).evaluate(trainer.model).accuracy
+    return Evaluator.for_task(task, torch.device("cpu")).evaluate(trainer.model).accuracy
 
 
 def section_heterogeneity(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:

@@ -156,7 +156,7 @@ def steady_parts(records: list[dict]) -> dict[str, float]:
 def tight_loop_data(cell: Cell) -> tuple[torch.Tensor, torch.Tensor]:
     """The cell's training samples, normalised once (device d owns rows d * samples .. (d + 1) * samples)."""
     data = load_dataset("synthetic", None, train=True, synthetic_train_size=cell.train_size)
-    normalise = Normaliser(data.mean, data.std, torch.device("cpu"))
+    normalise = Normaliser(data.mean, data.std)
     images = normalise(torch.from_numpy(data.images[: cell.total_samples]))
     return images, torch.from_numpy(data.labels[: cell.total_samples].copy())
 

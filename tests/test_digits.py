@@ -150,14 +150,16 @@ def test_job_command_line_with_data_root_is_one_clear_line() -> None:
 
 
 def test_edge_command_line_refuses_a_data_root() -> None:
-    from devsim_flare.edge.cli import build_parser, check_data_args
+    from devsim_flare.edge.cli import build_parser, check_task_args
 
     parser = build_parser()
     stderr = io.StringIO()
     with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
-        check_data_args(parser, parser.parse_args(["--dataset", "digits", "--data-root", "X"]))
+        check_task_args(parser, parser.parse_args(["--dataset", "digits", "--data-root", "X"]))
     assert "--data-root" in stderr.getvalue().strip().splitlines()[-1]
-    check_data_args(parser, parser.parse_args(["--dataset", "digits"]))
+    args = parser.parse_args(["--dataset", "digits"])
+    check_task_args(parser, args)
+    assert args.partition == "dirichlet"
 
 
 def test_population_larger_than_the_train_set_reuses_images(splits) -> None:
@@ -184,9 +186,9 @@ def test_a_few_devices_learn_the_digits() -> None:
     from devsim.aggregation import FedAvg, LeafUpdate
     from devsim.codec import load_numpy_into_model, model_to_numpy
     from devsim.models import build_model
+    from devsim.tasks import task_from_settings
     from devsim.training.evaluation import Evaluator
     from devsim.training.leaf_runner import LeafRoundRunner
-    from devsim.tasks import task_from_settings
     from processors.task_processor import TaskDeviceProcessor
 
     settings = dict(

@@ -2,8 +2,8 @@
 
 It reproduces what ``jobs/pt_job_cluster.py`` does, in one process and without messaging: the same
 device population and selection (:class:`DevicePopulation`, seed ``config.seed``), the same hidden
-groups (leaf ``i`` in group ``i % hidden_groups``, data seen through :func:`grouped_dataset`), the
-same partition and per-device batch-order seeds, the same model initialisation, the same local
+groups (leaf ``i`` in group ``i % hidden_groups``, the task seen through :func:`grouped_task`), the
+same task, partition and per-device batch-order seeds, the same model initialisation, the same local
 trainer, and the same strategy object (:class:`ClusterAggregation`). Leaves train one after
 another, devices one after another, on the CPU (or ``device``). It skips what the job adds around
 that: update screening, dropouts, checkpoints, timings.
@@ -25,16 +25,16 @@ from devsim.aggregation.cluster import ClusterAggregation, ClusterResult
 from devsim.codec import float_state_keys
 from devsim.config import ClusterConfig, device_batch_value
 from devsim.data.device_shards import DeviceDataSource
-from devsim.data.groups import grouped_dataset, leaf_group
-from devsim.data.loading import load_config_split
-from devsim.data.partition import make_partitioner
-from devsim.models import build_model, last_layer_names
+from devsim.data.groups import leaf_group
+from devsim.models import last_layer_names
 from devsim.population.devices import DevicePopulation
 from devsim.resources.device_batch import plan_device_batch
 from devsim.seeding import derive_seed
+from devsim.tasks import Task, task_from_settings
+from devsim.tasks.shards import grouped_task, task_partitioner
 from devsim.training.batched import BatchedTrainer, batched_device_bytes, batching_obstacle
 from devsim.training.evaluation import Evaluator
-from devsim.training.local import LocalTrainer, LocalTrainingSpec
+from devsim.training.local import LocalTrainer, LocalTrainingSpec, Objective
 
 RoundHook = Callable[[int, dict[str, Weights], list[LeafUpdate], ClusterResult], None]
 """``hook(round_num, models_trained_from, updates, result)`` called after every round's aggregation."""
@@ -84,23 +84,25 @@ def simulate_clusters(
     torch_device = torch.device(device)
     leaves = [f"site-{i + 1}" for i in range(config.num_leaf_nodes)]
     groups = [leaf_group(i, config.hidden_groups) for i in range(config.num_leaf_nodes)]
-    sources, evaluators = _group_data(config, torch_device)
+    task = task_from_settings(config.to_dict())
+    sources, evaluators = _group_data(task, config, torch_device)
 
     torch.manual_seed(derive_seed(config.seed, "model-init"))
-    net = build_model(config.model, num_classes=config.num_classes).to(torch_device)
+    net = task.build_model().to(torch_device)
     keys = float_state_keys(net)
     initial = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in net.state_dict().items() if k in keys}
     spec = LocalTrainingSpec.from_settings(config)
-    trainer = LocalTrainer(net, spec, torch_device)
+    objective = Objective(task.loss, task.classification, task.augment)
+    trainer = LocalTrainer(net, spec, torch_device, objective)
     device_batch = plan_device_batch(
         device_batch_value(config.device_batch),
         obstacle=batching_obstacle(net, spec),
-        device_bytes=batched_device_bytes(net, spec, config.samples_per_device),
+        device_bytes=batched_device_bytes(net, spec, config.samples_per_device, _example(sources[0])),
         device=str(torch_device),
         num_workers=1,
         num_params=sum(t.numel() for t in net.state_dict().values() if t.is_floating_point()),
     ).size
-    batched = BatchedTrainer(net, spec, torch_device) if device_batch > 1 else None
+    batched = BatchedTrainer(net, spec, torch_device, objective) if device_batch > 1 else None
     population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
     current: dict[str, Weights] = {leaf: initial for leaf in leaves}
     records: list[dict] = []
@@ -153,33 +155,22 @@ def simulate_clusters(
 def initial_weights(config: ClusterConfig) -> tuple[Weights, list[str]]:
     """The run's initial model (as the job builds it from ``config.seed``) and its last-layer entry names."""
     torch.manual_seed(derive_seed(config.seed, "model-init"))
-    net = build_model(config.model, num_classes=config.num_classes)
+    net = task_from_settings(config.to_dict()).build_model()
     keys = float_state_keys(net)
     weights = {k: v.detach().numpy().astype(np.float32) for k, v in net.state_dict().items() if k in keys}
     return weights, last_layer_names(net)
 
 
 def _group_data(
-    config: ClusterConfig, device: torch.device
+    task: Task, config: ClusterConfig, device: torch.device
 ) -> tuple[dict[int, DeviceDataSource], dict[int, Evaluator]]:
     """Per hidden group: the device data source (train split through the group transform) and the test evaluator."""
-    train = load_config_split(config, train=True)
-    test = load_config_split(config, train=False)
     sources, evaluators = {}, {}
     for g in range(config.hidden_groups):
-        grouped = grouped_dataset(train, g, config.group_kind, seed=config.data_seed)
-        partitioner = make_partitioner(
-            config.partition,
-            grouped.labels,
-            grouped.num_classes,
-            config.samples_per_device,
-            config.seed,
-            alpha=config.alpha,
-        )
-        sources[g] = DeviceDataSource(grouped, partitioner, device)
-        evaluators[g] = Evaluator(
-            grouped_dataset(test, g, config.group_kind, seed=config.data_seed), device, config.eval_batch_size
-        )
+        seen = grouped_task(task, g, config.group_kind, config.data_seed)
+        partitioner = task_partitioner(seen, config.partition, config.samples_per_device, config.seed, config.alpha)
+        sources[g] = DeviceDataSource(seen.x_train, seen.y_train, partitioner, device, seen.prepare)
+        evaluators[g] = Evaluator.for_task(seen, device, config.eval_batch_size)
     return sources, evaluators
 
 
@@ -215,13 +206,19 @@ def _train_leaf(
             total += float(weights.sum())
         devices = []
     for device_id in devices:
-        images, labels = source.shard(device_id)
+        inputs, targets = source.shard(device_id)
         generator = torch.Generator().manual_seed(derive_seed(config.seed, "train", round_num, device_id))
-        metrics = trainer.train(device_id, global_tensors, images, labels, generator)
+        metrics = trainer.train(device_id, global_tensors, inputs, targets, generator)
         trainer.accumulate_delta(accumulator, global_tensors, float(metrics.num_samples))
         total += metrics.num_samples
     delta_sum = {k: t.detach().cpu().numpy().astype(np.float32) for k, t in zip(keys, accumulator, strict=True)}
     return LeafUpdate(leaf, delta_sum, total, len(devices))
+
+
+def _example(source: DeviceDataSource) -> torch.Tensor:
+    """One model input row ``(1, ...)`` of ``source`` (prepared), for memory estimates."""
+    rows = source.inputs[:1]
+    return source.prepare(rows) if source.prepare is not None else rows
 
 
 @torch.no_grad()

@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from devsim.config import DATASETS
+from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
+from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
 
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
@@ -57,10 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update-timeout", type=float, default=60.0)
     p.add_argument("--eval-frequency", type=int, default=1)
     # processor settings
+    p.add_argument(
+        "--task",
+        default=None,
+        help="your task: a Python file or module defining model() and data() (docs/tasks.md); "
+        "unset: the built-in --dataset and --model",
+    )
     p.add_argument("--dataset", choices=DATASETS, default="synthetic")
     p.add_argument("--data-root", default=None)
     p.add_argument("--model", default="cnn")
-    p.add_argument("--partition", default="dirichlet")
+    p.add_argument("--partition", choices=PARTITIONS, default="auto")
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--samples-per-device", type=int, default=100)
     p.add_argument("--local-epochs", type=int, default=1)
@@ -91,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> dict:
     names = (
+        "task",
         "dataset",
         "data_root",
         "model",
@@ -137,18 +145,34 @@ def build_recipe(
     )
 
 
-def check_data_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse (naming the flag) data flags that cannot apply to ``--dataset digits``."""
-    if args.dataset != "digits":
-        return
-    from devsim.data.digits import DIGITS_TRAIN_SIZE, INSTALL_HINT, digits_available
+def check_task_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Load and check the task here, before anything starts, and fit the data flags to it as the Collab jobs
+    do (:func:`devsim.tasks.fit.fit_config`: ``--partition auto`` resolved; a natural partition sets
+    ``--devices-per-leaf`` and ``--samples-per-device``); a bad task or flag ends the program naming it."""
+    from devsim.tasks import TaskError, load_task
+    from devsim.tasks.contract import is_file_spec
+    from devsim.tasks.fit import fit_config
 
-    if args.data_root:
-        parser.error("--data-root: --dataset digits reads no files: drop --data-root (it is for cifar*)")
-    if not 1 <= args.samples_per_device <= DIGITS_TRAIN_SIZE:
-        parser.error(f"--samples-per-device: allowed 1..{DIGITS_TRAIN_SIZE} (the digits training images)")
-    if not digits_available():
-        parser.error(f"--dataset: {INSTALL_HINT}")
+    if args.task and is_file_spec(args.task):
+        args.task = os.path.abspath(args.task)
+    names = ("task", "dataset", "data_root", "model", "partition", "alpha", "samples_per_device", "local_epochs")
+    names += ("batch_size", "lr", "seed", "synthetic_train_size", "synthetic_test_size", "num_leaf_nodes")
+    try:
+        config = SimulationConfig(
+            **{n: getattr(args, n) for n in names},
+            devices_per_leaf=args.devices_per_leaf,
+            device_selection_size=1,
+            data_seed=args.seed,
+        ).validate()
+        task = load_task(config.to_dict())
+        config, notes = fit_config(config, task)
+    except (ConfigError, TaskError) as error:
+        parser.error(str(error))
+    args.partition, args.devices_per_leaf = config.partition, config.devices_per_leaf
+    args.samples_per_device = config.samples_per_device
+    print(task.describe(), flush=True)
+    for note in notes:
+        print(note, flush=True)
 
 
 def check_prod_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -162,7 +186,8 @@ def check_prod_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def print_outcome(status: str, results_root: str, wall: float) -> int:
-    """Print the final accuracy from the evaluator's newest results under ``results_root``."""
+    """Print the final evaluation (accuracy, loss, the task's metrics) from the evaluator's newest results under
+    ``results_root``."""
     path = find_results(results_root)
     if not path:
         print(f"job status {status}; no results under {results_root}", file=sys.stderr)
@@ -174,9 +199,10 @@ def print_outcome(status: str, results_root: str, wall: float) -> int:
     last = records[-1]
     gaps = [r["since_previous_s"] for r in records[1:]]
     per_version = sum(gaps) / len(gaps) if gaps else float("nan")
+    first = format_metrics(records[0]["loss"], records[0]["metrics"])
     print(
-        f"job status {status}; final accuracy {last['accuracy']:.4f} at version {last['version']} "
-        f"(initial {records[0]['accuracy']:.4f}); {per_version:.2f}s per version; {wall:.1f}s wall; results: {path}"
+        f"job status {status}; final {format_metrics(last['loss'], last['metrics'])} at version {last['version']} "
+        f"(initial {first}); {per_version:.2f}s per version; {wall:.1f}s wall; results: {path}"
     )
     return 0
 
@@ -233,7 +259,7 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_data_args(parser, args)
+    check_task_args(parser, args)
     if args.env == "prod":
         check_prod_args(parser, args)
     output_dir = os.path.abspath(args.output_dir) if args.output_dir else None

@@ -380,9 +380,13 @@ class DevsimEdgeRecipe(Recipe):
             device_runner = EdgeLeafRunner(tp_id, job_timeout=60.0, num_devices=devices_per_leaf, num_workers=workers)
         job.to_clients(device_runner, id="device_runner")
         if ship_packages:
+            from devsim.tasks import SHIPPED_FOLDER, source_file
             from devsim_flare.recipe import package_sources
 
-            for source, dest_dir in package_sources():
+            sources = package_sources()
+            if self.settings.get("task"):
+                sources.append((source_file(self.settings["task"]), SHIPPED_FOLDER))
+            for source, dest_dir in sources:
                 job.add_file_to_server(source, dest_dir=dest_dir, app_folder_type="custom")
                 job.add_file_to_clients(source, dest_dir=dest_dir, app_folder_type="custom")
         Recipe.__init__(self, job)

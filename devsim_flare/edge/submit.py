@@ -11,6 +11,7 @@ import os
 import time
 import zipfile
 
+from devsim.observe.progress import format_metrics
 from devsim_flare.edge import cli as edge_cli
 from devsim_flare.edge.processes import connected_clients, open_session, port_open, start, stop
 from devsim_flare.edge.provision import provision
@@ -45,7 +46,7 @@ def _print_new_records(path: str, shown: int) -> int:
         return shown
     for record in records[shown:]:
         log(
-            f"version {record['version']}  accuracy {record['accuracy']:.4f}  loss {record['loss']:.4f}  "
+            f"version {record['version']}  {format_metrics(record['loss'], record['metrics'])}  "
             f"elapsed {record['elapsed_s']:.1f}s"
         )
     return len(records)
@@ -80,6 +81,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
     leaves = leaf_clients(state)
     parser = job_parser(len(leaves))
     args = parser.parse_args(job_flags)
+    edge_cli.check_task_args(parser, args)
     if args.num_leaf_nodes != len(leaves):
         raise EdgeSystemError(f"--num-leaf-nodes {args.num_leaf_nodes} but the system has {len(leaves)} leaf clients")
     stamp = time.strftime("%Y%m%d-%H%M%S")
