@@ -25,7 +25,7 @@ from devsim.aggregation.fedrevive import (
     scaled_s_max,
 )
 from devsim.aggregation.fedrevive._common import class_weight_matrix, kl_per_sample
-from devsim.aggregation.fedrevive.augment import augment_images
+from devsim.aggregation.fedrevive.inputs import augment_inputs
 from devsim.codec import load_numpy_into_model, model_to_numpy
 from devsim.models import FeatureTracker, build_model, feature_trackers
 
@@ -71,7 +71,7 @@ def train_toy_teacher(classes: list[int], seed: int, steps: int = 60) -> nn.Modu
     mean, std = torch.tensor(MEAN), torch.tensor(STD)
     for _ in range(steps):
         labels = choices[torch.randint(0, len(classes), (32,), generator=generator)]
-        images = augment_images(toy_images(labels, generator), mean, std, generator=generator, crop_flip=False)
+        images = augment_inputs(toy_images(labels, generator), mean, std, generator=generator, crop_flip=False)
         loss = nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -244,6 +244,7 @@ def test_generator_shape_and_range() -> None:
     assert float(images.min()) >= 0.0 and float(images.max()) <= 1.0  # sigmoid range
     small = Generator(latent_dim=8, width=4, num_classes=3)
     assert small(torch.randn(2, 8)).shape == (2, 3, 32, 32)
+    assert Generator(latent_dim=8, width=4, image_size=(16, 24), channels=1)(torch.randn(2, 8)).shape == (2, 1, 16, 24)
     embedding = {id(p) for p in small.embedding_parameters()}
     assert len(small.body_parameters()) + len(embedding) == len(list(small.parameters()))
 
@@ -251,19 +252,19 @@ def test_generator_shape_and_range() -> None:
 def test_augment_crop_flip_normalise() -> None:
     images = torch.rand(6, 3, 32, 32, requires_grad=True)
     mean, std = torch.tensor(MEAN), torch.tensor(STD)
-    plain = augment_images(images, mean, std, padding=4, crop_flip=False)
+    plain = augment_inputs(images, mean, std, padding=4, crop_flip=False)
     torch.testing.assert_close(plain, (images - 0.5) / 0.25)
-    out = augment_images(images, mean, std, padding=4, generator=torch.Generator().manual_seed(0))
+    out = augment_inputs(images, mean, std, padding=4, generator=torch.Generator().manual_seed(0))
     assert out.shape == images.shape
     out.sum().backward()
     assert images.grad is not None and images.grad.abs().sum() > 0
     flat = torch.rand(2, 3, 32, 32).mean(dim=(2, 3), keepdim=True).expand(2, 3, 32, 32)
-    constant = augment_images(flat, mean, std, padding=4, generator=torch.Generator().manual_seed(1))
+    constant = augment_inputs(flat, mean, std, padding=4, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(constant, (flat - 0.5) / 0.25)
 
 
 def test_pool_is_bounded_fifo() -> None:
-    pool = SyntheticPool(capacity=5, image_shape=(1, 2, 2), dtype="float32")
+    pool = SyntheticPool(capacity=5, item_shape=(1, 2, 2), dtype="float32")
     values = torch.linspace(0, 1, 9)
     pool.add(values[:3, None, None, None].expand(3, 1, 2, 2), torch.arange(3))
     pool.add(values[3:9, None, None, None].expand(6, 1, 2, 2), torch.arange(3, 9))
@@ -273,12 +274,12 @@ def test_pool_is_bounded_fifo() -> None:
     torch.testing.assert_close(images[:, 0, 0, 0], values[4:9])
     sampled, sampled_labels = pool.sample(50, torch.tensor([0.0] * 6 + [1.0, 0, 0]), torch.Generator().manual_seed(0))
     assert set(sampled_labels.tolist()) == {6} and sampled.shape == (50, 1, 2, 2)
-    restored = SyntheticPool(capacity=5, image_shape=(1, 2, 2), dtype="uint8")
+    restored = SyntheticPool(capacity=5, item_shape=(1, 2, 2), dtype="uint8")
     restored.load_state_dict(pool.state_dict())
     assert restored.labels.tolist() == [4, 5, 6, 7, 8]
     torch.testing.assert_close(restored.items()[0], images, atol=1 / 255, rtol=0)
     with pytest.raises(ValueError):
-        SyntheticPool(capacity=2, image_shape=(1, 2, 2)).sample(1)
+        SyntheticPool(capacity=2, item_shape=(1, 2, 2)).sample(1)
 
 
 # ---------------------------------------------------------------- synthesis and distillation

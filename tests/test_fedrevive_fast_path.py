@@ -10,9 +10,9 @@ import torch
 
 from devsim.aggregation.fedrevive import Synthesizer, SyntheticPool, distill
 from devsim.aggregation.fedrevive._common import adam
-from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
 from devsim.aggregation.fedrevive.generator import Generator, upsample_conv3x3
+from devsim.aggregation.fedrevive.inputs import augment_inputs
 from devsim.codec import model_to_numpy
 from devsim.models import build_model, feature_trackers
 from tests.test_fedrevive import _arrival_inputs, _reviver, one_hot_q, tiny_config, toy_images, toy_teacher
@@ -111,7 +111,7 @@ def test_distill_vectorised_equals_loop() -> None:
 
 
 def test_pool_sample_each_follows_each_row() -> None:
-    pool = SyntheticPool(capacity=20, image_shape=(1, 2, 2), dtype="float32")
+    pool = SyntheticPool(capacity=20, item_shape=(1, 2, 2), dtype="float32")
     labels = torch.arange(20) % 4
     pool.add(labels[:, None, None, None].float().expand(20, 1, 2, 2) / 4, labels)
     weights = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0, 0]])
@@ -210,7 +210,7 @@ def test_fused_adam_matches_default_adam() -> None:
 def test_augment_crop_equals_per_sample_slices() -> None:
     images = torch.rand(5, 3, 8, 6)
     mean, std = torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.25, 0.3])
-    out = augment_images(images, mean, std, padding=2, generator=torch.Generator().manual_seed(9))
+    out = augment_inputs(images, mean, std, padding=2, generator=torch.Generator().manual_seed(9))
     draws = torch.Generator().manual_seed(9)  # the same draws in the same order: offsets, then flips
     offsets = torch.randint(0, 5, (2, 5), generator=draws)
     flips = torch.rand(5, generator=draws) < 0.5

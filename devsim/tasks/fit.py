@@ -106,7 +106,7 @@ def _check_groups(config: SimulationConfig, task: Task, where: str) -> None:
 
 
 def _check_fedrevive(config: FedReviveConfig, task: Task, where: str) -> None:
-    from devsim.aggregation.fedrevive.inputs import generator_obstacle
+    from devsim.aggregation.fedrevive.inputs import generator_obstacle, input_space
 
     if not task.classification:
         raise ConfigError(
@@ -115,3 +115,9 @@ def _check_fedrevive(config: FedReviveConfig, task: Task, where: str) -> None:
     obstacle = generator_obstacle(task)
     if obstacle is not None:
         raise ConfigError("task", f"FedRevive with {where}: {obstacle}")
+    if config.class_proportions == "estimated" and not input_space(task).float_inputs:
+        raise ConfigError(
+            "class_proportions",
+            f"estimated probes client models with Gaussian float inputs; {where} feeds its model non-float inputs: "
+            "use true (the clients' label histograms)",
+        )

@@ -11,15 +11,16 @@ import torch
 from devsim.aggregation.fedrevive import (
     DFKDConfig,
     GaussianProbeEstimator,
+    InputSpace,
     Reviver,
     ReviverConfig,
+    input_space,
     proportions_from_counts,
     scaled_s_max,
 )
 from devsim.clock import DeviceJob
 from devsim.codec import load_numpy_into_model
-from devsim.config import FedReviveConfig
-from devsim.models import build_model
+from devsim.config import ConfigError, FedReviveConfig
 from devsim_flare.servers.async_server import AsyncServer, Weights
 
 FEDREVIVE_PROCESSOR = "processors.fedrevive_task_processor.FedReviveDeviceProcessor"
@@ -39,19 +40,26 @@ class FedReviveServer(AsyncServer):
         return {"track_features": True}
 
     def setup_method(self, config: FedReviveConfig, device: torch.device) -> None:
-        mean, std = self.evaluator.normalise.mean, self.evaluator.normalise.std
+        """Build the reviver for ``self.task`` (set by ``start_run``): its generator, input map and models.
+
+        Raises:
+            ValueError: FedRevive cannot synthesise the task's inputs.
+            ConfigError: ``--class-proportions estimated`` for a task whose model inputs are not floating point
+                (the Gaussian probes are float inputs).
+        """
+        space = input_space(self.task)
+        self._check_proportions(config, space)
         s_max = config.s_max if config.s_max is not None else scaled_s_max(config.concurrency, config.buffer_size)
         dfkd = DFKDConfig(
-            num_classes=config.num_classes,
+            num_classes=self.task.num_classes,
             generator_width=config.generator_width,
             synth_batch_size=config.synth_batch_size,
             kd_iterations=config.kd_iterations,
             pool_capacity=config.pool_capacity,
-            normalize_mean=mean,
-            normalize_std=std,
+            **space.dfkd_settings(),
         )
         self.reviver = Reviver(
-            lambda: build_model(config.model, num_classes=config.num_classes, track_features=True),
+            lambda: self.task.build_model(track_features=True),
             ReviverConfig(
                 s_max=s_max,
                 freeze_version=config.freeze_version,
@@ -64,17 +72,27 @@ class FedReviveServer(AsyncServer):
             device,
             seed=config.seed,
         )
-        self.estimator = GaussianProbeEstimator(seed=config.seed) if config.class_proportions == "estimated" else None
-        self.probe_model = build_model(config.model, num_classes=config.num_classes, track_features=True).to(device)
+        self.estimator = None
+        if config.class_proportions == "estimated":
+            self.estimator = GaussianProbeEstimator(seed=config.seed, input_shape=space.shape)
+        self.probe_model = self.task.build_model(track_features=True).to(device)
         self.revive_seconds = 0.0
         self.revive_cpu_seconds = 0.0
         self.arrivals = 0
         print(
             f"[server] FedRevive: s_max {s_max:g}, freeze at version {config.freeze_version}, "
             f"warm-up until version {config.warmup_version}, class proportions {config.class_proportions}, "
-            f"KD every {config.kd_interval} eligible arrival(s)",
+            f"KD every {config.kd_interval} eligible arrival(s), {_describe(space)}",
             flush=True,
         )
+
+    def _check_proportions(self, config: FedReviveConfig, space: InputSpace) -> None:
+        if config.class_proportions == "estimated" and not space.float_inputs:
+            raise ConfigError(
+                "class_proportions",
+                f"estimated probes each client model with Gaussian float inputs, and task {self.task.origin} "
+                "feeds its model non-float inputs; use true (the clients' label histograms)",
+            )
 
     def revise_delta(self, job: DeviceJob, result: dict, staleness: int, base: Weights) -> Weights:
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -116,3 +134,11 @@ class FedReviveServer(AsyncServer):
         self.revive_seconds = float(state["revive_seconds"])
         self.revive_cpu_seconds = float(state.get("revive_cpu_seconds", 0.0))
         self.arrivals = int(state["arrivals"])
+
+
+def _describe(space: InputSpace) -> str:
+    """How FedRevive synthesises the task's inputs, for the server log."""
+    if space.generator is not None:
+        return f"inputs {space.shape} from the task's generator"
+    kind = "conv generator, crop and flip" if space.image else "MLP generator"
+    return f"inputs {space.shape} from the {kind}"

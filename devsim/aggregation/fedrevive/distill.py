@@ -10,9 +10,9 @@ from torch import nn
 from torch.profiler import record_function
 
 from devsim.aggregation.fedrevive._common import TeacherModel, adam, frozen, kl_per_sample, proportions_tensor
-from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.config import DFKDConfig
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward
+from devsim.aggregation.fedrevive.inputs import augment_inputs
 from devsim.aggregation.fedrevive.pool import SyntheticPool
 from devsim.codec import load_numpy_into_model
 
@@ -37,8 +37,9 @@ def distill(
     ``student`` is a scratch module of the same architecture (its device is used); it is overwritten with
     ``student_weights`` and left holding the distilled weights. Training: fresh (fused) Adam (``config.kd_lr``, L2
     ``config.kd_weight_decay``) for ``config.kd_iterations`` steps; per step every teacher ``k`` draws
-    ``config.kd_batch_per_teacher`` pool images with class probabilities ``q_k`` (one multinomial draw for all
-    teachers; optionally cropped / flipped, always normalised) and the loss is
+    ``config.kd_batch_per_teacher`` pool items with class probabilities ``q_k`` (one multinomial draw for all
+    teachers; images optionally cropped / flipped; always mapped to model inputs by ``config``'s normalisation,
+    except a task generator's items, which are model inputs already) and the loss is
     ``T^2 * sum_k sum_samples KL(teacher_k || student) / total samples`` at temperature
     ``T = config.kd_temperature``. The student runs in eval mode, so BatchNorm and feature-tracker
     buffers keep their values (their delta is 0); teachers are frozen and run as the vectorised ``ensemble``
@@ -70,11 +71,12 @@ def distill(
                 ensemble = TeacherEnsemble(modules)
             for _ in range(config.kd_iterations):
                 with record_function("fedrevive.kd.sample_augment"):
-                    images, _ = pool.sample_each(config.kd_batch_per_teacher, qs, generator)
-                    shape = images.shape
-                    images = augment_images(
-                        images.to(device).flatten(0, 1), mean, std, config.augment_padding, generator, config.kd_augment
-                    )
+                    items, _ = pool.sample_each(config.kd_batch_per_teacher, qs, generator)
+                    shape = items.shape
+                    images = items.to(device).flatten(0, 1)
+                    if config.task_generator is None:
+                        crop_flip = config.kd_augment and config.image
+                        images = augment_inputs(images, mean, std, config.augment_padding, generator, crop_flip)
                 with record_function("fedrevive.kd.teachers"), torch.no_grad():
                     per_teacher = images.view(shape)
                     if ensemble is not None:

@@ -78,9 +78,10 @@ class FedReviveServerState:
 class Reviver:
     """FedRevive's server state and per-arrival update rule.
 
-    ``model_fn()`` must return a fresh model of the federation's architecture *with feature trackers* (so its
-    ``state_dict`` keys match the weight dicts); up to ``teacher_capacity + 1`` such modules are kept on
-    ``device`` (teachers and a scratch student). Synthesis and KD randomness derives from ``seed``.
+    ``model_fn()`` must return a fresh model of the federation's architecture, with feature trackers where the
+    architecture has them (built-in models; a user's model has none and synthesis matches no feature
+    statistics), so its ``state_dict`` keys match the weight dicts; up to ``teacher_capacity + 1`` such modules
+    are kept on ``device`` (teachers and a scratch student). Synthesis and KD randomness derives from ``seed``.
     """
 
     def __init__(
@@ -116,7 +117,7 @@ class Reviver:
 
     @property
     def pool(self):
-        """The synthetic image pool (:class:`devsim.aggregation.fedrevive.pool.SyntheticPool`)."""
+        """The synthetic input pool (:class:`devsim.aggregation.fedrevive.pool.SyntheticPool`)."""
         return self.synthesizer.pool
 
     def _loaded_teachers(self) -> list[tuple[nn.Module, np.ndarray]]:

@@ -1,4 +1,4 @@
-"""FedRevive's SYNTHESIZE step: a meta-learned conditional generator that feeds a FIFO pool of synthetic images."""
+"""FedRevive's SYNTHESIZE step: a meta-learned conditional generator that feeds a FIFO pool of synthetic inputs."""
 
 from __future__ import annotations
 
@@ -18,50 +18,52 @@ from devsim.aggregation.fedrevive._common import (
     kl_per_sample,
     proportions_tensor,
 )
-from devsim.aggregation.fedrevive.augment import augment_images
 from devsim.aggregation.fedrevive.config import DFKDConfig
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward, stacked_running_stats
-from devsim.aggregation.fedrevive.generator import Generator
+from devsim.aggregation.fedrevive.generator import build_generator
+from devsim.aggregation.fedrevive.inputs import augment_inputs
 from devsim.aggregation.fedrevive.pool import SyntheticPool
 
 __all__ = ["Synthesizer"]
 
 
 class Synthesizer:
-    """Persistent generator ``G``, its Reptile meta-optimizer and the synthetic image pool.
+    """Persistent generator ``G``, its Reptile meta-optimizer and the synthetic input pool.
 
-    Each :meth:`synthesize` call draws one batch of labels and latents, adapts a copy ``G'`` of ``G`` for
-    ``config.synth_steps`` Adam steps, keeps the lowest-loss batch in the pool and moves ``G`` towards ``G'``.
-    All random draws (labels, latents, augmentation) come from a CPU ``torch.Generator`` seeded with ``seed``.
+    ``G`` is :func:`~devsim.aggregation.fedrevive.generator.build_generator`'s for ``config``: the conv generator
+    for images, the MLP for other input shapes, or the task's generator (whose outputs are model inputs: the
+    pool keeps them float32 and unclamped, and they are never augmented). Each :meth:`synthesize` call draws one
+    batch of labels and latents, adapts a copy ``G'`` of ``G`` for ``config.synth_steps`` Adam steps, keeps the
+    lowest-loss batch in the pool and moves ``G`` towards ``G'``. All random draws (labels, latents,
+    augmentation) come from a CPU ``torch.Generator`` seeded with ``seed``.
     """
 
     def __init__(self, config: DFKDConfig | None = None, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.config = config if config is not None else DFKDConfig()
         cfg = self.config
         self.device = torch.device(device)
-        self.generator = Generator(
-            latent_dim=cfg.latent_dim,
-            width=cfg.generator_width,
-            num_classes=cfg.num_classes,
-            image_size=cfg.image_size,
-            channels=cfg.image_channels,
-            embedding_weight=cfg.embedding_weight,
-        ).to(self.device)
+        self.generator = build_generator(cfg).to(self.device)
         self.meta_optimizer = adam(self.generator.parameters(), self.device, lr=cfg.meta_lr, betas=cfg.adam_betas)
+        raw = cfg.task_generator is not None
         self.pool = SyntheticPool(
             capacity=cfg.pool_capacity,
-            image_shape=(cfg.image_channels, cfg.image_size, cfg.image_size),
-            dtype=cfg.pool_dtype,
+            item_shape=None if raw else cfg.input_shape,
+            dtype="float32" if raw else cfg.pool_dtype,
             device=self.device,
+            clamp=not raw,
         )
         self.rng = torch.Generator().manual_seed(seed)
         self.mean = torch.tensor(cfg.normalize_mean, dtype=torch.float32, device=self.device)
         self.std = torch.tensor(cfg.normalize_std, dtype=torch.float32, device=self.device)
         self.calls = 0
 
-    def augment(self, images: torch.Tensor, crop_flip: bool = True) -> torch.Tensor:
-        """Crop / flip (optional) and normalise images ``(B, C, H, W)`` on the [0, 1] scale, as the clients do."""
-        return augment_images(images, self.mean, self.std, self.config.augment_padding, self.rng, crop_flip)
+    def augment(self, outputs: torch.Tensor, crop_flip: bool = True) -> torch.Tensor:
+        """Model inputs for generator outputs ``(B, *input_shape)``: crop / flip (images, when ``crop_flip``) and
+        the affine map from the (0, 1) scale, as the clients normalise; a task generator's outputs as they are."""
+        if self.config.task_generator is not None:
+            return outputs
+        crop_flip = crop_flip and self.config.image
+        return augment_inputs(outputs, self.mean, self.std, self.config.augment_padding, self.rng, crop_flip)
 
     def _loss(
         self,
@@ -72,7 +74,7 @@ class Synthesizer:
         sample_weights: torch.Tensor,
         student: nn.Module | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Weighted synthesis loss on normalised inputs ``(B, C, H, W)``; ``sample_weights`` is ``(T, B)``.
+        """Weighted synthesis loss on model inputs ``(B, *input_shape)``; ``sample_weights`` is ``(T, B)``.
 
         Teachers run as one vectorised ``ensemble`` when given, else one by one (same values within float
         tolerance). Per teacher ``t`` with total weight > 0: ``L_feat += mean(w_t) * sum_layers(|mu_t - r_t| +
@@ -120,7 +122,7 @@ class Synthesizer:
         warm: bool = False,
         ensemble: TeacherEnsemble | None = None,
     ) -> dict[str, float]:
-        """Run one synthesis round and push its best batch (``synth_batch_size`` images) into the pool.
+        """Run one synthesis round and push its best batch (``synth_batch_size`` inputs) into the pool.
 
         ``teachers``: ``(module, q)`` pairs; modules are used frozen in eval mode (modes and ``requires_grad``
         are restored). ``student``: the current global model, used for the adversarial term only when ``warm``.
@@ -145,14 +147,7 @@ class Synthesizer:
         sample_weights = class_weight_matrix(qs)[:, labels]
         z = torch.randn(cfg.synth_batch_size, cfg.latent_dim, generator=self.rng).to(self.device).requires_grad_(True)
         fast = copy.deepcopy(self.generator).train()
-        optimizer = adam(
-            [
-                {"params": fast.body_parameters(), "lr": cfg.generator_lr},
-                {"params": [z, *fast.embedding_parameters()], "lr": cfg.latent_lr},
-            ],
-            self.device,
-            betas=cfg.adam_betas,
-        )
+        optimizer = adam(_parameter_groups(fast, z, cfg), self.device, betas=cfg.adam_betas)
         adversary = student if warm and cfg.adv_weight != 0 else None
         frozen_modules = modules + ([adversary] if adversary is not None else [])
         history: list[dict[str, float]] = []
@@ -183,7 +178,7 @@ class Synthesizer:
         result["best_loss"] = best_loss
         return result
 
-    def _meta_update(self, fast: Generator) -> None:
+    def _meta_update(self, fast: nn.Module) -> None:
         """Reptile: set ``G.grad = G - G'`` and step the meta-optimizer; copy ``G'``'s BatchNorm buffers into ``G``."""
         self.meta_optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
@@ -212,3 +207,16 @@ class Synthesizer:
         self.pool.load_state_dict(state["pool"])
         self.rng.set_state(state["rng"])
         self.calls = int(state["calls"])
+
+
+def _parameter_groups(generator: nn.Module, z: torch.Tensor, config: DFKDConfig) -> list[dict]:
+    """Adam parameter groups of one synthesis round: the generator body at ``generator_lr``; the latents ``z``
+    and the class embedding (built-in generators: ``embedding_parameters()``) at ``latent_lr``."""
+    if hasattr(generator, "embedding_parameters") and hasattr(generator, "body_parameters"):
+        body, embedding = list(generator.body_parameters()), list(generator.embedding_parameters())
+    else:
+        body, embedding = list(generator.parameters()), []
+    groups = [{"params": [z, *embedding], "lr": config.latent_lr}]
+    if body:
+        groups.insert(0, {"params": body, "lr": config.generator_lr})
+    return groups
