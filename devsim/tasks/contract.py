@@ -184,18 +184,18 @@ def _import_module(spec: str, module_name: str) -> ModuleType:
 
 
 def describe_exception(error: BaseException, task_file: str | None) -> str:
-    """``Type: message (file, line N: source)`` quoting the deepest frame inside ``task_file`` (else the deepest
-    frame of the traceback), so a user sees which line of their task raised."""
+    """``Type: message (file, line N: source)`` quoting the deepest frame inside ``task_file``, so a user sees which
+    line of their task raised (no location when none of its lines is on the stack, e.g. a layer of an
+    ``nn.Sequential`` failed; without ``task_file``, the deepest frame of the traceback)."""
     frames = traceback.extract_tb(error.__traceback__)
     if isinstance(error, SyntaxError) and error.filename:
         where = f" ({error.filename}, line {error.lineno}: {(error.text or '').strip()})"
         return f"SyntaxError: {error.msg}{where}"
-    chosen = None
     if task_file is not None:
         real = os.path.realpath(task_file)
         inside = [f for f in frames if os.path.realpath(f.filename) == real]
         chosen = inside[-1] if inside else None
-    if chosen is None and frames:
-        chosen = frames[-1]
+    else:
+        chosen = frames[-1] if frames else None
     where = f" ({chosen.filename}, line {chosen.lineno}: {(chosen.line or '').strip()})" if chosen else ""
     return f"{type(error).__name__}: {error}{where}"

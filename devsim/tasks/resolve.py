@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from devsim.tasks.contract import load_hooks
+from devsim.tasks.contract import is_file_spec, load_hooks
 from devsim.tasks.task import Task, make_task
 
 TASK_SETTINGS = ("task", "dataset", "model", "data_root", "data_seed", "synthetic_train_size", "synthetic_test_size")
@@ -34,7 +34,7 @@ def load_task(settings: dict[str, Any]) -> Task:
     spec = settings.get("task")
     if spec:
         hooks = load_hooks(str(spec))
-        name = os.path.splitext(os.path.basename(str(spec)))[0] if hooks.file else str(spec)
+        name = os.path.splitext(os.path.basename(str(spec)))[0] if is_file_spec(str(spec)) else str(spec)
         return make_task(hooks, name)
     from devsim.tasks.builtin import builtin_task
 

@@ -71,7 +71,7 @@ def probe_batching(
     batch = min(spec.batch_size, PROBE_BATCH)
     probe_spec = dataclasses.replace(spec, epochs=1, iterations=None, batch_size=batch)
     total = int(pool.inputs.shape[0])
-    sizes = [batch + 1, 2 * batch, 3 * batch + 2]
+    sizes = [batch + 2, 2 * batch, 3 * batch + 2]
     starts = [0, sizes[0], sizes[0] + sizes[1]]
     indices = [torch.arange(s, s + n, device=device) % total for s, n in zip(starts, sizes, strict=True)]
     reference = model_fn().to(device)

@@ -1,0 +1,166 @@
+"""The batched path for any task: unequal shards in one ragged lockstep, and the probe that allows it per model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from devsim.data.device_shards import ShardPool
+from devsim.training.batch_probe import probe_batching
+from devsim.training.batched import BatchedTrainer
+from devsim.training.local import LocalTrainer, LocalTrainingSpec, Objective
+
+CPU = torch.device("cpu")
+
+
+class CharGRU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.gru, self.out = nn.Embedding(30, 8), nn.GRU(8, 16, batch_first=True), nn.Linear(16, 30)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.gru(self.embed(ids))[0][:, -1])
+
+
+class CharLSTM(CharGRU):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.LSTM(8, 16, batch_first=True)
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.drop = nn.Linear(6, 4), nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(x))
+
+
+class Drifting(nn.Module):
+    """Keeps a Python counter that changes its output: batched, it moves once per step instead of once per device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x) * (1.0 + 0.5 * (self.calls % 3))
+
+
+def _mlp() -> nn.Module:
+    """No bias before the BatchNorm: its gradient is exactly zero in theory and rounding noise in practice, which
+    Adam would scale up to a full step of either sign."""
+    return nn.Sequential(nn.Linear(6, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _tokens(rows: int = 400) -> ShardPool:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 30, (rows, 12), generator=generator)
+    return ShardPool(ids, ids[:, -1].clone(), [])
+
+
+def _features(rows: int = 400) -> ShardPool:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 6, generator=generator)
+    return ShardPool(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long(), [])
+
+
+def _check_ragged(model_fn, pool: ShardPool, spec: LocalTrainingSpec, sizes: list[int], objective: Objective) -> None:
+    """Devices with these shard sizes, batched in one call, match training each alone (and report the same); Adam
+    divides by the root of tiny second moments, which turns float rounding into 1e-5-sized differences."""
+    atol = 5e-5 if spec.optimizer == "adam" else 2e-6
+    torch.manual_seed(3)
+    reference = model_fn()
+    state = reference.state_dict()
+    keys = [k for k, v in state.items() if v.is_floating_point()]
+    global_tensors = [state[k].detach().clone() for k in keys]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    indices = [torch.arange(s, s + n) for s, n in zip(starts, sizes, strict=True)]
+    ids = list(range(10, 10 + len(sizes)))
+    batched = BatchedTrainer(model_fn(), spec, CPU, objective)
+    deltas, metrics = batched.train_pool(
+        ids,
+        global_tensors,
+        ShardPool(pool.inputs, pool.targets, indices),
+        [torch.Generator().manual_seed(i) for i in ids],
+    )
+    single = LocalTrainer(model_fn(), spec, CPU, objective)
+    for row, (device_id, index) in enumerate(zip(ids, indices, strict=True)):
+        alone = single.train(
+            device_id, global_tensors, pool.inputs[index], pool.targets[index], torch.Generator().manual_seed(device_id)
+        )
+        assert (alone.steps, alone.num_samples) == (metrics[row].steps, metrics[row].num_samples)
+        assert alone.loss == pytest.approx(metrics[row].loss, rel=1e-4, abs=1e-6)
+        for k, (trained, start) in enumerate(zip(single.state_tensors, global_tensors, strict=True)):
+            torch.testing.assert_close(deltas[k][row], trained - start, rtol=1e-4, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        LocalTrainingSpec(epochs=2, batch_size=8, lr=0.05, momentum=0.9),
+        LocalTrainingSpec(epochs=1, batch_size=5, lr=0.01, optimizer="adam", weight_decay=1e-4),
+        LocalTrainingSpec(iterations=6, batch_size=8, lr=0.05, momentum=0.5),
+    ],
+)
+def test_unequal_shards_train_in_one_ragged_lockstep_exactly(spec):
+    """Natural partitions: every device a different size (short last batches at different steps, different step
+    counts, groups that are not contiguous), BatchNorm buffers per device."""
+    _check_ragged(_mlp, _features(), spec, [13, 8, 30, 7, 30, 18, 2, 22], Objective())
+
+
+def test_a_recurrent_token_model_batches_exactly():
+    spec = LocalTrainingSpec(epochs=1, batch_size=4, lr=0.01, optimizer="adam")
+    _check_ragged(CharGRU, _tokens(), spec, [9, 4, 14, 7], Objective())
+
+
+def test_a_regression_loss_batches_exactly():
+    pool = _features()
+    targets = pool.inputs[:, :4].sum(dim=1, keepdim=True).expand(-1, 4).contiguous()
+    objective = Objective(loss=lambda out, y: F.mse_loss(out, y), classification=False)
+    _check_ragged(
+        _mlp, ShardPool(pool.inputs, targets, []), LocalTrainingSpec(epochs=1, batch_size=4), [10, 4, 14], objective
+    )
+
+
+def test_the_probe_allows_models_that_batch_exactly():
+    assert probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle is None
+    assert probe_batching(CharGRU, LocalTrainingSpec(batch_size=16), Objective(), _tokens(), CPU).obstacle is None
+
+
+def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says_why():
+    dropout = probe_batching(Dropped, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle
+    assert dropout.startswith("vmap cannot run the model") and "random" in dropout
+    drifting = probe_batching(Drifting, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle
+    assert drifting.startswith("batched updates differ from one-at-a-time updates")
+    lstm = probe_batching(CharLSTM, LocalTrainingSpec(batch_size=32), Objective(), _tokens(), CPU).obstacle
+    assert lstm is not None and "no batching rule for aten::" in lstm and "ms batched against" in lstm
+    rmsprop = probe_batching(_mlp, LocalTrainingSpec(optimizer="rmsprop"), Objective(), _features(), CPU).obstacle
+    assert "optimizer 'rmsprop'" in rmsprop
+
+
+def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):
+    """A user task whose model uses dropout: the processor's probe refuses batching and the plan says why."""
+    from devsim.resources.device_batch import plan_device_batch
+    from processors.task_processor import TaskDeviceProcessor
+    from tests.test_tasks import GOOD, write_task
+
+    path = write_task(tmp_path, GOOD.replace("nn.ReLU(),", "nn.ReLU(), nn.Dropout(0.2),"), "dropout_task.py")
+    worker = TaskDeviceProcessor.from_settings({"task": path, "seed": 0})
+    worker.setup()
+    plan = plan_device_batch(
+        "auto",
+        obstacle=worker.batching_obstacle,
+        device_bytes=1,
+        device="cpu",
+        num_workers=1,
+        num_params=worker.num_params,
+    )
+    assert plan.size == 1 and "thread pool" in plan.reason and "vmap cannot run the model" in plan.reason
+    metrics = worker.train_device(0, 0, [t.clone() for t in worker._ready().state_tensors])
+    assert metrics.num_samples == 4
