@@ -74,7 +74,7 @@ def data() -> dict:
 
 
 class CharGRU(nn.Module):
-    """Embedding(97, 32) -> GRU(32 -> 128) -> Linear(128 -> 97) on the last step: ids ``(B, T)`` -> logits ``(B, 97)``."""
+    """Embedding(97, 32) -> GRU(32 -> 128) -> Linear(128 -> 97) on the last step: ids (B, T) -> logits (B, 97)."""
 
     def __init__(self, vocab: int = len(VOCAB), embedding: int = 32, hidden: int = 128):
         super().__init__()
