@@ -28,6 +28,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
 from devsim.data.device_shards import DeviceDataSource
+from devsim.resources.threads import one_torch_thread
 from devsim.seeding import derive_seed
 from devsim.tasks import Task, task_from_settings
 from devsim.tasks.shards import grouped_task, task_partitioner
@@ -234,13 +235,14 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
             outcome = _PROBES.get(key)
         if outcome is None:
             task = self._ready_task()
-            outcome = probe_batching(
-                lambda: task.build_model(track_features=self.track_features),
-                trainer.spec,
-                self.objective,
-                self._data.shard_pool([]),
-                self.torch_device,
-            )
+            with one_torch_thread():
+                outcome = probe_batching(
+                    lambda: task.build_model(track_features=self.track_features),
+                    trainer.spec,
+                    self.objective,
+                    self._data.shard_pool([]),
+                    self.torch_device,
+                )
             with _SHARED_LOCK:
                 _PROBES.clear()
                 _PROBES[key] = outcome
@@ -249,10 +251,11 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
     def batched_device_bytes(self) -> int:
         """Bytes one more device adds to a batched computation (for sizing ``device_batch``)."""
         trainer = self._ready()
-        example = self._data.inputs[:1]
-        if self._data.prepare is not None:
-            example = self._data.prepare(example)
-        return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device, example)
+        with one_torch_thread():
+            example = self._data.inputs[:1]
+            if self._data.prepare is not None:
+                example = self._data.prepare(example)
+            return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device, example)
 
     def round_seed(self, device_id: int, round_num: int) -> int:
         """The batch-order seed of ``device_id`` in synchronous round ``round_num``."""

@@ -96,6 +96,7 @@ def _check_ragged(model_fn, pool: ShardPool, spec: LocalTrainingSpec, sizes: lis
         )
         assert (alone.steps, alone.num_samples) == (metrics[row].steps, metrics[row].num_samples)
         assert alone.loss == pytest.approx(metrics[row].loss, rel=1e-4, abs=1e-6)
+        assert alone.accuracy == pytest.approx(metrics[row].accuracy, nan_ok=True)
         for k, (trained, start) in enumerate(zip(single.state_tensors, global_tensors, strict=True)):
             torch.testing.assert_close(deltas[k][row], trained - start, rtol=1e-4, atol=atol)
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from devsim.resources.threads import one_torch_thread
 from devsim.tasks.checks import ProbeResult, TaskArrays, build_model, call_hook, checked_arrays, probe_model
 from devsim.tasks.contract import TaskError, TaskHooks
 from devsim.tasks.defaults import accuracy, cross_entropy, no_metrics
@@ -153,9 +154,10 @@ def make_task(hooks: TaskHooks, name: str, *, builtin: bool = False, pixel_stats
         TaskError: anything the checks refuse, naming the task and the problem.
     """
     started = time.perf_counter()
-    values: Any = call_hook(hooks, "data", hooks.data)
-    arrays = checked_arrays(hooks, values)
-    probe = probe_model(hooks, arrays, hooks.loss, hooks.metrics)
+    with one_torch_thread():
+        values: Any = call_hook(hooks, "data", hooks.data)
+        arrays = checked_arrays(hooks, values)
+        probe = probe_model(hooks, arrays, hooks.loss, hooks.metrics)
     return Task(
         name=name,
         hooks=hooks,

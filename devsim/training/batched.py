@@ -202,12 +202,12 @@ class BatchedTrainer:
             batches = [next(orders[p]) for p in range(active)]
             for rows, positions in _groups_by_batch_size(batches):
                 run.step(rows, [batches[p] for p in positions], [ordered_generators[p] for p in positions], step)
-        deltas, losses, hits, seen = run.finish()
+        deltas, losses, hits = run.finish()
         if order != list(range(count)):
             inverse = torch.empty(count, dtype=torch.int64)
             inverse[torch.tensor(order)] = torch.arange(count)
             deltas = [d.index_select(0, inverse.to(self.device)) for d in deltas]
-            losses, hits, seen = ([values[j] for j in inverse.tolist()] for values in (losses, hits, seen))
+            losses, hits = ([values[j] for j in inverse.tolist()] for values in (losses, hits))
         per_device = (time.perf_counter() - started) / count
         classification = self.objective.classification
         metrics = [
@@ -216,7 +216,9 @@ class BatchedTrainer:
                 sizes[i],
                 steps[i],
                 losses[i] / max(steps[i], 1),
-                hits[i] / max(seen[i], 1) if classification else math.nan,
+                hits[i] / max(samples_seen(sizes[i], steps[i], self.spec.batch_size), 1)
+                if classification
+                else math.nan,
                 per_device,
             )
             for i, d in enumerate(device_ids)
@@ -240,6 +242,16 @@ def _groups_by_batch_size(batches: list[torch.Tensor]) -> list[tuple[StackedRows
         else:
             out.append((StackedRows(0, 0, torch.tensor(positions)), positions))
     return out
+
+
+def samples_seen(num_samples: int, steps: int, batch_size: int) -> int:
+    """Samples a device with ``num_samples`` sees in ``steps`` steps of :func:`batch_orders` (passes of full
+    batches and one short last batch, repeated)."""
+    per_pass = [batch_size] * (num_samples // batch_size) + (
+        [num_samples % batch_size] if num_samples % batch_size else []
+    )
+    passes, rest = divmod(steps, len(per_pass))
+    return passes * num_samples + sum(per_pass[:rest])
 
 
 class _Lockstep:
@@ -277,7 +289,6 @@ class _Lockstep:
         self.target_shape = tuple(pool.targets.shape[1:])
         self.loss_sum = torch.zeros(count, device=device)
         self.correct = torch.zeros(count, device=device, dtype=torch.int64)
-        self.seen = torch.zeros(count, dtype=torch.int64)
         trainer.model.train()
 
     def step(
@@ -288,8 +299,7 @@ class _Lockstep:
         device = trainer.device
         index = torch.stack(batches).to(device, non_blocking=True)
         group, batch = int(index.shape[0]), int(index.shape[1])
-        positions = torch.arange(rows.start, rows.stop) if rows.index is None else rows.index
-        flat = self.device_rows[positions.to(device)[:, None], index].t().reshape(-1)
+        flat = rows.take(self.device_rows).gather(1, index).t().reshape(-1)
         inputs = self.pool.inputs.index_select(0, flat).view(batch, group, *self.sample_shape)
         fold = trainer.fold_channels_last and inputs.dim() == 5
         if fold and trainer.augment is None:
@@ -309,13 +319,12 @@ class _Lockstep:
         rows.add(self.loss_sum, loss.detach())
         if trainer.objective.classification:
             rows.add(self.correct, (outputs.detach().argmax(dim=-1) == targets.t()).sum(dim=1))
-        rows.add(self.seen, torch.full((group,), batch, dtype=torch.int64))
 
-    def finish(self) -> tuple[list[torch.Tensor], list[float], list[int], list[int]]:
-        """Per key the (D, *shape) deltas, and per device its summed loss, correct predictions and samples seen."""
+    def finish(self) -> tuple[list[torch.Tensor], list[float], list[int]]:
+        """Per key the (D, *shape) deltas, and per device its summed loss and correct predictions."""
         trained = {**self.params, **self.buffers}
         deltas = [trained[k] - self.globals_by_key[k].unsqueeze(0) for k in self.trainer.keys]
-        return deltas, self.loss_sum.tolist(), self.correct.tolist(), self.seen.tolist()
+        return deltas, self.loss_sum.tolist(), self.correct.tolist()
 
 
 def fold_channels_last(inputs: torch.Tensor) -> torch.Tensor:
