@@ -274,8 +274,10 @@ class SimulationConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> SimulationConfig:
-        """Build and validate; unknown keys and wrongly typed values raise ConfigError."""
+    def from_dict(cls, values: dict[str, Any], population: bool = True) -> SimulationConfig:
+        """Build and validate; unknown keys and wrongly typed values raise ConfigError. ``population=False``
+        leaves out the checks against the population size, for a configuration whose task has yet to set it
+        (a natural partition; see :func:`devsim.tasks.fit.fit_config`)."""
         if not isinstance(values, dict):
             raise ConfigError("config", f"expected a mapping of field names to values, got {type(values).__name__}")
         known = {f.name: f for f in dataclasses.fields(cls)}
@@ -285,11 +287,12 @@ class SimulationConfig:
                 str(unknown[0]), f"unknown setting {unknown}; allowed settings: {', '.join(sorted(known))}"
             )
         config = cls(**values)
-        config.validate()
+        config.validate(population=population)
         return config
 
-    def validate(self) -> SimulationConfig:
-        """Check every field; raise ConfigError naming the first bad flag. Returns self."""
+    def validate(self, population: bool = True) -> SimulationConfig:
+        """Check every field; raise ConfigError naming the first bad flag. Returns self. ``population=False``
+        skips the checks against ``num_devices`` (see :meth:`from_dict`)."""
         _check_types(self)
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("model", self.model, MODELS)
@@ -325,7 +328,7 @@ class SimulationConfig:
             _check_min("stop_after_round", self.stop_after_round, 1)
         if self.num_workers is not None:
             _check_min("num_workers", self.num_workers, 1)
-        if self.device_selection_size > self.num_devices:
+        if population and self.device_selection_size > self.num_devices:
             raise ConfigError(
                 "device_selection_size",
                 f"{self.device_selection_size} is larger than the population of {self.num_devices} devices "
@@ -538,8 +541,8 @@ class AsyncConfig(SimulationConfig):
         metadata=_help("save a checkpoint and stop at the first evaluation at or after this version (see --resume)"),
     )
 
-    def validate(self) -> AsyncConfig:
-        super().validate()
+    def validate(self, population: bool = True) -> AsyncConfig:
+        super().validate(population)
         if self.topk_warmup_rounds:
             raise ConfigError(
                 "topk_warmup_rounds", f"{self.topk_warmup_rounds} is not allowed in asynchronous runs; allowed: 0"
@@ -547,7 +550,7 @@ class AsyncConfig(SimulationConfig):
         _check_choice("staleness_weighting", self.staleness_weighting, STALENESS_WEIGHTINGS)
         _check_min("concurrency", self.concurrency, 1)
         _check_min("buffer_size", self.buffer_size, 1)
-        if self.concurrency > self.num_devices:
+        if population and self.concurrency > self.num_devices:
             raise ConfigError(
                 "concurrency", f"{self.concurrency} is larger than the population; allowed: 1..{self.num_devices}"
             )
@@ -625,8 +628,8 @@ class ClusterConfig(SimulationConfig):
         ),
     )
 
-    def validate(self) -> ClusterConfig:
-        super().validate()
+    def validate(self, population: bool = True) -> ClusterConfig:
+        super().validate(population)
         _check_choice("similarity_on", self.similarity_on, SIMILARITY_SOURCES)
         if not (math.isfinite(self.min_silhouette) and 0.0 <= self.min_silhouette < 1.0):
             raise ConfigError("min_silhouette", f"{self.min_silhouette} is outside the allowed range [0, 1)")
@@ -670,8 +673,8 @@ class FedReviveConfig(AsyncConfig):
     )
     pool_capacity: int = field(default=16000, metadata=_help("synthetic image pool size (FIFO)"))
 
-    def validate(self) -> FedReviveConfig:
-        super().validate()
+    def validate(self, population: bool = True) -> FedReviveConfig:
+        super().validate(population)
         _check_choice("class_proportions", self.class_proportions, CLASS_PROPORTION_SOURCES)
         if self.s_max is not None:
             _check_positive_finite("s_max", self.s_max)

@@ -116,7 +116,9 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SimulationConfig:
-    """Validated configuration from parsed flags (or, with ``--resume``, from the run folder).
+    """Validated configuration from parsed flags (or, with ``--resume``, from the run folder), except for the
+    checks against the population size: a natural partition sets it from the task (:func:`task_config`
+    validates the fitted configuration in full).
 
     Bad values end the program with the flag named.
     """
@@ -132,7 +134,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if values.get("task") and is_file_spec(values["task"]):
         values["task"] = os.path.abspath(values["task"])
     try:
-        return config_cls.from_dict(values)
+        return config_cls.from_dict(values, population=False)
     except ConfigError as error:
         parser.error(str(error))
         raise

@@ -215,7 +215,9 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         """
         trainer = self._ready()
         if self._batched is None:
-            self._batched = BatchedTrainer(trainer.model, trainer.spec, self.torch_device, self.objective)
+            self._batched = BatchedTrainer(
+                trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
+            )
         generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
         return self._batched.train_pool(device_ids, global_tensors, self._data.shard_pool(device_ids), generators)
 
@@ -252,10 +254,13 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         """Bytes one more device adds to a batched computation (for sizing ``device_batch``)."""
         trainer = self._ready()
         with one_torch_thread():
-            example = self._data.inputs[:1]
-            if self._data.prepare is not None:
-                example = self._data.prepare(example)
-            return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device, example)
+            return batched_device_bytes(trainer.model, trainer.spec, self.samples_per_device, self._example_input())
+
+    def _example_input(self) -> torch.Tensor:
+        """One model input row ``(1, ...)``: the first training row, prepared."""
+        self._ready()
+        example = self._data.inputs[:1]
+        return self._data.prepare(example) if self._data.prepare is not None else example
 
     def round_seed(self, device_id: int, round_num: int) -> int:
         """The batch-order seed of ``device_id`` in synchronous round ``round_num``."""

@@ -165,3 +165,22 @@ def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):
     assert plan.size == 1 and "thread pool" in plan.reason and "vmap cannot run the model" in plan.reason
     metrics = worker.train_device(0, 0, [t.clone() for t in worker._ready().state_tensors])
     assert metrics.num_samples == 4
+
+
+def test_the_channels_last_fold_is_kept_for_plain_conv_nets_and_dropped_for_pooling():
+    """The fold pays for the stride-2 CNN; with max pooling (examples/mnist_task.py's LeNet) it costs 40%."""
+    from devsim.models import build_model
+
+    cnn = BatchedTrainer(build_model("cnn"), LocalTrainingSpec(), CPU, example=torch.zeros(1, 3, 32, 32))
+    assert cnn.fold_channels_last
+
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(1, 4, 5), nn.Linear(4 * 12 * 12, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(F.max_pool2d(F.relu(self.conv(x)), 2).flatten(1))
+
+    pooled = BatchedTrainer(Pooled(), LocalTrainingSpec(), CPU, example=torch.zeros(1, 1, 28, 28))
+    assert not pooled.fold_channels_last and BatchedTrainer(Pooled(), LocalTrainingSpec(), CPU).fold_channels_last

@@ -102,7 +102,7 @@ def simulate_clusters(
         num_workers=1,
         num_params=sum(t.numel() for t in net.state_dict().values() if t.is_floating_point()),
     ).size
-    batched = BatchedTrainer(net, spec, torch_device, objective) if device_batch > 1 else None
+    batched = BatchedTrainer(net, spec, torch_device, objective, _example(sources[0])) if device_batch > 1 else None
     population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
     current: dict[str, Weights] = {leaf: initial for leaf in leaves}
     records: list[dict] = []
