@@ -130,8 +130,9 @@ def test_a_regression_loss_batches_exactly():
 
 
 def test_the_probe_allows_models_that_batch_exactly():
-    assert probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle is None
-    assert probe_batching(CharGRU, LocalTrainingSpec(batch_size=16), Objective(), _tokens(), CPU).obstacle is None
+    assert probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU, timed=False).obstacle is None
+    gru = probe_batching(CharGRU, LocalTrainingSpec(batch_size=16), Objective(), _tokens(), CPU, timed=False)
+    assert gru.obstacle is None
 
 
 def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says_why():
@@ -143,6 +144,18 @@ def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says
     assert lstm is not None and "no batching rule for aten::" in lstm and "ms batched against" in lstm
     rmsprop = probe_batching(_mlp, LocalTrainingSpec(optimizer="rmsprop"), Objective(), _features(), CPU).obstacle
     assert "optimizer 'rmsprop'" in rmsprop
+
+
+def test_the_timed_probe_keeps_batching_where_it_pays_and_says_why_where_it_does_not():
+    """A tiny MLP is per-step overhead (batched ~0.35x the time); a wide MLP on large batches is compute (~1x)."""
+    fast = probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU)
+    assert fast.obstacle is None and fast.batched_seconds < fast.single_seconds
+
+    def wide() -> nn.Module:
+        return nn.Sequential(nn.Linear(6, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 4))
+
+    slow = probe_batching(wide, LocalTrainingSpec(batch_size=64), Objective(), _features(2000), CPU).obstacle
+    assert slow is not None and slow.startswith("batched training is not faster") and "at most 0.8x" in slow
 
 
 def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):
