@@ -1,0 +1,120 @@
+"""The example tasks (examples/) through every method in NVFlare's simulator: final metrics and one figure each.
+
+Runs each example with FedAvg, FedBuff and (for continuous inputs) FedRevive at the settings below, in temporary
+workspaces, and prints per run the final metrics, the rounds or versions and the job's wall time. Writes one PNG
+per example comparing its runs (accuracy against rounds/versions, simulated time and wall time,
+``devsim.observe.plots``) to ``--figures`` and, with ``--json``, the table under ``benchmarks/results/``.
+
+    .venv/bin/python benchmarks/example_tasks.py --figures docs --json
+    .venv/bin/python benchmarks/example_tasks.py --examples penguins --methods fedavg,fedbuff
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+
+PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
+TEXT_LOCAL = ["--local-iterations", "20", "--batch-size", "32", "--optimizer", "adam", "--lr", "0.003"]
+ASYNC = ["--buffer-size", "5", "--concurrency", "20", "--eval-frequency", "10"]
+
+RUNS: dict[str, dict[str, list[str]]] = {
+    "penguins": {
+        "fedavg": [*PENGUINS_LOCAL, "--device-selection-size", "40", "--num-rounds", "20"],
+        "fedbuff": [*PENGUINS_LOCAL, *ASYNC, "--global-lr", "1.0", "--max-versions", "80"],
+        "fedrevive": ["--max-versions", "150"],
+    },
+    "text": {
+        "fedavg": [*TEXT_LOCAL, "--device-selection-size", "20", "--num-rounds", "30"],
+        "fedbuff": [*TEXT_LOCAL, *ASYNC, "--global-lr", "1.0", "--max-versions", "120"],
+    },
+    "mnist": {
+        "fedavg": ["--num-rounds", "20"],
+        "fedbuff": [*ASYNC, "--global-lr", "0.5", "--max-versions", "100"],
+        "fedrevive": ["--max-versions", "150"],
+    },
+}
+"""Example -> method -> job flags (besides --task and the workspace); the seed is the jobs' default (0)."""
+
+
+def run_example(example: str, method: str, flags: list[str], workdir: str, timeout: float) -> dict:
+    """One job; its final summary, wall seconds and run folder."""
+    task = os.path.join(REPO, "examples", f"{example}_task.py")
+    output = os.path.join(workdir, f"{example}-{method}")
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "jobs", f"pt_job_{method}.py"),
+        *("--task", task, *flags, "--workspace", os.path.join(workdir, "ws"), "--output-dir", output),
+    ]
+    started = time.perf_counter()
+    rc, _, tail = run_isolated(cmd, workdir, timeout)
+    wall = time.perf_counter() - started
+    if rc != 0:
+        raise RuntimeError(f"{example} {method} failed ({rc}):\n{tail}")
+    with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
+        summary = json.load(stream)["summary"]
+    return {"example": example, "method": method, "flags": flags, "summary": summary, "wall": wall, "dir": output}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", default=",".join(RUNS))
+    parser.add_argument("--methods", default="fedavg,fedbuff,fedrevive")
+    parser.add_argument("--figures", default=None, help="folder for example_<name>.png (default: none)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per job")
+    parser.add_argument("--json", action="store_true", help="write the table under benchmarks/results/")
+    args = parser.parse_args()
+    examples = [e.strip() for e in args.examples.split(",") if e.strip()]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(examples) - set(RUNS))
+    if unknown:
+        parser.error(f"--examples: unknown {unknown}; allowed: {', '.join(RUNS)}")
+    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="devsim-examples-") as workdir:
+        for example in examples:
+            runs = [
+                run_example(example, m, RUNS[example][m], workdir, args.timeout) for m in methods if m in RUNS[example]
+            ]
+            for row in runs:
+                summary = row["summary"]
+                progress = f"{summary['rounds']} rounds" if "rounds" in summary else f"{summary['versions']} versions"
+                metrics = ", ".join(f"{k} {v:.4f}" for k, v in (summary.get("final_metrics") or {}).items())
+                print(
+                    f"{example:<9} {row['method']:<10} {metrics} after {progress}; job wall {row['wall']:.0f} s",
+                    flush=True,
+                )
+            if args.figures:
+                from devsim.observe.plots import plot_runs
+
+                path = os.path.join(args.figures, f"example_{example}.png")
+                plot_runs([r["dir"] for r in runs], path, title=f"examples/{example}_task.py")
+                print(f"wrote {path}")
+            rows += [{k: v for k, v in r.items() if k != "dir"} for r in runs]
+    print(f"load average at end {loadavg()}")
+    if args.json:
+        date = time.strftime("%Y-%m-%d")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        path = os.path.join(REPO, "benchmarks", "results", f"example_tasks-{date}.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as stream:
+            json.dump(
+                {"date": date, "machine": f"{os.cpu_count()} cores", "commit": commit.stdout.strip(), "rows": rows},
+                stream,
+                indent=1,
+            )
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
