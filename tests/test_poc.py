@@ -11,6 +11,20 @@ import pytest
 from tests.conftest import SMALL_RUN, find_results, processes_mentioning, run_job
 
 
+def _stop_leftovers(tmp_path) -> list[str]:
+    """Wait up to 30 s for the processes under ``tmp_path`` to end, kill what is left; returns what was left."""
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(1)
+    leftovers = processes_mentioning(str(tmp_path))
+    for line in leftovers:
+        try:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
+
+
 @pytest.mark.slow
 def test_poc_run_completes_learns_and_leaves_no_process(tmp_path):
     try:
@@ -24,16 +38,36 @@ def test_poc_run_completes_learns_and_leaves_no_process(tmp_path):
         results = find_results(tmp_path / "ws" / "runs")
         assert results["summary"]["final_accuracy"] > 0.4
     finally:
-        deadline = time.monotonic() + 30
-        while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(1)
-        leftovers = processes_mentioning(str(tmp_path))
-        for line in leftovers:
-            pid = int(line.split(":", 1)[0])
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        leftovers = _stop_leftovers(tmp_path)
+    assert not leftovers, leftovers
+
+
+@pytest.mark.slow
+def test_poc_runs_a_user_task_from_the_job_folder(tmp_path):
+    """The penguins example in real server and leaf processes: the sites load the task file the job carries."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    task = tmp_path / "user" / "penguins_task.py"
+    task.parent.mkdir()
+    shutil.copy(os.path.join(REPO, "examples", "penguins_task.py"), task)
+    args = ["--task", str(task), "--device-selection-size", "40", "--local-epochs", "5", "--batch-size", "4"]
+    try:
+        proc = run_job(
+            "pt_job_fedavg.py",
+            [*args, "--num-rounds", "10", "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"],
+            tmp_path,
+            timeout=900,
+        )
+        assert "FINISHED:COMPLETED" in proc.stdout, proc.stdout[-3000:]
+        results = find_results(tmp_path / "ws" / "runs")
+        summary = results["summary"]
+        assert summary["final_accuracy"] > 0.85 and "chinstrap_recall" in summary["final_metrics"]
+        loaded = results["task"]["file"]
+        assert loaded.endswith("custom/devsim_user_task/penguins_task.py") and str(task) != loaded, loaded
+    finally:
+        leftovers = _stop_leftovers(tmp_path)
     assert not leftovers, leftovers
 
 
@@ -97,11 +131,4 @@ def test_poc_run_survives_a_killed_leaf(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        deadline = time.monotonic() + 30
-        while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(1)
-        for line in processes_mentioning(str(tmp_path)):
-            try:
-                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _stop_leftovers(tmp_path)

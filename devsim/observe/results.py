@@ -13,13 +13,16 @@ from typing import Any
 
 
 class RunRecorder:
-    """Collects per-round records and writes ``<output_dir>/results.json``."""
+    """Collects per-round records and writes ``<output_dir>/results.json`` (with ``task``: what the run trained,
+    see :meth:`devsim.tasks.Task.record`)."""
 
-    def __init__(self, output_dir: str, config: dict[str, Any], method: str):
+    def __init__(self, output_dir: str, config: dict[str, Any], method: str, task: dict[str, Any] | None = None):
         self.output_dir = output_dir
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "results.json")
         self.data: dict[str, Any] = {"method": method, "config": config, "rounds": [], "summary": {}}
+        if task is not None:
+            self.data["task"] = task
 
     def add_round(self, record: dict[str, Any]) -> None:
         self.data["rounds"].append(record)

@@ -10,6 +10,8 @@ checks and converts the arrays and probes the model (:mod:`devsim.tasks.checks`)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +137,28 @@ class Task:
         """The same task over other arrays of the same shapes and dtypes (a hidden group's view)."""
         arrays = dataclasses.replace(self.arrays, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
         return dataclasses.replace(self, arrays=arrays)
+
+    def record(self) -> dict[str, Any]:
+        """What a run trained, for its results: name, how it was named, the file loaded (and its SHA-256, so a
+        run can be matched to the exact task file), sizes, shapes, classes and owners."""
+        file = self.hooks.file
+        digest = None
+        if file and os.path.isfile(file):
+            with open(file, "rb") as stream:
+                digest = hashlib.sha256(stream.read()).hexdigest()
+        return {
+            "name": self.name,
+            "origin": self.origin,
+            "file": file,
+            "sha256": digest,
+            "train_samples": len(self.x_train),
+            "test_samples": len(self.x_test),
+            "sample_shape": list(self.sample_shape),
+            "input_dtype": str(self.x_train.dtype),
+            "classification": self.classification,
+            "num_classes": self.num_classes,
+            "owners": self.num_owners,
+        }
 
     def describe(self) -> str:
         """One line: name, sizes, input and target shapes, classes and owners."""

@@ -11,9 +11,9 @@ or None. Exact is not enough: on the CPU, and wherever PyTorch warned of a per-s
 timed on :data:`TIMED_DEVICES` devices at the run's batch size (warm, best of two), and the batched path is kept
 only when it takes at most :data:`SPEED_MARGIN` of the one-at-a-time time. Measured on a 2-core CPU: the built-in
 CNN and small MLPs batch 2-3x faster; a GRU over 32 characters was 19% slower batched in the job and a LeNet-style
-CNN (max pooling, 1.1M multiply-adds a sample) about as fast (both compute-bound), the CPU LSTM 5x slower. The timing makes the choice depend
-on the machine; both paths give the same updates up to float rounding, and the leaf prints the one it took
-(``--device-batch off`` or ``N`` pins it).
+CNN (max pooling, 1.1M multiply-adds a sample) about as fast (both compute-bound), the CPU LSTM 5x slower.
+The timing makes the choice depend on the machine; both paths give the same updates up to float rounding,
+and the leaf prints the one it took (``--device-batch off`` or ``N`` pins it).
 """
 
 from __future__ import annotations

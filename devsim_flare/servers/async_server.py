@@ -132,7 +132,7 @@ class AsyncServer:
             self.failures[SESSION_END] = 0
         self.participation = Participation(config.num_devices)
         self.staleness_histogram = StalenessHistogram()
-        recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
+        recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
         metrics = MetricsWriter(output_dir)
         progress = (
             ProgressLine(config.max_versions, every=config.log_every, unit="version") if config.max_versions else None

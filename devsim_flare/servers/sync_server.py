@@ -119,7 +119,7 @@ class SyncServer:
         self.sim_time = 0.0
         self.participation = Participation(config.num_devices)
         self.setup_strategy(config)
-        recorder = RunRecorder(output_dir, config.to_dict(), method=self.method)
+        recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
         start_round = self._resume(config, recorder) if config.resume_from else 0
         model_bytes = array_bytes(self.weights)
         update_bytes = round_payload_bytes([v.shape for v in self.weights.values()], codec_spec(config))
