@@ -193,7 +193,7 @@ class SimulationConfig:
         default="float32",
         metadata=_help(
             f"--update-codec topk: type of the values sent, one of {', '.join(TOPK_VALUE_TYPES)} "
-            "(float16: 2 bytes a value; int8: 1 byte a value and one float32 scale max|v|/127 per update; "
+            "(float16: 2 bytes a value; int8: 1 byte a value and one float32 scale max(abs(v))/127 per update; "
             "the rounding stays in the residual)"
         ),
     )
