@@ -540,6 +540,28 @@ class AsyncConfig(SimulationConfig):
         default=None,
         metadata=_help("save a checkpoint and stop at the first evaluation at or after this version (see --resume)"),
     )
+    dispatch_batch: int | None = field(
+        default=None,
+        metadata=_help(
+            "device jobs the server gathers before sending them on, one call per leaf carrying every base version "
+            "they need (sooner when the next arrival is one of them, or when the call would carry more than 64 MiB of "
+            "models); unset: max(B, ceil(K / 2)); 1: each dispatch at once; 'none' unsets it"
+        ),
+    )
+
+    dispatch_lookahead: bool = field(
+        default=True,
+        metadata=_help(
+            "gather, as soon as a version is made, the jobs the seeded scheduler will dispatch from it (a guess that "
+            "assumes every update is accepted; a wrong guess only wastes training), so they train early"
+        ),
+    )
+
+    def dispatch_batch_size(self) -> int:
+        """The number of gathered jobs that triggers a send (``--dispatch-batch``, or its automatic value)."""
+        if self.dispatch_batch is not None:
+            return min(self.dispatch_batch, self.concurrency)
+        return min(self.concurrency, max(self.buffer_size, -(-self.concurrency // 2)))
 
     def validate(self, population: bool = True) -> AsyncConfig:
         super().validate(population)
@@ -564,6 +586,8 @@ class AsyncConfig(SimulationConfig):
             _check_min("max_versions", self.max_versions, 1)
         if self.stop_after_version is not None:
             _check_min("stop_after_version", self.stop_after_version, 1)
+        if self.dispatch_batch is not None:
+            _check_min("dispatch_batch", self.dispatch_batch, 1)
         if self.max_sim_time is not None:
             _check_positive_finite("max_sim_time", self.max_sim_time)
         if not (math.isfinite(self.staleness_exponent) and self.staleness_exponent >= 0):

@@ -155,8 +155,12 @@ class LeafNode:
         device_ids: np.ndarray,
         train_seeds: np.ndarray,
         with_histograms: bool = False,
+        job_bases: np.ndarray | None = None,
+        base_versions: np.ndarray | None = None,
     ) -> dict:
-        """Train asynchronous device jobs that all start from global ``version`` (``weights``).
+        """Train asynchronous device jobs that all start from global ``version`` (``weights``), or, with
+        ``job_bases``, from several versions: ``weights`` then stacks the ``base_versions`` models per entry,
+        (V, *shape), and job ``i`` starts from row ``job_bases[i]``.
 
         Returns each job's own delta (stacked per model entry) with its metrics; see
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
@@ -170,6 +174,8 @@ class LeafNode:
             np.asarray(train_seeds).tolist(),
             with_histograms=with_histograms,
             version=int(version),
+            job_bases=None if job_bases is None else np.asarray(job_bases).tolist(),
+            base_versions=None if base_versions is None else np.asarray(base_versions).tolist(),
         )
         payload["version"] = int(version)
         payload["timing"]["leaf_received_at"] = received_at

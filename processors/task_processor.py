@@ -205,13 +205,18 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         return trainer.train(device_id, global_tensors, inputs, targets, torch.Generator().manual_seed(train_seed))
 
     def train_devices_batched(
-        self, device_ids: list[int], train_seeds: list[int], global_tensors: list[torch.Tensor]
+        self,
+        device_ids: list[int],
+        train_seeds: list[int],
+        global_tensors: list[torch.Tensor],
+        per_device_base: bool = False,
     ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
         """Train ``device_ids`` together as one vmapped computation (see :mod:`devsim.training.batched`).
 
         Device ``device_ids[i]`` uses the batch order of ``train_seeds[i]``, exactly as
         :meth:`train_with_seed` would. Returns one (D, *shape) delta tensor per entry of ``keys``
-        and per-device metrics. The worker's own model state is not changed.
+        and per-device metrics. The worker's own model state is not changed. With ``per_device_base``
+        ``global_tensors`` are stacked (D, *shape): each device starts from its own row.
         """
         trainer = self._ready()
         if self._batched is None:
@@ -219,7 +224,8 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
                 trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
             )
         generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
-        return self._batched.train_pool(device_ids, global_tensors, self._data.shard_pool(device_ids), generators)
+        pool = self._data.shard_pool(device_ids)
+        return self._batched.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
 
     def batching_obstacle(self) -> str | None:
         """Why this worker's devices cannot be trained as one batch (None: they can).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 import torch
@@ -69,7 +70,9 @@ def test_paper_preset_is_refused_without_cifar(tmp_path):
     assert "--data-root" in stderr and "--dataset synthetic" in stderr
 
 
-def test_async_stop_and_resume_gives_identical_final_weights(fedbuff_run, tmp_path):
+def test_async_stop_and_resume_gives_the_same_run(fedbuff_run, tmp_path):
+    """Same arrivals and versions; weights equal to float rounding: the relaunched in-flight jobs train in other
+    batched groups than in the uninterrupted run (a grouped convolution rounds differently with the group count)."""
     run_dir = tmp_path / "run"
     common = [*ASYNC_RUN, "--workspace", str(tmp_path / "ws")]
     stopped = run_job(
@@ -82,4 +85,30 @@ def test_async_stop_and_resume_gives_identical_final_weights(fedbuff_run, tmp_pa
     uninterrupted = torch.load(find_results(fedbuff_run / "ws" / "runs")["summary"]["final_model"])
     resumed = torch.load(run_dir / "final_model.pt")
     for key in uninterrupted:
-        assert torch.equal(uninterrupted[key], resumed[key]), key
+        assert torch.allclose(uninterrupted[key], resumed[key], rtol=1e-3, atol=1e-5), (
+            key,
+            float((uninterrupted[key] - resumed[key]).abs().max()),
+        )
+    before = find_results(fedbuff_run / "ws" / "runs")["summary"]["final_accuracy"]
+    after = json.loads((run_dir / "results.json").read_text())["summary"]["final_accuracy"]
+    assert abs(before - after) <= 0.01, (before, after)
+
+
+def test_gathered_and_guessed_dispatch_keeps_the_run(fedbuff_run, tmp_path):
+    """Jobs gathered into few calls and guessed ahead (the default) against every dispatch sent at once (as
+    before): the same arrivals, versions and staleness; accuracy equal to float rounding (jobs train in other
+    batched groups)."""
+    args = [*ASYNC_RUN, "--dispatch-batch", "1", "--no-dispatch-lookahead", "--workspace", str(tmp_path / "ws")]
+    run_job("pt_job_fedbuff.py", args, tmp_path)
+    assert _arrivals(tmp_path) == _arrivals(fedbuff_run)
+    gathered = find_results(fedbuff_run / "ws" / "runs")
+    at_once = find_results(tmp_path / "ws" / "runs")
+    keys = ("version", "simulated_time", "accepted_updates", "staleness_mean", "staleness_max")
+    assert [[r.get(k) for k in keys] for r in gathered["rounds"]] == [
+        [r.get(k) for k in keys] for r in at_once["rounds"]
+    ]
+    for a, b in zip(gathered["rounds"], at_once["rounds"], strict=True):
+        assert abs(a["accuracy"] - b["accuracy"]) <= 0.02, (a["version"], a["accuracy"], b["accuracy"])
+    calls = [r["timing"]["info"]["calls"] for r in gathered["rounds"] if "timing" in r]
+    calls_at_once = [r["timing"]["info"]["calls"] for r in at_once["rounds"] if "timing" in r]
+    assert sum(calls) < sum(calls_at_once) / 2, (calls, calls_at_once)

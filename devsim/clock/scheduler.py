@@ -39,6 +39,7 @@ apart they would share its private invariants.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import math
@@ -274,6 +275,14 @@ class AsyncScheduler:
         if self.done or self.open_slots < self.min_open_slots:
             return []
         return self._dispatch(self.open_slots)
+
+    def fork(self) -> AsyncScheduler:
+        """An independent copy of the current state (in-flight jobs, clock, counters) sharing the immutable
+        parts (schedule, network, population model): drive it to see which jobs this scheduler will dispatch."""
+        twin = copy.copy(self)
+        twin._heap = list(self._heap)
+        twin._busy = set(self._busy)
+        return twin
 
     def base_versions_in_flight(self) -> set[int]:
         """Versions some in-flight job was dispatched from (the snapshots still needed)."""

@@ -183,8 +183,13 @@ class BatchedTrainer:
         global_tensors: list[torch.Tensor],
         pool: ShardPool,
         generators: list[torch.Generator],
+        per_device_base: bool = False,
     ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
         """:meth:`train` with the devices' samples given as rows of one shared tensor (see :class:`ShardPool`).
+
+        With ``per_device_base`` each entry of ``global_tensors`` is stacked per device, (D, *shape): device
+        ``i`` starts from row ``i`` and its delta is taken against it (asynchronous jobs of different model
+        versions trained together); otherwise every device starts from the same ``global_tensors``.
 
         Each step gathers only that step's rows (devices x batch) and prepares them, so a round never copies
         whole shards. A step's batch is gathered batch-major, (batch, D, ...), and vmapped over dimension 1: the
@@ -199,7 +204,20 @@ class BatchedTrainer:
         sizes = [int(rows.shape[0]) for rows in pool.indices]
         steps = [self.spec.steps_for(n) for n in sizes]
         order = sorted(range(count), key=lambda i: -steps[i])
-        run = _Lockstep(self, global_tensors, pool, [sizes[i] for i in order], [pool.indices[i] for i in order])
+        if per_device_base:
+            if any(int(t.shape[0]) != count for t in global_tensors):
+                raise ValueError(f"per-device bases must have {count} rows, one per device")
+            if order != list(range(count)):
+                positions = torch.tensor(order, device=self.device)
+                global_tensors = [t.index_select(0, positions) for t in global_tensors]
+        run = _Lockstep(
+            self,
+            global_tensors,
+            pool,
+            [sizes[i] for i in order],
+            [pool.indices[i] for i in order],
+            per_device_base,
+        )
         orders = [batch_orders(sizes[i], steps[i], self.spec.batch_size, generators[i]) for i in order]
         ordered_generators = [generators[i] for i in order]
         ordered_steps = [steps[i] for i in order]
@@ -272,15 +290,19 @@ class _Lockstep:
         pool: ShardPool,
         sizes: list[int],
         indices: list[torch.Tensor],
+        per_device_base: bool = False,
     ):
         self.trainer = trainer
         self.pool = pool
         device = trainer.device
         count = len(sizes)
         self.globals_by_key = dict(zip(trainer.keys, global_tensors, strict=True))
+        self.per_device_base = per_device_base
         model_buffers = dict(trainer.model.named_buffers())
 
         def stacked(key: str) -> torch.Tensor:
+            if key in self.globals_by_key and per_device_base:
+                return self.globals_by_key[key].detach().clone()
             source = self.globals_by_key[key] if key in self.globals_by_key else model_buffers[key]
             return source.detach().unsqueeze(0).repeat(count, *([1] * source.dim()))
 
@@ -331,7 +353,8 @@ class _Lockstep:
     def finish(self) -> tuple[list[torch.Tensor], list[float], list[int]]:
         """Per key the (D, *shape) deltas, and per device its summed loss and correct predictions."""
         trained = {**self.params, **self.buffers}
-        deltas = [trained[k] - self.globals_by_key[k].unsqueeze(0) for k in self.trainer.keys]
+        bases = self.globals_by_key
+        deltas = [trained[k] - (bases[k] if self.per_device_base else bases[k].unsqueeze(0)) for k in self.trainer.keys]
         return deltas, self.loss_sum.tolist(), self.correct.tolist()
 
 

@@ -60,9 +60,14 @@ class DeviceWorker(Protocol):
         """Batch-order seed of ``device_id`` in synchronous round ``round_num`` (as ``train_device`` uses)."""
 
     def train_devices_batched(
-        self, device_ids: list[int], train_seeds: list[int], global_tensors: list[torch.Tensor]
+        self,
+        device_ids: list[int],
+        train_seeds: list[int],
+        global_tensors: list[torch.Tensor],
+        per_device_base: bool = False,
     ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
-        """Train several devices at once; (D, *shape) deltas per key and metrics (``device_batch`` > 1)."""
+        """Train several devices at once; (D, *shape) deltas per key and metrics (``device_batch`` > 1). With
+        ``per_device_base`` the global tensors are stacked (D, *shape), one start per device."""
 
 
 @dataclass
@@ -195,8 +200,16 @@ class LeafRoundRunner:
         train_seeds: list[int],
         with_histograms: bool = False,
         version: int = 0,
+        job_bases: list[int] | None = None,
+        base_versions: list[int] | None = None,
     ) -> dict:
-        """Train independent device jobs from one base model; each job's delta is returned on its own.
+        """Train independent device jobs from one base model, or from several; each job's delta is returned on
+        its own.
+
+        With ``job_bases`` every entry of ``global_weights`` is stacked over V base models, (V, *shape), job ``i``
+        starts from base ``job_bases[i]`` and ``base_versions`` (V,) are those bases' model versions; jobs of
+        different bases in one group are trained together from their own rows (asynchronous jobs of several
+        versions sent in one call). Without it, every job starts from ``global_weights`` of ``version``.
 
         Safe to call from several threads at once (calls for different model versions overlap in
         asynchronous runs): a job takes whichever worker is idle; with ``device_batch`` > 1 the jobs are
@@ -210,16 +223,19 @@ class LeafRoundRunner:
         ``version`` (the base model's) stamps error-feedback residuals.
         """
         started = time.perf_counter()
-        global_tensors = numpy_to_tensors(global_weights, self.keys, self.torch_device)
-        jobs = [(int(d), int(s)) for d, s in zip(device_ids, train_seeds, strict=True)]
+        bases = _JobBases(
+            numpy_to_tensors(global_weights, self.keys, self.torch_device),
+            job_bases,
+            [int(version)] if base_versions is None else [int(v) for v in base_versions],
+        )
+        jobs = [
+            (int(d), int(s), b) for d, s, b in zip(device_ids, train_seeds, bases.of_jobs(len(job_ids)), strict=True)
+        ]
         size = max(1, min(self.device_batch, -(-len(jobs) // len(self.workers))))
         groups = [jobs[i : i + size] for i in range(0, len(jobs), size)]
-        futures = [
-            self._pool.submit(self._train_jobs, global_tensors, group, with_histograms, int(version))
-            for group in groups
-        ]
+        futures = [self._pool.submit(self._train_jobs, bases, group, with_histograms) for group in groups]
         outputs = [output for f in futures for output in f.result()]
-        self.uplink.sweep(int(version))
+        self.uplink.sweep(max(bases.versions))
         trained = time.perf_counter()
         if self.uplink.spec.lossless:
             updates: dict = {"deltas": {k: np.stack([o[0][k] for o in outputs]) for k in self.keys}}
@@ -250,19 +266,20 @@ class LeafRoundRunner:
         }
         return payload
 
-    def _train_jobs(
-        self, global_tensors: list[torch.Tensor], jobs: list[tuple[int, int]], with_histogram: bool, version: int
-    ):
-        """Train ``jobs`` ((device id, train seed) pairs) on one idle worker and send each update over the
+    def _train_jobs(self, bases: _JobBases, jobs: list[tuple[int, int, int]], with_histogram: bool):
+        """Train ``jobs`` ((device id, train seed, base) triples) on one idle worker and send each update over the
         uplink; (received float32 delta, metrics, histogram, uplink stats, encoded row) each: the delta with the
         lossless codec, else None; the encoded row (its parts, what the leaf forwards) with a lossy codec, else
-        None."""
+        None. Residuals are stamped with the newest base version among ``jobs``."""
         worker = self._idle.get()
         encoded: list[Encoded] | None = None if self.uplink.spec.lossless else []
+        version = max(bases.versions[b] for _, _, b in jobs)
         try:
-            ids = [d for d, _ in jobs]
+            ids = [d for d, _, _ in jobs]
             if self.device_batch > 1:
-                deltas, metrics = worker.train_devices_batched(ids, [s for _, s in jobs], global_tensors)
+                seeds = [s for _, s, _ in jobs]
+                start, shared = bases.for_group([b for _, _, b in jobs])
+                deltas, metrics = worker.train_devices_batched(ids, seeds, start, per_device_base=not shared)
                 group = UplinkStats()
                 rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
                 received = [[t[i] for t in rows] for i in range(len(jobs))]
@@ -272,10 +289,11 @@ class LeafRoundRunner:
                 stats = [UplinkStats(1, *share, *seconds) for _ in jobs]
             else:
                 received, metrics, stats = [], [], []
-                for device_id, train_seed in jobs:
-                    metrics.append(worker.train_with_seed(device_id, train_seed, global_tensors))
+                for device_id, train_seed, base in jobs:
+                    start = bases.of(base)
+                    metrics.append(worker.train_with_seed(device_id, train_seed, start))
                     stats.append(UplinkStats())
-                    update = worker.delta(global_tensors)
+                    update = worker.delta(start)
                     received.append(self.uplink.transmit(device_id, version, update, stats[-1], encoded))
             if encoded is None:  # lossless: the received float32 deltas go on
                 updates = [(tensors_to_numpy(self.keys, r), None) for r in received]
@@ -290,6 +308,41 @@ class LeafRoundRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _JobBases:
+    """The base models of one :meth:`LeafRoundRunner.run_jobs` call: one shared model, or V stacked ones."""
+
+    def __init__(self, tensors: list[torch.Tensor], job_bases: list[int] | None, versions: list[int]):
+        self.stacked = job_bases is not None
+        self.tensors = tensors
+        self.job_bases = None if job_bases is None else [int(b) for b in job_bases]
+        self.versions = versions
+        count = int(tensors[0].shape[0]) if self.stacked and tensors else 1
+        if len(versions) != count:
+            raise ValueError(f"{len(versions)} base versions for {count} base models")
+        if self.stacked and any(not 0 <= b < count for b in self.job_bases):
+            raise ValueError(f"job_bases must index the {count} base models")
+
+    def of_jobs(self, count: int) -> list[int]:
+        """Each job's base index (0 for every job of a one-model call)."""
+        if not self.stacked:
+            return [0] * count
+        if len(self.job_bases) != count:
+            raise ValueError(f"{len(self.job_bases)} job_bases for {count} jobs")
+        return self.job_bases
+
+    def of(self, base: int) -> list[torch.Tensor]:
+        """The tensors of base ``base``, one per key (views, not copies)."""
+        return [t[base] for t in self.tensors] if self.stacked else self.tensors
+
+    def for_group(self, group: list[int]) -> tuple[list[torch.Tensor], bool]:
+        """Start state for a batched group of jobs with these bases: (shared tensors, True) when they share one
+        base, else ((D, *shape) rows, False)."""
+        if len(set(group)) == 1:
+            return self.of(group[0]), True
+        rows = torch.tensor(group, dtype=torch.int64, device=self.tensors[0].device)
+        return [t.index_select(0, rows) for t in self.tensors], False
 
 
 def _train_chunk(

@@ -24,6 +24,8 @@ from nvflare.collab import collab
 from devsim.aggregation.fedbuff import FedBuff
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
+from devsim.clock.gather import JobGatherer, JobKey, job_key
+from devsim.clock.lookahead import dispatches_ahead
 from devsim.codec import load_numpy_into_model
 from devsim.compression import CodecSpec, decode_row, payload_bytes, row_of
 from devsim.config import AsyncConfig
@@ -45,6 +47,10 @@ from devsim_flare.leaf_calls import LeafCallError, LeafCalls
 from devsim_flare.servers.base import central_evaluator, start_run
 
 Weights = dict[str, np.ndarray]
+
+MAX_CALL_MODEL_BYTES = 64 * 2**20
+"""Gathered jobs are sent before a call to a leaf would carry more than this many bytes of base models (a ResNet-18
+at 45 MB: one version per call; the 62k-parameter CNN: up to 268 versions)."""
 
 
 class AsyncRunError(RuntimeError):
@@ -119,8 +125,11 @@ class AsyncServer:
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
         self.calls = LeafCalls(call_timeout=config.round_timeout)
-        self._waiting: dict[int, dict] = {}
-        self._failed_jobs: set[int] = set()
+        self._waiting: dict[JobKey, dict] = {}
+        self.gather = JobGatherer(
+            config.dispatch_batch_size(), max(1, MAX_CALL_MODEL_BYTES // max(self.model_bytes, 1))
+        )
+        self._failed_jobs: set[JobKey] = set()
         self.dead_leaves: set[str] = set()
         self.dropout = DropoutModel(config.device_dropout, config.device_never_answer, seed=config.seed)
         self.faults = FaultInjector(tuple(config.fault_kinds), config.fault_probability, seed=config.seed)
@@ -249,38 +258,62 @@ class AsyncServer:
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
 
     def _dispatch(self, jobs: list[DeviceJob]) -> None:
-        """Retain the current version for newly dispatched jobs and send them to their leaves."""
+        """Retain the current version for newly dispatched jobs, gather them (see :class:`JobGatherer`) and send
+        what is ready; when some were not guessed, guess the rest of this version's dispatches and gather them."""
         if not jobs:
             return
         self.snapshots.retain(self.scheduler.version, self.weights, len(jobs))
-        self._send(jobs, self.scheduler.version, self.weights)
+        unguessed = self.gather.dispatched(jobs, [self._sendable(job) for job in jobs])
+        if unguessed and self.config.dispatch_lookahead:
+            ahead = dispatches_ahead(self.scheduler, self._guess_accepted, self.config.concurrency)
+            self.gather.guess(ahead, [self._sendable(job) for job in ahead])
+        self._send_ready()
 
-    def _send(self, jobs: list[DeviceJob], version: int, weights: Weights) -> None:
-        """One call per leaf for ``jobs`` based on ``version``; jobs that can never arrive, devices that
-        drop out or never answer, and jobs of dead leaves are not sent."""
+    def _sendable(self, job: DeviceJob) -> bool:
+        """Whether a job is worth training: it arrives within the run, its device answers, its leaf is alive."""
         limit = self.config.max_sim_time
-        by_leaf: dict[str, list[DeviceJob]] = {}
-        for job in jobs:
-            if job.dropped or (limit is not None and job.arrival_time > limit):
-                continue
-            leaf = self.leaves[self.population.leaf_of(job.device_id)]
-            if leaf in self.dead_leaves or self.dropout.outcome(job.job_id, job.device_id) != "ok":
-                continue
-            by_leaf.setdefault(leaf, []).append(job)
-        for leaf, leaf_jobs in by_leaf.items():
-            self.traffic.add("server_to_leaf", self.model_bytes)
-            self.traffic.add("leaf_to_device", self.model_bytes * len(leaf_jobs))
-            self.calls.submit(
-                leaf,
-                "train_jobs",
-                tag=(time.time(), tuple(j.job_id for j in leaf_jobs)),
-                version=version,
-                weights=weights,
-                job_ids=np.array([j.job_id for j in leaf_jobs], dtype=np.int64),
-                device_ids=np.array([j.device_id for j in leaf_jobs], dtype=np.int64),
-                train_seeds=np.array([j.train_seed for j in leaf_jobs], dtype=np.int64),
-                with_histograms=self.wants_histograms(),
-            )
+        if job.dropped or (limit is not None and job.arrival_time > limit):
+            return False
+        if self.leaves[self.population.leaf_of(job.device_id)] in self.dead_leaves:
+            return False
+        return self.dropout.outcome(job.job_id, job.device_id) == "ok"
+
+    def _guess_accepted(self, job: DeviceJob) -> bool:
+        """The lookahead's guess of whether an arriving job's update will be accepted (the checks on the update
+        itself cannot be known before it is trained; an injected fault is guessed to be rejected)."""
+        return self._sendable(job) and self.faults.any_fault(job.job_id, job.device_id) is None
+
+    def _send_ready(self) -> None:
+        """One call per leaf for each ready batch, carrying each base version its jobs start from once (stacked)
+        and each job's index into them."""
+        for batch in self.gather.take_ready():
+            by_leaf: dict[str, list[DeviceJob]] = {}
+            for job in batch:
+                leaf = self.leaves[self.population.leaf_of(job.device_id)]
+                if leaf not in self.dead_leaves:
+                    by_leaf.setdefault(leaf, []).append(job)
+            for leaf, leaf_jobs in by_leaf.items():
+                self._send(leaf, leaf_jobs)
+
+    def _send(self, leaf: str, jobs: list[DeviceJob]) -> None:
+        versions = sorted({j.base_version for j in jobs})
+        index = {v: i for i, v in enumerate(versions)}
+        bases = [self.snapshots.get(v) if v in self.snapshots else self.weights for v in versions]
+        self.traffic.add("server_to_leaf", self.model_bytes * len(versions))
+        self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
+        self.calls.submit(
+            leaf,
+            "train_jobs",
+            tag=(time.time(), tuple(job_key(j) for j in jobs)),
+            version=versions[-1],
+            weights={k: np.stack([base[k] for base in bases]) for k in bases[0]},
+            job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
+            device_ids=np.array([j.device_id for j in jobs], dtype=np.int64),
+            train_seeds=np.array([j.train_seed for j in jobs], dtype=np.int64),
+            with_histograms=self.wants_histograms(),
+            job_bases=np.array([index[j.base_version] for j in jobs], dtype=np.int64),
+            base_versions=np.array(versions, dtype=np.int64),
+        )
 
     def method_state(self) -> dict:
         """Method-specific state for checkpoints (FedRevive: the reviver)."""
@@ -331,7 +364,9 @@ class AsyncServer:
         for version, version_jobs in sorted(by_version.items()):
             weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["snapshots"][version].items()}
             self.snapshots.retain(version, weights, len(version_jobs))
-            self._send(version_jobs, version, weights)
+        self.gather.add([job for job in jobs if self._sendable(job)])
+        self.gather.flush()
+        self._send_ready()
         print(
             f"[server] resumed from {self.config.resume_from} at version {self.scheduler.version}, simulated time "
             f"{self.scheduler.now:.2f}s, {len(jobs)} jobs relaunched",
@@ -350,10 +385,13 @@ class AsyncServer:
             self.failures[outcome] += 1
             return None
         leaf = self.leaves[self.population.leaf_of(job.device_id)]
-        if leaf in self.dead_leaves and job.job_id not in self._waiting:
+        if leaf in self.dead_leaves and job_key(job) not in self._waiting:
             self.failures["leaf_lost"] += 1
             return None
-        result = self._wait_for(job.job_id, window)
+        if self.gather.holds(job):  # needed now: send what was gathered
+            self.gather.flush()
+            self._send_ready()
+        result = self._wait_for(job_key(job), window)
         if result is None:
             self.failures["leaf_lost"] += 1
             return None
@@ -382,36 +420,40 @@ class AsyncServer:
             return None
         return result
 
-    def _wait_for(self, job_id: int, window: WindowTiming) -> dict | None:
-        """The result of ``job_id``, taking finished calls (in host order) until it is among them; None
-        when the call carrying it failed (its leaf is then dropped from the run)."""
-        while job_id not in self._waiting and job_id not in self._failed_jobs:
+    def _wait_for(self, key: JobKey, window: WindowTiming) -> dict | None:
+        """The result of the job ``key`` names, taking finished calls (in host order) until it is among them;
+        None when the call carrying it failed (its leaf is then dropped from the run). Results of wrongly
+        guessed jobs (``gather.stale``) are dropped as they come."""
+        while key not in self._waiting and key not in self._failed_jobs:
             waited = time.time()
             try:
                 outcome = self.calls.next()
             except LeafCallError as error:
-                raise AsyncRunError(f"waiting for job {job_id}: {error} (--round-timeout)") from error
+                raise AsyncRunError(f"waiting for job {key[0]}: {error} (--round-timeout)") from error
             window.add_wait(time.time() - waited)
-            dispatched_at, job_ids = outcome.tag
+            dispatched_at, keys = outcome.tag
             if outcome.error is not None:
-                self._lose_leaf(outcome.leaf, outcome.error, job_ids)
+                self._lose_leaf(outcome.leaf, outcome.error, keys)
                 continue
             payload = outcome.result
             self._count_reply(outcome.leaf, payload)
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)
-            for row, jid in enumerate(payload["job_id"].tolist()):
+            for row, job in enumerate(keys):
+                if job in self.gather.stale:
+                    self.gather.stale.discard(job)
+                    continue
                 if "encoded" in payload:  # decoded on arrival (_arrival_result): held here at the uplink's size
                     update = {"encoded": row_of(payload["encoded"], row), "delta_keys": payload["delta_keys"]}
                 else:
                     update = {"delta": {k: v[row] for k, v in payload["deltas"].items()}}
-                self._waiting[jid] = {
+                self._waiting[job] = {
                     **update,
                     "num_samples": int(payload["num_samples"][row]),
                     "loss": float(payload["loss"][row]),
                     "label_hist": payload["label_hist"][row] if "label_hist" in payload else None,
                 }
-        self._failed_jobs.discard(job_id)
-        return self._waiting.pop(job_id, None)
+        self._failed_jobs.discard(key)
+        return self._waiting.pop(key, None)
 
     def _count_reply(self, leaf: str, payload: dict) -> None:
         """Bytes of one leaf reply: the device updates as they crossed the uplink (and their float32 size), and
@@ -436,9 +478,9 @@ class AsyncServer:
             "residuals_held": sum(int(c.get("residuals_held", 0)) for c in counts),
         }
 
-    def _lose_leaf(self, leaf: str, error: BaseException, job_ids: list[int]) -> None:
+    def _lose_leaf(self, leaf: str, error: BaseException, keys: list[JobKey]) -> None:
         """Drop a leaf whose call failed; its jobs count as lost. Stops the run below ``--min-leaves``."""
-        self._failed_jobs.update(job_ids)
+        self._failed_jobs.update(keys)
         if leaf in self.dead_leaves:
             return
         self.dead_leaves.add(leaf)
@@ -458,6 +500,7 @@ class AsyncServer:
             except LeafCallError:
                 break
         self._waiting.clear()
+        self.gather.clear()
         self.snapshots.prune(set())
 
     def _print_progress(self, progress: ProgressLine | None, record: dict, run_started: float) -> None:

@@ -1,0 +1,174 @@
+"""Device updates per second of asynchronous runs (FedBuff, FedRevive) against synchronous FedAvg on the same work.
+
+Every setting trains the same population (``--leaves`` x ``--devices-per-leaf`` devices, the built-in CNN, 100
+samples a device, 1 local epoch at batch 10, SGD) for the same number of device updates (``--updates``), each job
+with its own defaults otherwise, in NVFlare's simulator:
+
+- ``fedavg``: ``pt_job_fedavg.py``, 20 devices a round, ``updates / 20`` rounds;
+- ``fedbuff B=10`` and ``fedbuff B=2``: ``pt_job_fedbuff.py`` at K = 20, ``updates / B`` versions;
+- ``paper shape``: the FedRevive paper's setting scaled to this CPU: 1,000 devices, K = 100, B = 2
+  (``fedbuff paper`` and ``fedrevive paper``, the latter with ``pt_job_fedrevive.py``'s preset training);
+- each asynchronous setting also with ``--dispatch-batch 1`` (``... sent at once``): every dispatch sent to its
+  leaf at once, one call per dispatch, as before jobs were gathered: the before/after pair in one run.
+
+Steady updates/s: accepted device updates over the wall time of every evaluation window after the first, with
+the evaluations' own time taken out (FedAvg evaluates every round, FedBuff every few versions). The tight loop
+trains the same number of device updates (each device's 10 SGD steps) in one process, best of 1 thread and every
+core; "wall per update / tight loop" below 1 means the simulator trains an update faster than one loop can.
+
+    .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
+    .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
+
+``--json`` writes the rows with the machine, load and commit to ``benchmarks/results/async_throughput-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.task_round import tight_loop  # noqa: E402
+from devsim.config import SimulationConfig  # noqa: E402
+
+SYNC_SELECTED = 20
+
+
+def settings(updates: int, leaves: int, devices_per_leaf: int) -> dict[str, tuple[str, list[str]]]:
+    """Setting name -> (job script, flags) for ``updates`` device updates."""
+    fedbuff = ["--concurrency", "20", "--eval-frequency"]
+    paper = ["--devices-per-leaf", str(max(devices_per_leaf, 1000 // leaves)), "--concurrency", "100"]
+    paper += ["--buffer-size", "2", "--global-lr", "0.3", "--max-versions", str(updates // 2), "--eval-frequency"]
+    rows = {
+        "fedavg": (
+            "pt_job_fedavg.py",
+            ["--num-rounds", str(updates // SYNC_SELECTED), "--device-selection-size", str(SYNC_SELECTED)],
+        ),
+        "fedbuff B=10": (
+            "pt_job_fedbuff.py",
+            [*fedbuff, str(max(1, updates // 40)), "--buffer-size", "10", "--max-versions", str(updates // 10)],
+        ),
+        "fedbuff B=2": (
+            "pt_job_fedbuff.py",
+            [*fedbuff, str(max(1, updates // 8)), "--buffer-size", "2", "--global-lr", "0.3"]
+            + ["--max-versions", str(updates // 2)],
+        ),
+        "fedbuff paper": ("pt_job_fedbuff.py", [*paper, str(max(1, updates // 8))]),
+        "fedrevive paper": (
+            "pt_job_fedrevive.py",
+            [*paper, str(max(1, updates // 8)), "--optimizer", "sgd", "--lr", "0.05", "--local-iterations", "none"]
+            + ["--batch-size", "10", "--no-augment"],
+        ),
+    }
+    for name in [n for n in rows if n != "fedavg"]:
+        script, flags = rows[name]
+        rows[f"{name} sent at once"] = (script, [*flags, "--dispatch-batch", "1"])
+    return rows
+
+
+def steady_rate(records: list[dict], asynchronous: bool) -> dict:
+    """Updates/s over the windows after the first, evaluation time taken out; and the mean parts per update."""
+    windows = [r for r in records if "timing" in r][1:]
+    if asynchronous:
+        timed = [r for r in records if "timing" in r]
+        updates = timed[-1]["accepted_updates"] - timed[0]["accepted_updates"]
+    else:
+        updates = sum(int(r["answered_devices"]) for r in windows)
+    evaluation = sum(float(r["timing"]["parts"].get("evaluation", 0.0)) for r in windows)
+    wall = sum(float(r["timing"]["wall"]) for r in windows) - evaluation
+    parts: dict[str, float] = {}
+    for record in windows:
+        for name, value in record["timing"]["parts"].items():
+            if name != "evaluation":
+                parts[name] = parts.get(name, 0.0) + float(value) / max(updates, 1)
+    return {"updates": updates, "wall": wall, "updates_per_s": updates / wall, "parts_per_update": parts}
+
+
+def run_setting(script: str, flags: list[str], common: list[str], timeout: float) -> dict:
+    """One job run: steady rate, final accuracy, whole-command wall."""
+    with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
+        out = os.path.join(workdir, "run")
+        cmd = [sys.executable, os.path.join(REPO, "jobs", script), *common, *flags]
+        cmd += ["--workspace", os.path.join(workdir, "ws"), "--output-dir", out]
+        rc, wall, tail = run_isolated(cmd, workdir, timeout)
+        if rc != 0:
+            raise RuntimeError(f"{script} failed ({rc}):\n{tail}")
+        with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
+            results = json.load(stream)
+    rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py")
+    return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="digits", help="comma-separated: digits, synthetic")
+    parser.add_argument("--updates", type=int, default=400, help="device updates per setting")
+    parser.add_argument("--leaves", type=int, default=2)
+    parser.add_argument("--devices-per-leaf", type=int, default=50)
+    parser.add_argument("--only", default="", help="comma-separated setting names to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
+    args = parser.parse_args()
+    started = time.strftime("%Y-%m-%d")
+    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    rows = []
+    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
+        common += ["--devices-per-leaf", str(args.devices_per_leaf)]
+        config = SimulationConfig(
+            dataset=dataset,
+            partition="dirichlet",
+            num_leaf_nodes=args.leaves,
+            devices_per_leaf=SYNC_SELECTED // args.leaves,
+        )
+        default_threads = torch.get_num_threads()
+        try:
+            loop = min(tight_loop(config, threads, 2) for threads in sorted({1, default_threads}))
+        finally:
+            torch.set_num_threads(default_threads)
+        loop_per_update = loop / SYNC_SELECTED
+        chosen = [n.strip() for n in args.only.split(",") if n.strip()]
+        measured = {}
+        for name, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
+            if chosen and name not in chosen:
+                continue
+            measured[name] = run_setting(script, flags, common, args.timeout)
+            row = measured[name]
+            print(
+                f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
+                f"{row['wall']:.2f} s), wall per update / tight loop {1 / row['updates_per_s'] / loop_per_update:.3f}, "
+                f"final accuracy {row['final_accuracy']:.4f}, command {row['command_wall']:.1f} s",
+                flush=True,
+            )
+        base = measured.get("fedavg")
+        for name, row in measured.items():
+            row["ratio_to_fedavg"] = row["updates_per_s"] / base["updates_per_s"] if base else None
+            row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
+            rows.append({"dataset": dataset, "setting": name, **row})
+        print(f"[{dataset}] tight loop {loop_per_update * 1000:.2f} ms per device update")
+        for name, row in measured.items():
+            if base and name != "fedavg":
+                print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s")
+    print(f"load average at end {loadavg()}")
+    if args.json:
+        os.makedirs(os.path.join(REPO, "benchmarks", "results"), exist_ok=True)
+        path = os.path.join(REPO, "benchmarks", "results", f"async_throughput-{started}.json")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        with open(path, "w", encoding="utf-8") as stream:
+            payload = {"date": started, "machine": f"{os.cpu_count()} cores", "load_end": loadavg()}
+            json.dump({**payload, "commit": commit.stdout.strip(), "rows": rows}, stream, indent=1)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
