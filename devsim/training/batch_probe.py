@@ -1,19 +1,19 @@
 """Whether a task's model may be trained many devices at once: checked once, on a probe.
 
-The batched path (:mod:`devsim.training.batched`) runs any model through ``torch.func``'s ``vmap``. That
-gives the same updates as training one device at a time for most models, but not for all: a model that draws
-random numbers (dropout) or calls ``.item()`` cannot run under ``vmap``, one whose operators have no batching
-rule runs them through a per-sample loop (PyTorch warns "There is a performance drop ..."), and a model that
-keeps state outside its buffers would diverge. :func:`probe_batching` trains three small probe devices both
-ways from the same weights, on rows of the task's own training data, with shards of different sizes (short
-batches and different step counts, as a natural partition has), and returns why the model may not be batched,
-or None. Exact is not enough: on the CPU, and wherever PyTorch warned of a per-sample loop, both ways are also
-timed on :data:`TIMED_DEVICES` devices at the run's batch size (warm, best of two), and the batched path is kept
-only when it takes at most :data:`SPEED_MARGIN` of the one-at-a-time time. Measured on a 2-core CPU: the built-in
-CNN and small MLPs batch 2-3x faster; a GRU over 32 characters was 19% slower batched in the job and a LeNet-style
-CNN (max pooling, 1.1M multiply-adds a sample) about as fast (both compute-bound), the CPU LSTM 5x slower.
-The timing makes the choice depend on the machine; both paths give the same updates up to float rounding,
-and the leaf prints the one it took (``--device-batch off`` or ``N`` pins it).
+The batched path (:mod:`devsim.training.batched`) runs any model through ``torch.func``'s ``vmap``. That gives the
+same updates as training one device at a time for most models, but not for all: a model that draws random numbers
+(dropout) or calls ``.item()`` cannot run under ``vmap``, one whose operators have no batching rule runs them
+through a per-sample loop (PyTorch warns "There is a performance drop ..."), and a model that keeps state outside
+its buffers would diverge. :func:`probe_batching` trains three small probe devices both ways from the same weights,
+on rows of the task's own training data, with shards of different sizes (short batches and different step counts, as
+a natural partition has), and returns why the model may not be batched, or None. Exact is not enough: on the CPU,
+and wherever PyTorch warned of a per-sample loop, both ways are also timed on :data:`TIMED_DEVICES` devices at the
+run's batch size (warm, alternated, fastest of five), and the batched path is kept only when it takes at most
+:data:`SPEED_MARGIN` of the one-at-a-time time. Measured on a 2-core CPU: the built-in CNN and small MLPs batch 2-3x
+faster; a GRU over 32 characters was 19% slower batched in the job and a LeNet-style CNN (max pooling, 1.1M
+multiply-adds a sample) about as fast (both compute-bound), the CPU LSTM 5x slower. The timing makes the choice
+depend on the machine; both paths give the same updates up to float rounding, and the leaf prints the one it took
+(``--device-batch off`` or ``N`` pins it).
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def _timed(
     device: torch.device,
     global_tensors: list[torch.Tensor],
 ) -> tuple[float, float]:
-    """Seconds of two local steps of :data:`TIMED_DEVICES` devices one at a time and batched (best of two warm
-    runs each, after one untimed run), at the run's batch size."""
+    """Seconds of two local steps of :data:`TIMED_DEVICES` devices one at a time and batched (the fastest of
+    :data:`TIMED_REPEATS` alternated warm runs each, after one untimed run), at the run's batch size."""
     timed_spec = dataclasses.replace(spec, iterations=2)
     total = int(pool.inputs.shape[0])
     rows = [
@@ -184,19 +184,28 @@ def _timed(
             generators,
         )
 
-    return _best_of(run_single), _best_of(run_batched)
+    return _best_of_interleaved(run_single, run_batched)
 
 
-def _best_of(run: Callable[[], None], repeats: int = 2) -> float:
+TIMED_REPEATS = 5
+"""Warm runs of each way, alternated; the fastest of each counts. Each run takes some 10-50 ms, so one burst of a
+neighbour (the other leaves probe at the same moment) can double a single run: with two runs each the built-in
+CNN once came out slower batched on a 2-core machine and a leaf chose the thread pool (a 3x slower round)."""
+
+
+def _best_of_interleaved(first: Callable[[], None], second: Callable[[], None]) -> tuple[float, float]:
+    """Fastest seconds of ``first`` and of ``second`` over :data:`TIMED_REPEATS` alternated warm runs each."""
+    best = [float("inf"), float("inf")]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run()
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - started)
-    return best
+        first()
+        second()
+        for _ in range(TIMED_REPEATS):
+            for position, run in enumerate((first, second)):
+                started = time.perf_counter()
+                run()
+                best[position] = min(best[position], time.perf_counter() - started)
+    return best[0], best[1]
 
 
 def _short(error: BaseException) -> str:
