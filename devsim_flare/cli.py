@@ -232,8 +232,10 @@ def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
     """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
+    from devsim.observe.startup import stamp_command_start
     from devsim_flare.recipe import build_recipe
 
+    stamp_command_start()
     parser = build_parser(description, defaults)
     args = parser.parse_args(argv)
     if args.preset:

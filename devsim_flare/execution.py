@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sys
 import time
@@ -124,7 +125,9 @@ def run_recipe(
     if config.output_dir and os.path.isfile(summary_path):
         from devsim.observe.results import load_results
 
-        summary = load_results(config.output_dir)["summary"]
+        results = load_results(config.output_dir)
+        summary = results["summary"]
+        startup = _record_exit(summary_path, results)
         stop = config.stop_after_round or getattr(config, "stop_after_version", None)
         if not summary and stop:
             print(f"stopped after {stop}; continue with --resume {config.output_dir}")
@@ -143,8 +146,34 @@ def run_recipe(
             else "(no evaluation)"
         )
         print(f"final {figures} after {progress} ({time.perf_counter() - started:.1f}s wall); results: {summary_path}")
+        if startup:
+            print(startup)
         return 0
     if args.env == "sim":
         print(f"no results file at {summary_path}; see the NVFlare logs under {workspace}", file=sys.stderr)
         return 1
     return 0
+
+
+def _record_exit(path: str, results: dict) -> str:
+    """Add the command's exit to the results' ``startup`` section (see :mod:`devsim.observe.startup`) and return
+    a one-line start-up summary ('' when the server wrote no start-up stamps)."""
+    from devsim.observe.startup import add_exit
+
+    if "startup" not in results or not results.get("summary"):
+        return ""
+    results["startup"] = add_exit(results["startup"], time.time())
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(results, stream, indent=1)
+    seconds = results["startup"]["seconds"]
+
+    def show(name: str) -> str:
+        value = seconds.get(name)
+        return "n/a" if value is None else f"{value:.1f}s"
+
+    return (
+        f"start-up: {show('command_to_first_round')} from the command to the first round (server process "
+        f"{show('command_to_server_process')}, NVFlare and the leaves' set-up {show('server_process_to_run')}, task, "
+        f"model and first evaluation {show('run_to_ready')}); "
+        f"{show('last_round_to_exit')} from the last round to exit"
+    )

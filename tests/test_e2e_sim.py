@@ -142,3 +142,18 @@ def test_stop_and_resume_gives_identical_final_weights(sim_run, tmp_path):
     resumed_weights = torch.load(run_dir / "final_model.pt")
     for key in uninterrupted:
         assert torch.equal(uninterrupted[key], resumed_weights[key]), key
+
+
+def test_results_break_the_start_up_down(sim_run):
+    """results.json's ``startup``: stamps from the command to the first round and after the last, in order, whose
+    stages add up; the command prints them."""
+    tmp, proc = sim_run
+    startup = find_results(tmp / "ws" / "runs")["startup"]
+    stamps, seconds = startup["stamps"], startup["seconds"]
+    order = ["command_started", "server_process_started", "server_run_started", "server_ready"]
+    order += ["first_round_started", "first_round_finished", "last_round_finished", "command_exit"]
+    assert [stamps[name] for name in order] == sorted(stamps[name] for name in order)
+    parts = ("command_to_server_process", "server_process_to_run", "run_to_ready", "ready_to_first_round")
+    assert abs(sum(seconds[p] for p in parts) - seconds["command_to_first_round"]) < 1e-6
+    assert seconds["last_round_to_exit"] > 0
+    assert "start-up: " in proc.stdout and "from the last round to exit" in proc.stdout

@@ -34,6 +34,7 @@ from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
 from devsim.observe.progress import BoundEta, ProgressLine, format_duration, format_metrics
 from devsim.observe.results import RunRecorder
+from devsim.observe.startup import StartupClock
 from devsim.observe.timing import RoundTiming, WindowTiming, summarize
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
 from devsim.population.devices import DevicePopulation
@@ -92,6 +93,8 @@ class AsyncServer:
 
     @collab.main
     def run(self) -> None:
+        startup = StartupClock()
+        startup.mark("server_run_started")
         output_dir, device = start_run(self, self.model_args())
         config = self.config
         self.evaluator = central_evaluator(self.task, config, device)
@@ -174,6 +177,8 @@ class AsyncServer:
         if config.max_sim_time:  # from where a resumed run's simulated time stands
             self._sim_time_eta = BoundEta(config.max_sim_time, self.scheduler.now, time.time() - run_started)
         collector = PeriodicCollector().start()
+        startup.mark("server_ready")
+        startup.mark("first_round_started")
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
@@ -231,6 +236,8 @@ class AsyncServer:
                     metrics.histogram(self.scheduler.version, "async/staleness", np.asarray(window_staleness))
                     window_staleness = []
                     window = WindowTiming(time.time())
+                    startup.mark("first_round_finished")
+                    startup.stamps["last_round_finished"] = time.time()
                     self._print_progress(progress, record, run_started)
                     evaluations += 1
                 dispatch_started = time.time()
@@ -255,6 +262,7 @@ class AsyncServer:
             arrivals.close()
         if timings:
             print(summarize(timings, unit="window"), flush=True)
+        recorder.data["startup"] = startup.record()
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
 
     def _dispatch(self, jobs: list[DeviceJob]) -> None:

@@ -30,6 +30,7 @@ from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation
 from devsim.observe.progress import ProgressLine, format_metrics
 from devsim.observe.results import RunRecorder
+from devsim.observe.startup import StartupClock
 from devsim.observe.timing import RoundTiming, ServerStamps, summarize
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
 from devsim.population.devices import DevicePopulation
@@ -110,6 +111,8 @@ class SyncServer:
 
     @collab.main
     def run(self) -> None:
+        startup = StartupClock()
+        startup.mark("server_run_started")
         output_dir, device = start_run(self)
         config = self.config
         self.evaluators = group_evaluators(self.task, config, device)
@@ -156,8 +159,10 @@ class SyncServer:
             flush=True,
         )
         collector = PeriodicCollector().start()
+        startup.mark("server_ready")
         try:
             for round_num in range(start_round, config.num_rounds):
+                startup.mark("first_round_started")
                 collector.maybe_collect()
                 round_started = time.time()
                 selected, to_train, clock = self._select(population, round_num)
@@ -198,6 +203,8 @@ class SyncServer:
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
                 metrics.after_round(round_num + 1, record)
+                startup.mark("first_round_finished")
+                startup.stamps["last_round_finished"] = round_ended
                 line = progress.line(round_num + 1, round_ended - run_started, _round_summary(record))
                 if line:
                     print(line, flush=True)
@@ -221,6 +228,7 @@ class SyncServer:
         final_path = os.path.join(output_dir, "final_model.pt")
         torch.save(weights_to_tensors(self.weights), final_path)
         self.save_outputs(output_dir)
+        recorder.data["startup"] = startup.record()
         recorder.finish(
             {
                 "initial_accuracy": initial.get("accuracy"),
