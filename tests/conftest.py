@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -120,6 +121,21 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def end_leftovers(text: str, wait: float = 30.0) -> list[str]:
+    """Wait up to ``wait`` s for the processes mentioning ``text`` to end, SIGKILL what is left; returns what was
+    left (a test asserts it is empty after stopping every process it started)."""
+    deadline = time.monotonic() + wait
+    while processes_mentioning(text) and time.monotonic() < deadline:
+        time.sleep(1)
+    leftovers = processes_mentioning(text)
+    for line in leftovers:
+        try:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
 
 
 def small_processors(count: int, **overrides) -> list:

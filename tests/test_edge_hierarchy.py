@@ -14,7 +14,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, isolated_env, processes_mentioning, run_in_group
+from tests.conftest import REPO, end_leftovers, isolated_env, processes_mentioning, run_in_group
 
 SCRIPT = os.path.join(REPO, "scripts", "edge_system.py")
 CHANCE = 0.10
@@ -55,20 +54,6 @@ def edge_system(command: str, workspace, tmp_path, *extra: str, timeout: float) 
     """Run one subcommand of scripts/edge_system.py in its own process group; fail the test on error."""
     cmd = [sys.executable, SCRIPT, command, "--workspace", str(workspace), *extra]
     return run_in_group(cmd, tmp_path, timeout, f"edge_system.py {command}")
-
-
-def _end_leftovers(text: str) -> list[str]:
-    """Wait briefly for processes mentioning ``text`` to go, SIGKILL the rest; returns what was left."""
-    deadline = time.monotonic() + 20
-    while processes_mentioning(text) and time.monotonic() < deadline:
-        time.sleep(1)
-    leftovers = processes_mentioning(text)
-    for line in leftovers:
-        try:
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return leftovers
 
 
 @pytest.mark.slow
@@ -139,6 +124,6 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
                     capture_output=True,
                     timeout=120,
                 )
-        leftovers = _end_leftovers(str(tmp_path))
+        leftovers = end_leftovers(str(tmp_path), wait=20.0)
     assert not leftovers, leftovers
     print(f"edge hierarchy test: {time.monotonic() - started:.1f}s")

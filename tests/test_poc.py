@@ -8,21 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import SMALL_RUN, find_results, processes_mentioning, run_job
-
-
-def _stop_leftovers(tmp_path) -> list[str]:
-    """Wait up to 30 s for the processes under ``tmp_path`` to end, kill what is left; returns what was left."""
-    deadline = time.monotonic() + 30
-    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
-        time.sleep(1)
-    leftovers = processes_mentioning(str(tmp_path))
-    for line in leftovers:
-        try:
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return leftovers
+from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_mentioning, run_job
 
 
 @pytest.mark.slow
@@ -38,7 +24,7 @@ def test_poc_run_completes_learns_and_leaves_no_process(tmp_path):
         results = find_results(tmp_path / "ws" / "runs")
         assert results["summary"]["final_accuracy"] > 0.4
     finally:
-        leftovers = _stop_leftovers(tmp_path)
+        leftovers = end_leftovers(str(tmp_path))
     assert not leftovers, leftovers
 
 
@@ -67,7 +53,7 @@ def test_poc_runs_a_user_task_from_the_job_folder(tmp_path):
         loaded = results["task"]["file"]
         assert loaded.endswith("custom/devsim_user_task/penguins_task.py") and str(task) != loaded, loaded
     finally:
-        leftovers = _stop_leftovers(tmp_path)
+        leftovers = end_leftovers(str(tmp_path))
     assert not leftovers, leftovers
 
 
@@ -131,4 +117,4 @@ def test_poc_run_survives_a_killed_leaf(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        _stop_leftovers(tmp_path)
+        end_leftovers(str(tmp_path))
