@@ -252,6 +252,8 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
     simulated_here = args.env == "sim" and not export_requested()
+    if simulated_here:
+        share_digits(config, args.workspace)
 
     def make_recipe():
         return build_recipe(
@@ -264,6 +266,23 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         )
 
     return run_recipe(make_recipe, args, config, gpu_ids)
+
+
+def share_digits(config: SimulationConfig, workspace: str) -> None:
+    """For a simulated run of the built-in digits: write them once into the workspace (``cache/digits.npz``) and
+    name the file in ``DEVSIM_DIGITS_FILE`` for the server and leaf processes this command starts, so they read
+    50 KB instead of each importing scikit-learn (~1 s a process). Kept when the variable is already set."""
+    from devsim.data import digits
+
+    if config.task or config.dataset != "digits" or os.environ.get(digits.FILE_ENV) or not digits.sklearn_available():
+        return
+    path = os.path.join(os.path.abspath(workspace), "cache", "digits.npz")
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.npz"
+        digits.export_digits(partial)
+        os.replace(partial, path)
+    os.environ[digits.FILE_ENV] = path
 
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app_configs", "presets")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from devsim.observe.startup import COMMAND_STARTED_ENV, StartupClock, add_exit, stamp_command_start
 
 
@@ -30,3 +32,47 @@ def test_the_command_stamp_is_kept_once_set(monkeypatch):
     monkeypatch.setenv(COMMAND_STARTED_ENV, "5.0")
     stamp_command_start()
     assert StartupClock().stamps["command_started"] == 5.0
+
+
+def test_sim_exit_watcher_stops_what_is_left_once_the_results_are_complete(tmp_path):
+    """Once results.json has its summary, the simulator's processes (this process's children) get a short grace,
+    then are stopped; the watcher says it stopped them. Without a summary it leaves them alone."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from devsim.config import SimulationConfig
+    from devsim_flare.execution import SimExitWatcher
+
+    config = SimulationConfig(output_dir=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with SimExitWatcher(config, poll_seconds=0.05) as watcher:
+            time.sleep(0.5)
+            assert child.poll() is None and not watcher.stopped_it.is_set()
+            (tmp_path / "results.json").write_text(json.dumps({"summary": {"rounds": 1}, "rounds": []}))
+            child.wait(timeout=10)
+        assert watcher.stopped_it.is_set()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_share_digits_writes_the_same_digits_once_for_the_processes_a_run_starts(tmp_path, monkeypatch):
+    import numpy as np
+
+    from devsim.config import SimulationConfig
+    from devsim.data import digits
+    from devsim_flare.cli import share_digits
+
+    monkeypatch.setenv(digits.FILE_ENV, "")  # restored (unset) after the test, whatever share_digits sets
+    monkeypatch.delenv(digits.FILE_ENV)
+    share_digits(SimulationConfig(dataset="synthetic"), str(tmp_path))
+    assert digits.FILE_ENV not in os.environ
+    share_digits(SimulationConfig(dataset="digits"), str(tmp_path))
+    path = tmp_path / "cache" / "digits.npz"
+    assert os.environ[digits.FILE_ENV] == str(path)
+    for got, want in zip(digits._file_arrays(str(path)), digits._sklearn_arrays(), strict=True):
+        np.testing.assert_array_equal(got, want)

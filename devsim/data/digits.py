@@ -56,7 +56,9 @@ UPSCALE: int = 4
 """Each 8x8 pixel becomes an ``UPSCALE x UPSCALE`` block (32 / 8)."""
 
 FILE_ENV: str = "DEVSIM_DIGITS_FILE"
-"""Environment variable: an ``.npz`` written by :func:`export_digits`, read when scikit-learn is not installed."""
+"""Environment variable: an ``.npz`` written by :func:`export_digits`, read instead of scikit-learn's copy (the same
+images and split; needed where scikit-learn is not installed, and quicker to load where it is: a job command
+writes one into its workspace for the processes it starts)."""
 
 INSTALL_HINT = (
     "--dataset digits needs scikit-learn: run `pip install scikit-learn` (or `pip install -e .`), "
@@ -128,10 +130,10 @@ def holdout_fraction(environ: dict[str, str] | None = None) -> float:
 def _splits(holdout: float = 0.0) -> tuple[ImageDataset, ImageDataset]:
     """The (train, evaluation) datasets; cached, so it runs, and prints its validation note, once per
     process and holdout fraction."""
-    if sklearn_available():
-        grey, labels, train_idx, test_idx = _sklearn_arrays()
-    elif (path := _digits_file()) is not None:
+    if (path := _digits_file()) is not None:  # read first: importing scikit-learn costs ~1 s a process
         grey, labels, train_idx, test_idx = _file_arrays(path)
+    elif sklearn_available():
+        grey, labels, train_idx, test_idx = _sklearn_arrays()
     else:
         raise DatasetUnavailableError(INSTALL_HINT)
     if holdout > 0.0:
