@@ -37,7 +37,9 @@ def process_started() -> float:
 
 
 def stamp_command_start() -> None:
-    """Record the job command's process start for the processes it starts (kept when already set)."""
+    """Record the job command's process start for the processes it starts (kept when already set: a wrapper
+    script that sets up an environment and then runs Python with ``exec`` sets it itself, since the process it
+    replaced started before the set-up)."""
     os.environ.setdefault(COMMAND_STARTED_ENV, repr(process_started()))
 
 
