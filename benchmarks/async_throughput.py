@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, machine, write_results  # noqa: E402
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
@@ -161,13 +161,28 @@ def main() -> None:
                 print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s")
     print(f"load average at end {loadavg()}")
     if args.json:
-        os.makedirs(os.path.join(REPO, "benchmarks", "results"), exist_ok=True)
-        path = os.path.join(REPO, "benchmarks", "results", f"async_throughput-{started}.json")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        with open(path, "w", encoding="utf-8") as stream:
-            payload = {"date": started, "machine": f"{os.cpu_count()} cores", "load_end": loadavg()}
-            json.dump({**payload, "commit": commit.stdout.strip(), "rows": rows}, stream, indent=1)
-        print(f"wrote {path}")
+        payload = {"load_end": loadavg(), "rows": rows}
+        print(f"wrote {write_results('async_throughput', payload, figures(rows, started, machine()))}")
+
+
+def figures(rows: list[dict], date: str, where: str) -> list[dict]:
+    """One figure per asynchronous setting: its steady updates/s against FedAvg's on the same work."""
+    published = []
+    for row in rows:
+        if row["setting"] == "fedavg" or row["ratio_to_fedavg"] is None:
+            continue
+        published.append(
+            figure(
+                f"async updates/s vs FedAvg: {row['setting']} ({row['dataset']})",
+                f"{row['ratio_to_fedavg']:.2f}x ({row['updates_per_s']:.1f}/s; {row['ratio_to_tight_loop']:.2f}x the "
+                "tight loop's time an update)",
+                ">= 0.8x FedAvg; <= 0.5x the tight loop" if "sent at once" not in row["setting"] else "(the old path)",
+                f".venv/bin/python benchmarks/async_throughput.py --datasets {row['dataset']} --json",
+                date,
+                where,
+            )
+        )
+    return published
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, machine, write_results  # noqa: E402
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 
 PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
@@ -103,17 +103,28 @@ def main() -> None:
             rows += [{k: v for k, v in r.items() if k != "dir"} for r in runs]
     print(f"load average at end {loadavg()}")
     if args.json:
-        date = time.strftime("%Y-%m-%d")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        path = os.path.join(REPO, "benchmarks", "results", f"example_tasks-{date}.json")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as stream:
-            json.dump(
-                {"date": date, "machine": f"{os.cpu_count()} cores", "commit": commit.stdout.strip(), "rows": rows},
-                stream,
-                indent=1,
-            )
-        print(f"wrote {path}")
+        print(f"wrote {write_results('example_tasks', {'rows': rows}, figures(rows, machine()))}")
+
+
+def figures(rows: list[dict], where: str) -> list[dict]:
+    """One figure per example: its final accuracy under each method run (``refused`` where a method refuses it)."""
+    by_example: dict[str, dict[str, str]] = {}
+    for row in rows:
+        summary = row.get("summary") or {}
+        accuracy = summary.get("final_accuracy")
+        by_example.setdefault(row["example"], {})[row["method"]] = "refused" if accuracy is None else f"{accuracy:.3f}"
+    date = time.strftime("%Y-%m-%d")
+    return [
+        figure(
+            f"example {example}: final accuracy ({' / '.join(methods)})",
+            " / ".join(methods.values()),
+            "well above chance (FedAvg, FedBuff)",
+            f".venv/bin/python benchmarks/example_tasks.py --examples {example} --json",
+            date,
+            where,
+        )
+        for example, methods in by_example.items()
+    ]
 
 
 if __name__ == "__main__":

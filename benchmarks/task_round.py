@@ -36,6 +36,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, machine, write_results  # noqa: E402
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 from benchmarks.round_overhead import steady_parts  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
@@ -194,21 +195,26 @@ def main() -> None:
         print(f"tight loop: {', '.join(f'{t} thread(s) {s:.3f} s' for t, s in row['tight_loop_seconds'].items())}")
     print(f"\nload average at end {loadavg()}")
     if args.json:
-        os.makedirs(os.path.join(REPO, "benchmarks", "results"), exist_ok=True)
-        path = os.path.join(REPO, "benchmarks", "results", f"task_round-{started}.json")
-        with open(path, "w", encoding="utf-8") as stream:
-            json.dump(
-                {
-                    "date": started,
-                    "machine": f"{os.cpu_count()} cores",
-                    "load_end": loadavg(),
-                    "commit": _commit(),
-                    "rows": rows,
-                },
-                stream,
-                indent=1,
+        payload = {"load_end": loadavg(), "rows": rows}
+        print(f"wrote {write_results('task_round', payload, figures(rows, started, machine()))}")
+
+
+def figures(rows: list[dict], date: str, where: str) -> list[dict]:
+    """One figure per task: its steady round against the tight loop on each path measured."""
+    published = []
+    for row in rows:
+        paths = ", ".join(f"{sim['ratio']:.3f} ({path})" for path, sim in row["sims"].items())
+        published.append(
+            figure(
+                f"user task round vs tight loop: {row['task']}",
+                paths,
+                "<= 0.5 for a small MLP/CNN batched; never slower than the thread pool",
+                f".venv/bin/python benchmarks/task_round.py --task {row['task']} --json",
+                date,
+                where,
             )
-        print(f"wrote {path}")
+        )
+    return published
 
 
 if __name__ == "__main__":

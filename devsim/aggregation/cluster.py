@@ -88,7 +88,7 @@ from devsim.aggregation.cluster_threshold import (
 
 JOIN_PULL: float = 0.15
 """A part split off a cluster joins another cluster when its pull towards that cluster's model exceeds this
-(:meth:`ClusterAggregation._pull`). Measured on synthetic data (benchmarks/README.md, cluster recovery): the leaf
+(:meth:`ClusterAggregation._pull`). Measured on synthetic data (docs/benchmark_history.md, cluster recovery): the leaf
 of another group inside the one wrong cluster pulled 0.23-0.28 towards its group's cluster (rounds 10-12); single
 members of correct clusters -0.10 to 0.12 (3 runs of 6-9 leaves, every round from the first merge on)."""
 

@@ -1,0 +1,39 @@
+"""benchmarks/README.md's figures table is the one scripts/benchmark_table.py builds from benchmarks/results/*.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from tests.conftest import REPO
+
+
+def _table_module():
+    path = os.path.join(REPO, "scripts", "benchmark_table.py")
+    spec = importlib.util.spec_from_file_location("benchmark_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_table_matches_the_results_files():
+    table = _table_module()
+    with open(table.README, encoding="utf-8") as stream:
+        assert table.readme_table(stream.read()) == table.render(table.latest_figures())
+
+
+def test_every_figure_names_value_target_command_date_and_machine():
+    figures = _table_module().latest_figures()
+    assert len(figures) >= 20
+    for entry in figures:
+        assert all(str(entry.get(c, "")).strip() for c in ("figure", "value", "target", "command", "date", "machine"))
+
+
+def test_the_newest_file_wins_for_a_figure(tmp_path):
+    table = _table_module()
+    old = {"date": "2026-01-01", "figures": [{"figure": "x", "value": "1"}, {"figure": "y", "value": "2"}]}
+    new = {"date": "2026-02-01", "figures": [{"figure": "x", "value": "3"}]}
+    (tmp_path / "a.json").write_text(json.dumps(new))
+    (tmp_path / "b.json").write_text(json.dumps(old))
+    assert [(f["figure"], f["value"]) for f in table.latest_figures(str(tmp_path))] == [("x", "3"), ("y", "2")]
