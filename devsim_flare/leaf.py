@@ -20,6 +20,7 @@ from devsim.codec import weights_norm
 from devsim.compression import CodecSpec, UplinkCompressor
 from devsim.config import device_batch_value
 from devsim.data.groups import leaf_group
+from devsim.observe.startup import process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
@@ -57,6 +58,7 @@ class LeafNode:
     @collab.init
     def start(self) -> None:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
+        started = time.time()
         processor_cls = _import_class(self.processor)
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
@@ -94,6 +96,11 @@ class LeafNode:
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
         print(f"[{collab.site_name}] {batching.reason}", flush=True)
+        print(
+            f"[{collab.site_name}] set up in {time.time() - started:.1f}s (task, data, workers, batching probe), "
+            f"{time.time() - process_started():.1f}s after its process started",
+            flush=True,
+        )
         self._collector = PeriodicCollector().start()
 
     def _plan_device_batch(self, worker, num_workers: int) -> DeviceBatchPlan:
