@@ -245,6 +245,7 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         args.output_dir = default_output_dir(args.workspace, server_cls.method)
     elif args.output_dir and args.env != "prod":
         args.output_dir = os.path.abspath(args.output_dir)
+    check_env_args(parser, args)
     config = config_from_args(parser, args)
     gpu_ids = gpu_ids_from_args(parser, args)
     prepare_data(parser, config)
@@ -266,6 +267,16 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         )
 
     return run_recipe(make_recipe, args, config, gpu_ids)
+
+
+def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line and before anything starts, an environment that cannot run: ``--env prod`` without a
+    startup kit folder."""
+    if args.env == "prod" and not export_requested():
+        if not args.startup_kit:
+            parser.error("--startup-kit: --env prod needs --startup-kit (the admin's startup kit folder)")
+        if not os.path.isdir(args.startup_kit):
+            parser.error(f"--startup-kit: folder {args.startup_kit!r} does not exist")
 
 
 def share_digits(config: SimulationConfig, workspace: str) -> None:

@@ -157,3 +157,12 @@ def test_results_break_the_start_up_down(sim_run):
     assert abs(sum(seconds[p] for p in parts) - seconds["command_to_first_round"]) < 1e-6
     assert seconds["last_round_to_exit"] > 0
     assert "start-up: " in proc.stdout and "from the last round to exit" in proc.stdout
+
+
+@pytest.mark.parametrize("script", ["pt_job_fedavg.py", "pt_job_fedbuff.py"])
+@pytest.mark.parametrize(
+    ("kit", "needle"), [([], "needs --startup-kit"), (["--startup-kit", "/no/such/kit"], "does not exist")]
+)
+def test_prod_without_a_startup_kit_is_refused_in_one_line(script, kit, needle, tmp_path):
+    stderr = refused_job(script, ["--env", "prod", *kit], tmp_path)
+    assert needle in stderr and "--startup-kit" in stderr and "Traceback" not in stderr, stderr
