@@ -172,3 +172,15 @@ def lossy_codecs() -> list:
 
 def codec_id(spec) -> str:
     return f"{spec.name}-{spec.topk_values}-{spec.int8_block}"
+
+
+def import_script(*parts: str):
+    """A repository script that is not in a package (e.g. ``import_script("scripts", "x.py")``), imported as a
+    module so a test can call its functions."""
+    import importlib.util
+
+    path = os.path.join(REPO, *parts)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(parts[-1])[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
-from tests.conftest import REPO
+from tests.conftest import import_script
 
 
 def _table_module():
-    path = os.path.join(REPO, "scripts", "benchmark_table.py")
-    spec = importlib.util.spec_from_file_location("benchmark_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script("scripts", "benchmark_table.py")
 
 
 def test_readme_table_matches_the_results_files():

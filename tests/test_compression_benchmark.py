@@ -3,13 +3,14 @@ and bad ``--seeds`` / ``--horizons`` are one clear error naming the flag (tiny s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import import_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "compression.py")
@@ -56,11 +57,7 @@ def test_bad_seeds_or_horizons_name_the_flag(tmp_path, flag, value, message):
 
 
 def _job_script():
-    path = os.path.join(REPO, "benchmarks", "compression_job.py")
-    spec = importlib.util.spec_from_file_location("compression_job", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script("benchmarks", "compression_job.py")
 
 
 def test_job_script_passes_each_codec_as_the_jobs_flags():
