@@ -14,7 +14,8 @@ from devsim.models import ResNet18, build_model
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.resources.device_batch import AUTO_MAX_CPU, AUTO_MAX_GPU, plan_device_batch
-from devsim.training.batched import BatchedTrainer, batched_device_bytes, batching_obstacle, fold_channels_last
+from devsim.training.batched import BatchedTrainer, batched_device_bytes, batching_obstacle
+from devsim.training.channels_last import fold_channels_last
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim.training.local import LocalTrainer, LocalTrainingSpec
 from devsim_flare.cli import build_parser

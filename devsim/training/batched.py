@@ -31,10 +31,10 @@ import time
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
-from torch.overrides import TorchFunctionMode
 
 from devsim.codec import float_state_keys
 from devsim.data.device_shards import ShardPool
+from devsim.training.channels_last import fold_channels_last, folds_channels_last
 from devsim.training.local import DeviceMetrics, LocalTrainingSpec, Objective, batch_orders, crop_and_flip
 from devsim.training.stacked import OPTIMIZER_STATES, StackedOptimizer, StackedRows
 
@@ -105,7 +105,7 @@ class BatchedTrainer:
         objective: the task's loss, classification flag and augmentation (default: cross-entropy, accuracy,
             crop and flip).
         example: one model input row ``(1, ...)``, to check which operations the model runs (see
-            :func:`_folds_channels_last`); None trusts its layers alone.
+            :func:`devsim.training.channels_last.folds_channels_last`); None trusts its layers alone.
 
     Raises:
         ValueError: with :func:`batching_obstacle`'s reason when the model or spec cannot be batched.
@@ -140,7 +140,7 @@ class BatchedTrainer:
             return loss_fn(outputs, targets), outputs
 
         self._step = vmap(grad_and_value(loss_and_outputs, has_aux=True), in_dims=(0, 0, 1, 1))
-        self.fold_channels_last = self.device.type == "cpu" and _folds_channels_last(self.model, example)
+        self.fold_channels_last = self.device.type == "cpu" and folds_channels_last(self.model, example)
 
     def train(
         self,
@@ -356,65 +356,3 @@ class _Lockstep:
         bases = self.globals_by_key
         deltas = [trained[k] - (bases[k] if self.per_device_base else bases[k].unsqueeze(0)) for k in self.trainer.keys]
         return deltas, self.loss_sum.tolist(), self.correct.tolist()
-
-
-def fold_channels_last(inputs: torch.Tensor) -> torch.Tensor:
-    """The same (batch, D, C, H, W) values stored as (batch, H, W, D, C): channels last once folded.
-
-    vmap's convolution rule folds the device dimension into the channels, ``(batch, D * C, H, W)``; with
-    this storage the fold is a view in channels-last layout, for which oneDNN's grouped convolutions are
-    1.6x faster on the CPU than in the default layout (the whole step of 50 CNN devices x batch 10 on one
-    core: 38.7 -> 23.6 ms, same gradients up to float rounding). Later layers keep the layout.
-    """
-    if inputs.dim() != 5:
-        return inputs
-    return inputs.permute(0, 3, 4, 1, 2).contiguous().permute(0, 3, 4, 1, 2)
-
-
-def _folds_channels_last(model: nn.Module, example: torch.Tensor | None = None) -> bool:
-    """Whether :func:`fold_channels_last` pays and stays exact for ``model``: its first layer with parameters
-    is a 2-D convolution, every layer with parameters is a convolution or a linear layer, and (given an
-    ``example`` input) its forward pass calls nothing but :data:`FOLD_SAFE_CALLS`.
-
-    Normalisation layers are left out: vmap cannot run GroupNorm on channels-last input, and on the CPU the
-    models that have them (ResNet-18) train one device at a time anyway (see ``device_batch``). Pooling is left
-    out too: a LeNet-style model (two 5x5 convolutions with 2x2 max pooling, 28x28 inputs) trained 64 devices
-    at 6,100 samples/s on one core folded and 7,600 unfolded (max pooling and ReLU's backward on the folded
-    layout cost 40% more), against 7,500 one device at a time.
-    """
-    layers = [m for m in model.modules() if list(m.parameters(recurse=False))]
-    if not (
-        bool(layers) and isinstance(layers[0], nn.Conv2d) and all(isinstance(m, (nn.Conv2d, nn.Linear)) for m in layers)
-    ):
-        return False
-    return example is None or _forward_calls(model, example) <= FOLD_SAFE_CALLS
-
-
-FOLD_SAFE_CALLS = frozenset({"conv2d", "linear", "relu", "relu_", "flatten", "view", "reshape", "dim", "__get__"})
-"""Torch functions a model's forward may call for the folded channels-last layout to be used."""
-
-
-class _CallRecorder(TorchFunctionMode):
-    """Records the names of the torch functions (and tensor methods) called while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-def _forward_calls(model: nn.Module, example: torch.Tensor) -> set[str]:
-    """Names of the torch functions ``model`` calls on ``example`` (eval mode, no gradients; mode restored)."""
-    recorder = _CallRecorder()
-    was_training = model.training
-    inputs = example[:1].to(next(model.parameters()).device)
-    try:
-        model.eval()
-        with torch.no_grad(), recorder:
-            model(inputs)
-    finally:
-        model.train(was_training)
-    return recorder.names
