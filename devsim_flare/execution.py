@@ -23,13 +23,16 @@ JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
 
 
-def _summary_written(config: SimulationConfig) -> bool:
-    """Whether the server wrote its final summary into a local ``--output-dir``."""
-    if not config.output_dir or not os.path.isfile(os.path.join(config.output_dir, "results.json")):
+def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
+    """Whether the server wrote its final summary into a local ``--output-dir`` at or after ``since`` (a
+    ``time.time()`` stamp: a results file left there by an earlier run does not count)."""
+    if not config.output_dir:
         return False
-    from devsim.observe.results import load_results
-
     try:
+        if os.path.getmtime(os.path.join(config.output_dir, "results.json")) < since:
+            return False
+        from devsim.observe.results import load_results
+
         return bool(load_results(config.output_dir).get("summary"))
     except (OSError, ValueError):
         return False
@@ -78,6 +81,7 @@ class SimExitWatcher:
     def __init__(self, config: SimulationConfig, poll_seconds: float = 0.1):
         self.config = config
         self.poll_seconds = poll_seconds
+        self.started = time.time()
         self.stopped_it = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="sim-exit-watcher")
@@ -95,9 +99,17 @@ class SimExitWatcher:
     def _watch(self) -> None:
         import psutil
 
+        path = os.path.join(self.config.output_dir, "results.json")
+        seen = None
         while not self._done.wait(self.poll_seconds):
-            if _summary_written(self.config):
-                break
+            try:
+                changed = os.path.getmtime(path)
+            except OSError:
+                continue
+            if changed != seen:  # parse the file only when the server rewrote it (once a round)
+                seen = changed
+                if _summary_written(self.config, since=self.started):
+                    break
         if self._done.wait(SIM_EXIT_GRACE_SECONDS):
             return
         children = psutil.Process().children(recursive=True)
@@ -149,7 +161,7 @@ def run_recipe(
     )
     attempts = 2 if args.env == "sim" else 1
     for attempt in range(1, attempts + 1):
-        started = time.perf_counter()
+        started, submitted = time.perf_counter(), time.time()
         try:
             if args.env == "sim":
                 with SimExitWatcher(config) as watcher:
@@ -177,9 +189,9 @@ def run_recipe(
             )
             return 1
     if args.env != "sim":
-        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config))
+        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config, since=submitted))
         print(f"job status: {status}; server result folder: {result}")
-        if result is None and not _summary_written(config):
+        if result is None and not _summary_written(config, since=submitted):
             return 1
     summary_path = os.path.join(config.output_dir or "", "results.json")
     if config.output_dir and os.path.isfile(summary_path):

@@ -76,3 +76,26 @@ def test_share_digits_writes_the_same_digits_once_for_the_processes_a_run_starts
     assert os.environ[digits.FILE_ENV] == str(path)
     for got, want in zip(digits._file_arrays(str(path)), digits._sklearn_arrays(), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_sim_exit_watcher_ignores_the_summary_of_an_earlier_run(tmp_path):
+    """A results.json with a summary left in --output-dir by an earlier run does not stop the new run."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from devsim.config import SimulationConfig
+    from devsim_flare.execution import SimExitWatcher
+
+    old = tmp_path / "results.json"
+    old.write_text(json.dumps({"summary": {"rounds": 1}, "rounds": []}))
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with SimExitWatcher(SimulationConfig(output_dir=str(tmp_path)), poll_seconds=0.05) as watcher:
+            time.sleep(1.0)
+            assert child.poll() is None and not watcher.stopped_it.is_set()
+    finally:
+        child.kill()
+        child.wait()
