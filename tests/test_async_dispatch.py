@@ -15,20 +15,14 @@ from devsim.codec import model_to_numpy
 from devsim.models import build_model
 from devsim.training.leaf_runner import LeafRoundRunner
 from tests.conftest import small_processors
+from tests.test_async_scheduler import scheduler as async_scheduler
 
 
 def scheduler(**overrides) -> AsyncScheduler:
-    args = dict(
-        population_size=60,
-        schedule="paper_default",
-        seed=3,
-        concurrency=12,
-        buffer_size=4,
-        min_open_slots=1,
-        max_versions=25,
+    """The scheduler of the scheduler tests, larger: 60 devices, K = 12, B = 4, 25 versions."""
+    return async_scheduler(
+        **{"population_size": 60, "concurrency": 12, "buffer_size": 4, "max_versions": 25, **overrides}
     )
-    args.update(overrides)
-    return AsyncScheduler(**args)
 
 
 def test_fork_is_independent_of_the_original():

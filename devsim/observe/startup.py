@@ -57,6 +57,11 @@ class StartupClock:
         """Stamp ``name`` now unless it was stamped before."""
         self.stamps.setdefault(name, time.time())
 
+    def round_finished(self, at: float) -> None:
+        """A round (sync) or evaluation window (async) ended at ``at``: the first one's end and the latest."""
+        self.stamps.setdefault("first_round_finished", at)
+        self.stamps["last_round_finished"] = at
+
     def record(self) -> dict[str, Any]:
         """The stamps and the seconds between them (None where a stamp is missing)."""
         seconds = {}

@@ -236,8 +236,7 @@ class AsyncServer:
                     metrics.histogram(self.scheduler.version, "async/staleness", np.asarray(window_staleness))
                     window_staleness = []
                     window = WindowTiming(time.time())
-                    startup.mark("first_round_finished")
-                    startup.stamps["last_round_finished"] = time.time()
+                    startup.round_finished(time.time())
                     self._print_progress(progress, record, run_started)
                     evaluations += 1
                 dispatch_started = time.time()
@@ -314,7 +313,7 @@ class AsyncServer:
             "train_jobs",
             tag=(time.time(), tuple(job_key(j) for j in jobs)),
             version=versions[-1],
-            weights={k: np.stack([base[k] for base in bases]) for k in bases[0]},
+            weights={k: _stacked([base[k] for base in bases]) for k in bases[0]},
             job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
             device_ids=np.array([j.device_id for j in jobs], dtype=np.int64),
             train_seeds=np.array([j.train_seed for j in jobs], dtype=np.int64),
@@ -556,6 +555,11 @@ class AsyncServer:
 
 class FedBuffServer(AsyncServer):
     """Asynchronous buffered aggregation (FedBuff)."""
+
+
+def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """(V, *shape) of V same-shape arrays; one array becomes a view with a leading axis, not a copy."""
+    return arrays[0][np.newaxis] if len(arrays) == 1 else np.stack(arrays)
 
 
 def record_due(version: int, config: AsyncConfig, done: bool) -> bool:

@@ -203,8 +203,7 @@ class SyncServer:
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
                 metrics.after_round(round_num + 1, record)
-                startup.mark("first_round_finished")
-                startup.stamps["last_round_finished"] = round_ended
+                startup.round_finished(round_ended)
                 line = progress.line(round_num + 1, round_ended - run_started, _round_summary(record))
                 if line:
                     print(line, flush=True)
