@@ -141,7 +141,11 @@ class SimulationConfig:
     )
     device_never_answer: float = field(default=0.0, metadata=_help("probability that a selected device never answers"))
     min_devices_fraction: float = field(
-        default=0.5, metadata=_help("a round fails unless this fraction of its selected devices answered")
+        default=0.5,
+        metadata=_help(
+            "a round fails unless this fraction of its selected devices answered (devices on leaves already lost "
+            "count toward --min-leaves instead)"
+        ),
     )
     min_leaves: int = field(default=1, metadata=_help("the run stops when fewer leaves than this still answer"))
     max_update_norm: float | None = field(

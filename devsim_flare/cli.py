@@ -85,6 +85,14 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         help="sim only: GPU ids to spread the leaf processes over, e.g. 0,1 "
         "(leaf i sees only the (i mod n)-th listed GPU); default: every leaf and the server use the first visible GPU",
     )
+    run.add_argument(
+        "--leaves-per-host",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how many leaf processes share one host's cores (and GPU), which sizes each leaf's worker pool; "
+        "default: every leaf in sim and poc, 1 in prod (one leaf client per machine)",
+    )
     run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
     run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
     run.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", help="NVFlare console log level")
@@ -241,16 +249,21 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if args.preset:
         parser.set_defaults(**load_preset(parser, args.preset, type(defaults)))
         args = parser.parse_args(argv)
-    if args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
+    check_env_args(parser, args)
+    download_dir = None
+    if args.env == "prod" and not export_requested():
+        # the server writes into its job folder; the command downloads that run folder here when the job ends
+        download_dir = os.path.abspath(args.output_dir or default_output_dir(args.workspace, server_cls.method))
+        args.output_dir = None
+    elif args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
         args.output_dir = default_output_dir(args.workspace, server_cls.method)
     elif args.output_dir and args.env != "prod":
         args.output_dir = os.path.abspath(args.output_dir)
-    check_env_args(parser, args)
     config = config_from_args(parser, args)
     gpu_ids = gpu_ids_from_args(parser, args)
     prepare_data(parser, config)
     config = task_config(parser, config)
-    leaves_on_host = config.num_leaf_nodes if args.env in ("sim", "poc") else 1
+    leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
     simulated_here = args.env == "sim" and not export_requested()
     if simulated_here:
@@ -266,17 +279,25 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
             sync_timeout=SIM_SYNC_TIMEOUT if simulated_here else None,
         )
 
-    return run_recipe(make_recipe, args, config, gpu_ids)
+    return run_recipe(make_recipe, args, config, gpu_ids, download_dir=download_dir)
 
 
 def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse, in one line and before anything starts, an environment that cannot run: ``--env prod`` without a
-    startup kit folder."""
+    """Refuse, in one line and before anything starts, an environment that cannot run: ``--env prod`` without an
+    admin startup kit, or ``--resume`` there (the checkpoint lives in the server's job folder)."""
+    if args.leaves_per_host is not None and args.leaves_per_host < 1:
+        parser.error(f"--leaves-per-host: must be >= 1, got {args.leaves_per_host}")
     if args.env == "prod" and not export_requested():
+        from devsim_flare.deployment.prod_job import read_admin_kit
+
         if not args.startup_kit:
             parser.error("--startup-kit: --env prod needs --startup-kit (the admin's startup kit folder)")
-        if not os.path.isdir(args.startup_kit):
-            parser.error(f"--startup-kit: folder {args.startup_kit!r} does not exist")
+        try:
+            read_admin_kit(args.startup_kit)
+        except ValueError as error:
+            parser.error(f"--startup-kit: {error}")
+        if args.resume:
+            parser.error("--resume: not available with --env prod (the checkpoint stays in the server's job folder)")
 
 
 def share_digits(config: SimulationConfig, workspace: str) -> None:

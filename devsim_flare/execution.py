@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import io
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
 
 JOB_POLL_SECONDS = 2.0
+PROD_POLL_SECONDS = 1.0  # prod: one job-status and one results.json read through the admin session a second
 END_GRACE_SECONDS = 60.0
 
 
@@ -38,7 +40,9 @@ def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
         return False
 
 
-def wait_for_job(run, timeout: float, server_done=lambda: False) -> tuple[str | None, str | None]:
+def wait_for_job(
+    run, timeout: float, server_done=lambda: False, poll_seconds: float = JOB_POLL_SECONDS
+) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
     NVFlare ends a job only once every site has ended it, so a job whose leaf died keeps RUNNING after
@@ -60,7 +64,7 @@ def wait_for_job(run, timeout: float, server_done=lambda: False) -> tuple[str | 
                 f"{END_GRACE_SECONDS:g}s later (a leaf that died cannot end it); aborting the job"
             )
             break
-        time.sleep(JOB_POLL_SECONDS)
+        time.sleep(poll_seconds)
     else:
         print(f"the job did not finish within --job-timeout {timeout:g}s; aborting it", file=sys.stderr)
     run.abort()
@@ -145,17 +149,23 @@ def leaf_lost_its_port(nvflare_root: str, within_s: float) -> bool:
 
 
 def run_recipe(
-    make_recipe: Callable[[], Any], args: argparse.Namespace, config: SimulationConfig, gpu_ids: tuple[int, ...] = ()
+    make_recipe: Callable[[], Any],
+    args: argparse.Namespace,
+    config: SimulationConfig,
+    gpu_ids: tuple[int, ...] = (),
+    download_dir: str | None = None,
 ) -> int:
     """Export or run the recipe ``make_recipe()`` builds in the chosen environment; prints where results are.
     Returns an exit code. A second attempt (see :func:`leaf_lost_its_port`) builds a new recipe: NVFlare's job
-    object cannot run twice."""
+    object cannot run twice. ``download_dir`` (prod): the local folder the server's run folder is downloaded
+    into when the job ends."""
     workspace = os.path.abspath(args.workspace)
+    if args.env == "prod":
+        return run_on_deployment(make_recipe, args, config, download_dir)
     env = build_env(
         args.env,
         config.num_leaf_nodes,
         os.path.join(workspace, "nvflare"),
-        startup_kit=args.startup_kit,
         log_level=args.log_level,
         gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
@@ -193,16 +203,69 @@ def run_recipe(
         print(f"job status: {status}; server result folder: {result}")
         if result is None and not _summary_written(config, since=submitted):
             return 1
-    summary_path = os.path.join(config.output_dir or "", "results.json")
-    if config.output_dir and os.path.isfile(summary_path):
+    return report_results(config, config.output_dir, started, args.env == "sim", workspace)
+
+
+def run_on_deployment(
+    make_recipe: Callable[[], Any], args: argparse.Namespace, config: SimulationConfig, download_dir: str | None
+) -> int:
+    """prod: check the deployment answers with ``--num-leaf-nodes`` leaves (seconds), submit the job as the
+    startup kit's admin, print the server's rounds as they come, wait up to ``--job-timeout``, and download the
+    server's run folder into ``download_dir``."""
+    from nvflare.recipe import ProdEnv
+
+    from devsim_flare.deployment.prod_job import (
+        LOGIN_TIMEOUT_SECONDS,
+        ProdJob,
+        check_deployment,
+        copy_run_folder,
+        read_admin_kit,
+    )
+    from devsim_flare.deployment.workspace import DeploymentError
+
+    kit = read_admin_kit(args.startup_kit)
+    try:
+        leaves = check_deployment(kit, config.num_leaf_nodes)
+    except DeploymentError as error:
+        print(f"error: --env prod: {error}", file=sys.stderr)
+        return 1
+    env = ProdEnv(startup_kit_location=kit.folder, username=kit.username, login_timeout=LOGIN_TIMEOUT_SECONDS)
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # NVFlare's "Connecting to FLARE", "Submitted job" lines
+        job_id = make_recipe().execute(env).get_job_id()
+    print(
+        f"submitted job {job_id} to {kit.host}:{kit.port} as {kit.username} ({len(leaves)} leaves: "
+        f"{', '.join(leaves)}); results will be downloaded into {download_dir}",
+        flush=True,
+    )
+    job = ProdJob(kit, job_id, printer=lambda line: print(line, flush=True))
+    try:
+        status, result = wait_for_job(job, args.job_timeout, job.poll, poll_seconds=PROD_POLL_SECONDS)
+        job.poll()
+    finally:
+        job.close()
+    print(f"job {job_id} status: {status}", flush=True)
+    if not copy_run_folder(result, download_dir):
+        print(f"error: the result of job {job_id} ({result}) holds no run folder with results.json", file=sys.stderr)
+        return 1
+    return report_results(config, download_dir, started, False, args.workspace)
+
+
+def report_results(
+    config: SimulationConfig, results_dir: str | None, started: float, simulated: bool, workspace: str
+) -> int:
+    """Print the final line of the run whose results are in ``results_dir`` and its start-up summary; returns
+    the exit code (1 when the run did not finish)."""
+    summary_path = os.path.join(results_dir or "", "results.json")
+    if results_dir and os.path.isfile(summary_path):
         from devsim.observe.results import load_results
 
-        results = load_results(config.output_dir)
+        results = load_results(results_dir)
         summary = results["summary"]
         startup = _record_exit(summary_path, results)
         stop = config.stop_after_round or getattr(config, "stop_after_version", None)
         if not summary and stop:
-            print(f"stopped after {stop}; continue with --resume {config.output_dir}")
+            print(f"stopped after {stop}; continue with --resume {results_dir}")
             return 0
         if not summary:
             print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
@@ -221,7 +284,7 @@ def run_recipe(
         if startup:
             print(startup)
         return 0
-    if args.env == "sim":
+    if simulated:
         print(f"no results file at {summary_path}; see the NVFlare logs under {workspace}", file=sys.stderr)
         return 1
     return 0

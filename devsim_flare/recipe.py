@@ -14,7 +14,7 @@ import os
 
 from nvflare.apis.job_def import ALL_SITES
 from nvflare.collab import CollabRecipe
-from nvflare.recipe import PocEnv, ProdEnv, SimEnv
+from nvflare.recipe import PocEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
@@ -184,11 +184,11 @@ def build_env(
     kind: str,
     num_leaf_nodes: int,
     workspace: str,
-    startup_kit: str | None = None,
     log_level: str = "WARNING",
     gpu_groups: str | None = None,
 ):
-    """The execution environment named ``kind`` (one of ``sim``, ``poc``, ``prod``).
+    """The execution environment named ``kind``, ``sim`` or ``poc`` (``prod`` submits through
+    :func:`devsim_flare.execution.run_on_deployment`, which checks the deployment first).
 
     ``sim`` and ``poc`` launch their processes from this one, after
     :func:`apply_runtime_env_defaults` has set the project's runtime defaults. ``gpu_groups`` is
@@ -207,10 +207,4 @@ def build_env(
     if kind == "poc":
         os.environ.setdefault("NVFLARE_POC_WORKSPACE", os.path.join(workspace, "poc"))
         return PocEnv(num_clients=num_leaf_nodes)
-    if kind == "prod":
-        if not startup_kit:
-            raise ConfigError("startup_kit", "--env prod needs --startup-kit (the admin's startup kit folder)")
-        if not os.path.isdir(startup_kit):
-            raise ConfigError("startup_kit", f"folder {startup_kit!r} does not exist")
-        return ProdEnv(startup_kit_location=startup_kit)
     raise ConfigError("env", f"{kind!r} is not one of the allowed values: {', '.join(ENVIRONMENTS)}")

@@ -23,10 +23,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim_flare.edge.processes import start, status, stop  # noqa: E402
-from devsim_flare.edge.provision import provision  # noqa: E402
+from devsim_flare.deployment.processes import start, status, stop  # noqa: E402
+from devsim_flare.deployment.provision import provision  # noqa: E402
+from devsim_flare.deployment.workspace import EDGE_PROJECT, DeploymentError  # noqa: E402
 from devsim_flare.edge.submit import demo, job_parser, run_job  # noqa: E402
-from devsim_flare.edge.workspace import DEFAULT_PROJECT, EdgeSystemError  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # command line
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     p = add("provision", "write the startup kits into the workspace")
-    p.add_argument("--project", default=DEFAULT_PROJECT, help="NVFlare project file")
+    p.add_argument("--project", default=EDGE_PROJECT, help="NVFlare project file")
     p.add_argument("--port-base", type=int, default=None, help="use ports N..N+3 instead of the project's")
     p.add_argument("--aggregators", action="store_true", help=AGGREGATORS_HELP)
     p.add_argument("--force", action="store_true", help="provision again over an existing (stopped) workspace")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return status(args.workspace)
         elif args.command == "demo":
             demo(args.workspace, args.port_base, job_flags, args)
-    except EdgeSystemError as error:
+    except DeploymentError as error:
         print(f"edge_system.py {args.command}: error: {error}", file=sys.stderr, flush=True)
         return 1
     return 0

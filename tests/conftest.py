@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -184,3 +186,22 @@ def import_script(*parts: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def free_port_base(count: int) -> int:
+    """A port N such that N..N+count-1 can all be bound on localhost right now."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")

@@ -12,16 +12,14 @@ import contextlib
 import glob
 import json
 import os
-import random
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO, end_leftovers, isolated_env, processes_mentioning, run_in_group
+from tests.conftest import REPO, end_leftovers, free_port_base, isolated_env, processes_mentioning, run_in_group
 
 SCRIPT = os.path.join(REPO, "scripts", "edge_system.py")
 CHANCE = 0.10
@@ -29,25 +27,6 @@ LEAVES = {"site-1": "relay-1", "site-2": "relay-1", "site-3": "relay-2", "site-4
 DEVICES_PER_LEAF = 8
 VERSIONS = 3
 PORTS = 4  # server fed_learn + admin, one per relay
-
-
-def free_port_base(count: int = PORTS) -> int:
-    """A port N such that N..N+count-1 can all be bound on localhost right now."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - count)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def edge_system(command: str, workspace, tmp_path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
@@ -59,7 +38,7 @@ def edge_system(command: str, workspace, tmp_path, *extra: str, timeout: float) 
 @pytest.mark.slow
 def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_path):
     workspace = tmp_path / "ws"
-    base = free_port_base()
+    base = free_port_base(PORTS)
     started = time.monotonic()
     try:
         edge_system("provision", workspace, tmp_path, "--port-base", str(base), timeout=120)

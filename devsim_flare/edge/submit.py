@@ -12,12 +12,11 @@ import time
 import zipfile
 
 from devsim.observe.progress import format_metrics
-from devsim_flare.edge import cli as edge_cli
-from devsim_flare.edge.processes import connected_clients, open_session, port_open, start, stop
-from devsim_flare.edge.provision import provision
-from devsim_flare.edge.workspace import (
-    DEFAULT_JOB_FLAGS,
-    EdgeSystemError,
+from devsim_flare.deployment.processes import connected_clients, open_session, port_open, start, stop
+from devsim_flare.deployment.provision import provision
+from devsim_flare.deployment.workspace import (
+    EDGE_PROJECT,
+    DeploymentError,
     Layout,
     isolate_home,
     kit,
@@ -26,6 +25,20 @@ from devsim_flare.edge.workspace import (
     load_state,
     log,
 )
+from devsim_flare.edge import cli as edge_cli
+
+# Small enough for 2 CPU cores (4 leaf processes share them): 4 leaves x 8 devices, 3 versions.
+DEFAULT_JOB_FLAGS = {
+    "devices_per_leaf": 8,
+    "num_versions": 3,
+    "partition": "iid",
+    "samples_per_device": 100,
+    "local_epochs": 3,
+    "lr": 0.03,
+    "synthetic_train_size": 4000,
+    "synthetic_test_size": 1000,
+    "update_interval": 0.5,
+}
 
 # ---------------------------------------------------------------------------------------------------
 # run the edge job
@@ -83,7 +96,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
     args = parser.parse_args(job_flags)
     edge_cli.check_task_args(parser, args)
     if args.num_leaf_nodes != len(leaves):
-        raise EdgeSystemError(f"--num-leaf-nodes {args.num_leaf_nodes} but the system has {len(leaves)} leaf clients")
+        raise DeploymentError(f"--num-leaf-nodes {args.num_leaf_nodes} but the system has {len(leaves)} leaf clients")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     output_dir = os.path.abspath(args.output_dir) if args.output_dir else os.path.join(lay.results, f"edge-{stamp}")
     os.makedirs(output_dir, exist_ok=True)
@@ -93,7 +106,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
         parser.error(str(error))
 
     if not port_open(state["host"], state["admin_port"]):
-        raise EdgeSystemError(
+        raise DeploymentError(
             f"the server's admin port {state['admin_port']} is closed: start the system first "
             f"(edge_system.py start --workspace {lay.root})"
         )
@@ -102,7 +115,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
         clients = connected_clients(session)
         expected = sorted(c["name"] for c in state["clients"])
         if clients != expected:
-            raise EdgeSystemError(f"connected clients {clients}, expected {expected}: is the system started?")
+            raise DeploymentError(f"connected clients {clients}, expected {expected}: is the system started?")
         from nvflare.recipe import ProdEnv
 
         env = ProdEnv(startup_kit_location=kit(state, state["admin"]), username=state["admin"], login_timeout=30.0)
@@ -125,7 +138,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
         else:
             with contextlib.suppress(Exception):
                 session.abort_job(job_id)
-            raise EdgeSystemError(
+            raise DeploymentError(
                 f"job {job_id} still {job_status} after {timeout:.0f}s (aborted); see {lay.logs} and the site logs"
             )
         wall = time.monotonic() - started
@@ -150,7 +163,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
     with open(os.path.join(output_dir, "job.json"), "w", encoding="utf-8") as stream:
         json.dump(summary, stream, indent=1)
     if not records:
-        raise EdgeSystemError(f"job {job_id} ended {job_status} without results in {results_path}")
+        raise DeploymentError(f"job {job_id} ended {job_status} without results in {results_path}")
     first, last = records[0], records[-1]
     print(
         f"job {job_id} {job_status}; final accuracy {last['accuracy']:.4f} at version {last['version']} "
@@ -158,7 +171,7 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
         flush=True,
     )
     if job_status != "FINISHED:COMPLETED" or summary["versions"] != summary["expected_versions"]:
-        raise EdgeSystemError(
+        raise DeploymentError(
             f"job {job_id} ended {job_status} with versions {summary['versions']} "
             f"(expected {summary['expected_versions']})"
         )
@@ -167,7 +180,13 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
 
 def demo(workspace: str, port_base: int | None, job_flags: list[str], options: argparse.Namespace) -> None:
     lay = layout_for(workspace)
-    provision(workspace, port_base=port_base, force=os.path.exists(lay.state_file), aggregators=options.aggregators)
+    provision(
+        workspace,
+        EDGE_PROJECT,
+        port_base=port_base,
+        force=os.path.exists(lay.state_file),
+        aggregators=options.aggregators,
+    )
     try:
         start(workspace, timeout=options.start_timeout)
         run_job(workspace, job_flags, timeout=options.job_timeout)

@@ -166,6 +166,11 @@ class SyncServer:
                 collector.maybe_collect()
                 round_started = time.time()
                 selected, to_train, clock = self._select(population, round_num)
+                on_dead_leaves = sum(
+                    len(devices)
+                    for leaf, devices in population.group_by_leaf(selected).items()
+                    if self.leaves[leaf] in self.dead_leaves
+                )
                 assignments = {
                     self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
                     for leaf, devices in population.group_by_leaf(to_train).items()
@@ -176,8 +181,9 @@ class SyncServer:
                 payloads = self._call_leaves(calls, round_num, models, assignments)
                 results_in = time.time()
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
+                record["devices_on_dead_leaves"] = on_dead_leaves
                 _count_traffic(traffic, payloads, model_bytes, len(assignments), record)
-                payloads = self._screen(round_num, payloads, len(selected), record)
+                payloads = self._screen(round_num, payloads, len(selected) - on_dead_leaves, record)
                 answered = [d for p in payloads.values() for d in p["device_metrics"]["device_id"].tolist()]
                 if not clock:
                     record.update(sim_clock.round_seconds(round_num, answered))
@@ -291,7 +297,9 @@ class SyncServer:
 
     def _screen(self, round_num: int, payloads: dict[str, dict], selected: int, record: dict) -> dict[str, dict]:
         """Drop leaf replies that fail validation; count dropped, silent and rejected devices; enforce
-        ``--min-devices-fraction``. Every rejection is printed with its reason and recorded."""
+        ``--min-devices-fraction`` over the ``selected`` devices of leaves alive when the round was sent (the
+        devices of a leaf already lost are counted by ``--min-leaves``, not here). Every rejection is printed
+        with its reason and recorded."""
         accepted, rejected = {}, {}
         counts = {"dropped": 0, "silent": 0, "rejected_devices": 0}
         for leaf in sorted(payloads, key=self.leaves.index):

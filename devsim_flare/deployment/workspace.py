@@ -1,5 +1,5 @@
-"""One edge deployment's workspace folder on this machine: its layout (startup kits, HOME, job storage,
-logs, results), its saved state (system.json), and the environment its site processes start with."""
+"""One deployment's workspace folder on this machine: its layout (startup kits, HOME, job storage, logs,
+results), its saved state (system.json), and the environment its site processes start with."""
 
 from __future__ import annotations
 
@@ -10,31 +10,19 @@ from dataclasses import dataclass
 
 from devsim_flare.recipe import apply_runtime_env_defaults
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # devsim_flare/edge/ -> repo root
-DEFAULT_PROJECT = os.path.join(REPO, "app_configs", "edge_hierarchy", "project.yml")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # devsim_flare/deployment/ -> root
+EDGE_PROJECT = os.path.join(REPO, "app_configs", "edge_hierarchy", "project.yml")
+COLLAB_PROJECT = os.path.join(REPO, "app_configs", "deployment", "project.yml")
 STATE_FILE = "system.json"
 SHUTDOWN_FILE = "shutdown.fl"  # NVFlare's site daemon (startup/sub_start.sh) exits when it finds this file
 
-# Small enough for 2 CPU cores (4 leaf processes share them): 4 leaves x 8 devices, 3 versions.
-DEFAULT_JOB_FLAGS = {
-    "devices_per_leaf": 8,
-    "num_versions": 3,
-    "partition": "iid",
-    "samples_per_device": 100,
-    "local_epochs": 3,
-    "lr": 0.03,
-    "synthetic_train_size": 4000,
-    "synthetic_test_size": 1000,
-    "update_interval": 0.5,
-}
 
-
-class EdgeSystemError(RuntimeError):
+class DeploymentError(RuntimeError):
     """A step failed; the message says which and what to look at."""
 
 
 def log(message: str) -> None:
-    print(f"[edge-system] {message}", flush=True)
+    print(f"[deployment] {message}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,9 +68,9 @@ def layout_for(workspace: str) -> Layout:
 
 def load_state(lay: Layout) -> dict:
     if not os.path.isfile(lay.state_file):
-        raise EdgeSystemError(
-            f"{lay.root} is not a provisioned workspace (no {STATE_FILE}); run: edge_system.py provision "
-            f"--workspace {lay.root}"
+        raise DeploymentError(
+            f"{lay.root} is not a provisioned workspace (no {STATE_FILE}); provision it first "
+            f"(scripts/deployment.py or scripts/edge_system.py provision --workspace {lay.root})"
         )
     with open(lay.state_file, encoding="utf-8") as stream:
         return json.load(stream)

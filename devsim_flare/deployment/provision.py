@@ -1,4 +1,4 @@
-"""Provisioning an edge deployment from an NVFlare project file (app_configs/edge_hierarchy/project.yml):
+"""Provisioning a deployment from an NVFlare project file (app_configs/deployment or edge_hierarchy):
 ports, optional aggregating clients, startup kits, and the state file the other steps read."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import subprocess
 import sys
 from typing import Any
 
-from devsim_flare.edge.processes import system_processes
-from devsim_flare.edge.workspace import (
-    DEFAULT_PROJECT,
-    EdgeSystemError,
+from devsim_flare.deployment.processes import system_processes
+from devsim_flare.deployment.workspace import (
+    DeploymentError,
     isolate_home,
     kit,
     layout_for,
@@ -48,7 +47,7 @@ def rewrite_ports(project: dict, port_base: int) -> dict[str, int]:
             ports[participant["name"]] = next_port
             next_port += 1
     if port_base < 1024 or next_port - 1 > 65535:
-        raise EdgeSystemError(
+        raise DeploymentError(
             f"--port-base {port_base}: the ports {port_base}..{next_port - 1} must lie in 1024..65535"
         )
     return ports
@@ -59,11 +58,11 @@ def describe_project(project: dict, kits: str) -> dict[str, Any]:
     participants = project.get("participants", [])
     servers = [p for p in participants if p.get("type") == "server"]
     if len(servers) != 1:
-        raise EdgeSystemError("the project must define exactly one server")
+        raise DeploymentError("the project must define exactly one server")
     server = servers[0]
     admins = [p for p in participants if p.get("type") == "admin" and p.get("role") == "project_admin"]
     if not admins:
-        raise EdgeSystemError("the project needs an admin with role project_admin (to start jobs and shut down)")
+        raise DeploymentError("the project needs an admin with role project_admin (to start jobs and shut down)")
     relays = [
         {"name": p["name"], "port": int(p["listening_host"]["port"])} for p in participants if p.get("type") == "relay"
     ]
@@ -128,7 +127,7 @@ def add_aggregators(project: dict) -> list[str]:
 
 def provision(
     workspace: str,
-    project_file: str = DEFAULT_PROJECT,
+    project_file: str,
     port_base: int | None = None,
     force: bool = False,
     aggregators: bool = False,
@@ -138,9 +137,9 @@ def provision(
     lay = layout_for(workspace)
     if os.path.exists(lay.state_file) or os.path.exists(lay.prov):
         if not force:
-            raise EdgeSystemError(f"{lay.root} is already provisioned; use --force to provision it again")
+            raise DeploymentError(f"{lay.root} is already provisioned; use --force to provision it again")
         if os.path.exists(lay.state_file) and system_processes(load_state(lay)):
-            raise EdgeSystemError(f"the system in {lay.root} is running; stop it before provisioning again")
+            raise DeploymentError(f"the system in {lay.root} is running; stop it before provisioning again")
         for folder in (lay.prov, lay.storage):
             shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
@@ -171,19 +170,19 @@ def provision(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as error:
-        raise EdgeSystemError("nvflare provision did not finish in 180 s") from error
+        raise DeploymentError("nvflare provision did not finish in 180 s") from error
     if proc.returncode != 0:
-        raise EdgeSystemError(
+        raise DeploymentError(
             f"nvflare provision exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
         )
     project_root = os.path.join(lay.prov, project["name"])
     builds = sorted(d for d in os.listdir(project_root) if d.startswith("prod_"))
     if not builds:
-        raise EdgeSystemError(f"nvflare provision wrote no prod_NN folder under {project_root}")
+        raise DeploymentError(f"nvflare provision wrote no prod_NN folder under {project_root}")
     state = describe_project(project, os.path.join(project_root, builds[-1]))
     for role, name in sites_in_start_order(state) + [("admin", state["admin"])]:
         if not os.path.isdir(os.path.join(kit(state, name), "startup")):
-            raise EdgeSystemError(f"no startup kit for {role} {name} in {state['kits']}")
+            raise DeploymentError(f"no startup kit for {role} {name} in {state['kits']}")
     _redirect_server_storage(kit(state, state["server"]), lay.storage)
     with open(lay.state_file, "w", encoding="utf-8") as stream:
         json.dump(state, stream, indent=1)

@@ -1,4 +1,4 @@
-"""The processes of a provisioned edge deployment: launching its sites, waiting for its clients, the admin
+"""The processes of a provisioned deployment: launching its sites, waiting for its clients, the admin
 session, status, and shutting everything down so that no process is left."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import socket
 import subprocess
 import time
 
-from devsim_flare.edge.workspace import (
+from devsim_flare.deployment.workspace import (
     SHUTDOWN_FILE,
-    EdgeSystemError,
+    DeploymentError,
     Layout,
     isolate_home,
     kit,
@@ -92,7 +92,7 @@ def _wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
 
 
 def open_session(state: dict, timeout: float = 10.0):
-    """An admin session as the project admin; EdgeSystemError when the server cannot be reached in time."""
+    """An admin session as the project admin; DeploymentError when the server cannot be reached in time."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     admin_kit = kit(state, state["admin"])
@@ -100,7 +100,7 @@ def open_session(state: dict, timeout: float = 10.0):
         with contextlib.redirect_stdout(io.StringIO()):  # "Connecting to FLARE ..." lines
             return new_secure_session(state["admin"], admin_kit, timeout=timeout)
     except Exception as error:  # NoConnection, AuthenticationError, timeouts: all mean "not reachable"
-        raise EdgeSystemError(
+        raise DeploymentError(
             f"cannot log in to the server at {state['host']}:{state['admin_port']} as {state['admin']}: {error}"
         ) from error
 
@@ -137,7 +137,7 @@ def _launch(lay: Layout, state: dict, name: str) -> None:
         os.remove(os.path.join(site, SHUTDOWN_FILE))
     os.makedirs(lay.logs, exist_ok=True)
     with open(os.path.join(lay.logs, f"{name}.log"), "ab") as out:
-        out.write(f"==== edge_system.py start {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        out.write(f"==== deployment start {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         out.flush()
         try:
             subprocess.run(
@@ -152,7 +152,7 @@ def _launch(lay: Layout, state: dict, name: str) -> None:
                 timeout=30,
             )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
-            raise EdgeSystemError(f"{name}'s startup/start.sh failed ({error}); see {out.name}") from error
+            raise DeploymentError(f"{name}'s startup/start.sh failed ({error}); see {out.name}") from error
 
 
 def _site_log_tail(lay: Layout, name: str, lines: int = 15) -> str:
@@ -170,18 +170,18 @@ def start(workspace: str, timeout: float = 180.0) -> None:
     isolate_home(lay)
     running = system_processes(state)
     if running:
-        raise EdgeSystemError(f"the system in {lay.root} already runs ({len(running)} processes); stop it first")
+        raise DeploymentError(f"the system in {lay.root} already runs ({len(running)} processes); stop it first")
     ports = [state["fed_learn_port"], state["admin_port"]] + [r["port"] for r in state["relays"]]
     busy = [p for p in sorted(set(ports)) if not _port_free(p)]
     if busy:
-        raise EdgeSystemError(f"ports {busy} are in use; provision again with another --port-base")
+        raise DeploymentError(f"ports {busy} are in use; provision again with another --port-base")
     deadline = time.monotonic() + timeout
     started = time.monotonic()
     try:
         log(f"starting server {state['server']}")
         _launch(lay, state, state["server"])
         if not _wait_until(lambda: port_open(state["host"], state["admin_port"]), deadline - time.monotonic()):
-            raise EdgeSystemError(
+            raise DeploymentError(
                 f"the server's admin port {state['admin_port']} did not open in {timeout:.0f}s; "
                 f"log tail:\n{_site_log_tail(lay, state['server'])}"
             )
@@ -190,7 +190,7 @@ def start(workspace: str, timeout: float = 180.0) -> None:
             _launch(lay, state, relay["name"])
         for relay in state["relays"]:
             if not _wait_until(lambda r=relay: port_open(state["host"], r["port"]), deadline - time.monotonic()):
-                raise EdgeSystemError(
+                raise DeploymentError(
                     f"relay {relay['name']} did not open port {relay['port']} in {timeout:.0f}s; "
                     f"log tail:\n{_site_log_tail(lay, relay['name'])}"
                 )
@@ -232,7 +232,7 @@ def wait_for_clients(lay: Layout, state: dict, deadline: float) -> None:
                 session.close()
     missing = sorted(set(expected) - set(seen))
     tails = "\n".join(f"--- {name}:\n{_site_log_tail(lay, name, 8)}" for name in missing[:2])
-    raise EdgeSystemError(
+    raise DeploymentError(
         f"clients {missing} did not connect in time (connected: {seen}; last admin error: {last_error})\n{tails}"
     )
 
@@ -288,7 +288,7 @@ def stop(workspace: str, timeout: float = 60.0) -> None:
     _wait_until(lambda: not system_processes(state), max(1.0, timeout - (time.monotonic() - started) - 10.0))
     survivors = kill_all(state, grace=5.0)
     if survivors:
-        raise EdgeSystemError("processes survived SIGKILL:\n" + "\n".join(f"{p}: {c}" for p, c in survivors))
+        raise DeploymentError("processes survived SIGKILL:\n" + "\n".join(f"{p}: {c}" for p, c in survivors))
     strays = processes_mentioning(lay.root)
     if strays:
         log("other processes still mention the workspace (not started by this script, left alone):")
@@ -319,7 +319,7 @@ def status(workspace: str) -> int:
     print(f"processes: {len(processes)}")
     for role, name in sites_in_start_order(state):
         site = kit(state, name)
-        mine = [pid for pid, cmdline in processes if site + os.sep in cmdline or site + " " in cmdline + " "]
+        mine = [pid for pid, cmdline in processes if _names_folder(cmdline, site)]
         route = client_route(state, name) if role == "client" else None
         print(f"  {role:6s} {name:10s} {len(mine)} process(es) {mine}" + (f"  cell {route}" if route else ""))
     if not port_open(state["host"], state["admin_port"]):
@@ -334,3 +334,67 @@ def status(workspace: str) -> int:
     finally:
         session.close()
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# one site: faults and restarts
+
+
+def _site_processes(state: dict, name: str) -> list[tuple[int, str]]:
+    """The processes of site ``name``: its daemon (``startup/sub_start.sh``), its client process (``-m <kit>``)
+    and its job processes."""
+    site = kit(state, name)
+    return [(pid, cmdline) for pid, cmdline in system_processes(state) if _names_folder(cmdline, site)]
+
+
+def _names_folder(cmdline: str, folder: str) -> bool:
+    return folder + os.sep in cmdline or folder + " " in cmdline + " "
+
+
+def kill_site(workspace: str, name: str) -> list[int]:
+    """SIGKILL every process of site ``name`` (its daemon, its client process and its job processes) at once, as
+    a host that loses power would; returns the pids killed. The other sites keep running."""
+    state = load_state(layout_for(workspace))
+    names = [n for _, n in sites_in_start_order(state)]
+    if name not in names or name == state["server"]:
+        raise DeploymentError(f"no leaf site {name!r} in this deployment; its sites: {', '.join(names[1:])}")
+    victims = _site_processes(state, name)
+    # freeze them all first: a client whose job process died first would report the job failed, and NVFlare
+    # then fails the whole job (a crashed job process behaves so; a host that dies does not)
+    _signal_all(victims, signal.SIGSTOP)
+    _signal_all(victims, signal.SIGKILL)
+    if not _wait_until(lambda: not _site_processes(state, name), 10.0, interval=0.1):
+        raise DeploymentError(f"processes of {name} survived SIGKILL: {_site_processes(state, name)}")
+    log(f"killed {name}: {len(victims)} process(es) {[pid for pid, _ in victims]}")
+    return [pid for pid, _ in victims]
+
+
+def start_site(workspace: str, name: str, timeout: float = 120.0) -> float:
+    """Start site ``name`` again (after :func:`kill_site` or a crash) and wait until the server has heard from
+    it since (its ``last_connect_time`` is later than the launch: the server keeps listing a killed client
+    until its heartbeat times out); returns the seconds that took."""
+    lay = layout_for(workspace)
+    state = load_state(lay)
+    isolate_home(lay)
+    if _site_processes(state, name):
+        raise DeploymentError(f"{name} is running; kill or stop it first")
+    launched = time.time()
+    _launch(lay, state, name)
+    session = open_session(state, timeout=10.0)
+    try:
+
+        def heard_from_it() -> bool:
+            times = {c.name: c.last_connect_time for c in session.get_system_info().client_info}
+            return times.get(name, 0.0) > launched
+
+        if not _wait_until(heard_from_it, timeout):
+            raise DeploymentError(
+                f"{name} did not connect within {timeout:.0f}s of starting again; log tail:\n"
+                f"{_site_log_tail(lay, name)}"
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            session.close()
+    seconds = time.time() - launched
+    log(f"{name} started again and connected after {seconds:.1f}s")
+    return seconds

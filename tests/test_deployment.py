@@ -1,0 +1,174 @@
+"""The Collab jobs on a provisioned NVFlare deployment (mutual TLS, 1 server + 3 leaf clients on this machine),
+submitted with ``--env prod``: same results as in the simulator, a leaf host that dies mid-run and comes back,
+and no process left behind (slow; CI runs it). The checks of a bad ``--startup-kit`` or an unreachable server
+need no deployment and run fast."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    end_leftovers,
+    find_results,
+    free_port_base,
+    isolated_env,
+    launch_job,
+    processes_mentioning,
+    run_in_group,
+    run_job,
+)
+
+SCRIPT = os.path.join(REPO, "scripts", "deployment.py")
+LEAVES = ["site-1", "site-2", "site-3"]
+FEDAVG = ["--dataset", "digits", "--num-rounds", "8", "--seed", "5"]
+FEDBUFF = ["--dataset", "digits", "--max-versions", "8", "--seed", "5"]
+
+
+def deployment(command: str, workspace, tmp_path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run one subcommand of scripts/deployment.py in its own process group; fail the test on error."""
+    cmd = [sys.executable, SCRIPT, command, "--workspace", str(workspace), *extra]
+    return run_in_group(cmd, tmp_path, timeout, f"deployment.py {command}")
+
+
+@pytest.fixture(scope="module")
+def running_deployment(tmp_path_factory):
+    """A provisioned and started deployment for the module; stopped at the end, with no process left."""
+    tmp_path = tmp_path_factory.mktemp("deployment")
+    workspace = tmp_path / "ws"
+    try:
+        deployment("provision", workspace, tmp_path, "--port-base", str(free_port_base(2)), timeout=120)
+        deployment("start", workspace, tmp_path, "--timeout", "150", timeout=180)
+        yield tmp_path, workspace
+        stop = deployment("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
+        assert "no process of" in stop.stdout, stop.stdout
+        assert processes_mentioning(str(workspace)) == []
+    finally:
+        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
+                    env=isolated_env(tmp_path),
+                    capture_output=True,
+                    timeout=120,
+                )
+        leftovers = end_leftovers(str(tmp_path), wait=20.0)
+    assert not leftovers, leftovers
+
+
+def run_on_deployment(workspace, tmp_path, job: str, flags: list[str]) -> tuple[str, dict]:
+    """Run ``job`` through ``deployment.py run``; its stdout and the results.json it downloaded."""
+    before = set(os.listdir(workspace / "results")) if (workspace / "results").exists() else set()
+    proc = deployment("run", workspace, tmp_path, job, "--timeout", "400", "--", *flags, timeout=450)
+    [new] = [d for d in set(os.listdir(workspace / "results")) - before if d.startswith(job)]
+    return proc.stdout, find_results(workspace / "results" / new)
+
+
+def run_in_sim(tmp_path, job: str, flags: list[str]) -> dict:
+    out = tmp_path / f"sim-{job}"
+    run_job(f"pt_job_{job}.py", [*flags, "--num-leaf-nodes", "3", "--output-dir", str(out)], tmp_path, timeout=400)
+    return find_results(out)
+
+
+def curve(results: dict) -> list[tuple[int, float, float]]:
+    """(round or version, accuracy, loss) of every evaluation, rounded to 4 decimals."""
+    return [
+        (r.get("round", r.get("version")), round(r["metrics"]["accuracy"], 4), round(r["loss"], 4))
+        for r in results["rounds"]
+    ]
+
+
+@pytest.mark.slow
+def test_fedavg_on_the_deployment_gives_the_simulators_results(running_deployment):
+    tmp_path, workspace = running_deployment
+    stdout, prod = run_on_deployment(workspace, tmp_path, "fedavg", FEDAVG)
+    assert "status: FINISHED:COMPLETED" in stdout and "round 8 " in stdout, stdout[-3000:]
+    run_dir = workspace / "results" / sorted(os.listdir(workspace / "results"))[-1]
+    assert {"results.json", "final_model.pt", "tensorboard"} <= set(os.listdir(run_dir))
+    sim = run_in_sim(tmp_path, "fedavg", FEDAVG)
+    assert curve(prod) == curve(sim)
+    assert prod["summary"]["final_accuracy"] > 0.6
+
+
+@pytest.mark.slow
+def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
+    """FedAvg goes on without the dead leaf and says so per round; the leaf started again connects, and the
+    next job (FedBuff) trains on all three leaves with the simulator's results."""
+    tmp_path, workspace = running_deployment
+    flags = ["--dataset", "digits", "--num-rounds", "40", "--round-timeout", "20", "--min-leaves", "1", "--seed", "5"]
+    cmd = [sys.executable, SCRIPT, "run", "--workspace", str(workspace), "fedavg", "--timeout", "400", "--", *flags]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("round 2 ") for line in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        deployment("kill-site", workspace, tmp_path, "site-3", timeout=60)
+        killed_at = len([line for line in lines if line.startswith("round ")])
+        deployment("start-site", workspace, tmp_path, "site-3", "--timeout", "120", timeout=150)
+        proc.wait(timeout=420)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+    output = "".join(lines)
+    assert proc.returncode == 0, output[-4000:]
+    assert killed_at < 40, "the leaf died after the last round: nothing was tested"
+    results = find_results(workspace / "results" / sorted(d for d in os.listdir(workspace / "results"))[-1])
+    rounds = results["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 41))
+    assert rounds[-1]["dead_leaves"] == ["site-3"], [r["dead_leaves"] for r in rounds]
+    assert "without site-3 (not answering)" in output, output[-3000:]
+    assert results["summary"]["final_accuracy"] > 0.8
+
+    status = deployment("status", workspace, tmp_path, timeout=60).stdout
+    assert f"connected clients: {LEAVES}" in status, status
+    stdout, prod = run_on_deployment(workspace, tmp_path, "fedbuff", FEDBUFF)
+    assert "status: FINISHED:COMPLETED" in stdout, stdout[-3000:]
+    arrivals = open(workspace / "results" / sorted(os.listdir(workspace / "results"))[-1] / "arrivals.csv").read()
+    sim = run_in_sim(tmp_path, "fedbuff", FEDBUFF)
+    assert curve(prod) == curve(sim)
+    assert prod["summary"]["versions"] == 8
+    assert arrivals == open(tmp_path / "sim-fedbuff" / "arrivals.csv").read()
+
+
+def fake_admin_kit(folder, port: int) -> str:
+    """An admin startup kit whose fed_admin.json names a server at localhost:``port``."""
+    startup = folder / "admin@example.org" / "startup"
+    startup.mkdir(parents=True)
+    admin = {"username": "admin@example.org", "host": "localhost", "port": port, "connection_security": "mtls"}
+    (startup / "fed_admin.json").write_text(json.dumps({"format_version": 1, "admin": admin}))
+    return str(startup.parent)
+
+
+def test_an_unreachable_server_fails_in_seconds_with_its_address(tmp_path):
+    kit = fake_admin_kit(tmp_path, free_port_base(1))
+    started = time.monotonic()
+    proc = launch_job("pt_job_fedavg.py", ["--env", "prod", "--startup-kit", kit, "--dataset", "digits"], tmp_path, 120)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "error: --env prod: " in proc.stderr and "localhost:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert seconds < 60, seconds
+
+
+@pytest.mark.parametrize("script", ["pt_job_fedbuff.py", "pt_job_cluster.py"])
+def test_a_folder_that_is_no_admin_kit_is_refused_in_one_line(script, tmp_path):
+    from tests.conftest import refused_job
+
+    (tmp_path / "site-1" / "startup").mkdir(parents=True)
+    stderr = refused_job(script, ["--env", "prod", "--startup-kit", str(tmp_path / "site-1")], tmp_path)
+    assert "--startup-kit:" in stderr and "is not an admin startup kit" in stderr and "Traceback" not in stderr
