@@ -1,0 +1,118 @@
+"""The same FedAvg job in the simulator, in POC mode and on a provisioned deployment (mutual TLS) on this machine:
+what the deployment's processes, TLS and admin API cost a round and a whole run.
+
+    .venv/bin/python benchmarks/environment_rounds.py [--leaves 2] [--json] [-- JOB FLAGS]
+
+Default job: the digits demo (``jobs/pt_job_fedavg.py --dataset digits``) with ``--leaves`` leaves. Runs sim, poc
+and prod one after another (prod: provisions and starts a deployment with ``scripts/deployment.py`` in a temporary
+workspace, runs the job, stops it), then prints, per environment, the median round time (the server's
+``round_seconds``), the rounds' wall time, the whole command, and the final accuracy; and the ratios against sim.
+``--json`` writes ``benchmarks/results/environment_rounds-<date>.json`` with the figures of benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.figures import REPO, figure, machine, write_results  # noqa: E402
+
+TARGET_PROD_VS_SIM = 1.5
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, str]:
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    return time.perf_counter() - started, proc.stdout
+
+
+def measure(results_dir: str, command_seconds: float) -> dict:
+    [path] = glob.glob(os.path.join(results_dir, "**", "results.json"), recursive=True)
+    with open(path, encoding="utf-8") as stream:
+        results = json.load(stream)
+    rounds = results["rounds"]
+    return {
+        "median_round_s": statistics.median(r["round_seconds"] for r in rounds),
+        "rounds_wall_s": sum(r["round_seconds"] for r in rounds),
+        "command_s": command_seconds,
+        "final_accuracy": results["summary"]["final_accuracy"],
+        "rounds": len(rounds),
+    }
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    job_flags = ["--dataset", "digits"]
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, job_flags = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--leaves", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    python = sys.executable
+    measured: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="devsim-env-rounds-") as tmp:
+        env = dict(os.environ, HOME=os.path.join(tmp, "home"), NVFLARE_POC_WORKSPACE=os.path.join(tmp, "poc"))
+        os.makedirs(env["HOME"])
+        leaves = ["--num-leaf-nodes", str(args.leaves)]
+        for kind in ("sim", "poc"):
+            out = os.path.join(tmp, f"results-{kind}")
+            cmd = [python, "jobs/pt_job_fedavg.py", *job_flags, *leaves, "--env", kind]
+            cmd += ["--workspace", os.path.join(tmp, f"ws-{kind}"), "--output-dir", out]
+            seconds, _ = run(cmd, env, 900)
+            measured[kind] = measure(out, seconds)
+            print(f"{kind}: {measured[kind]}", flush=True)
+        deploy = [python, "scripts/deployment.py"]
+        workspace = ["--workspace", os.path.join(tmp, "deployment")]
+        run([*deploy, "provision", *workspace, "--leaves", str(args.leaves), "--port-base", "18900"], env, 120)
+        try:
+            run([*deploy, "start", *workspace], env, 240)
+            seconds, _ = run([*deploy, "run", *workspace, "fedavg", "--", *job_flags], env, 900)
+            measured["prod"] = measure(os.path.join(tmp, "deployment", "results"), seconds)
+            print(f"prod: {measured['prod']}", flush=True)
+        finally:
+            run([*deploy, "stop", *workspace], env, 120)
+    sim = measured["sim"]
+    print(f"\n{'env':6s} {'median round':>13s} {'rounds wall':>12s} {'command':>9s} {'accuracy':>9s}  vs sim (round)")
+    for kind, m in measured.items():
+        print(
+            f"{kind:6s} {m['median_round_s']:12.3f}s {m['rounds_wall_s']:11.2f}s {m['command_s']:8.1f}s "
+            f"{m['final_accuracy']:9.4f}  {m['median_round_s'] / sim['median_round_s']:.2f}x"
+        )
+    if args.json:
+        date, where = time.strftime("%Y-%m-%d"), machine()
+        command = f"benchmarks/environment_rounds.py --leaves {args.leaves} --json"
+        figures = [
+            figure(
+                f"FedAvg digits demo ({args.leaves} leaves): {kind} median round time vs sim",
+                f"{m['median_round_s'] / sim['median_round_s']:.2f}x ({m['median_round_s'] * 1000:.0f} ms vs "
+                f"{sim['median_round_s'] * 1000:.0f} ms; command {m['command_s']:.1f} s vs {sim['command_s']:.1f} s)",
+                f"<= {TARGET_PROD_VS_SIM}x" if kind == "prod" else "-",
+                command,
+                date,
+                where,
+            )
+            for kind, m in measured.items()
+            if kind != "sim"
+        ]
+        payload = {"leaves": args.leaves, "job_flags": job_flags, "environments": measured}
+        print(f"wrote {write_results('environment_rounds', payload, figures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
