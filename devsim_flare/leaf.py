@@ -8,6 +8,7 @@ sample-weighted deltas, the total weight and per-device metrics.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import time
@@ -106,12 +107,14 @@ class LeafNode:
     def _plan_device_batch(self, worker, num_workers: int) -> DeviceBatchPlan:
         """Resolve --device-batch for this leaf's workers (auto: batch when the probe finds the batched updates
         exact, sized from free memory); the probe runs only when batching is still in question."""
+        setting = device_batch_value(self.settings.get("device_batch", "auto"))
         if hasattr(worker, "batching_obstacle") and hasattr(worker, "train_devices_batched"):
-            obstacle, device_bytes = worker.batching_obstacle, worker.batched_device_bytes()
+            obstacle = functools.partial(worker.batching_obstacle, timed=setting == "auto")
+            device_bytes = worker.batched_device_bytes()
         else:
             obstacle, device_bytes = f"processor {type(worker).__name__} trains one device at a time", 1
         return plan_device_batch(
-            device_batch_value(self.settings.get("device_batch", "auto")),
+            setting,
             obstacle=obstacle,
             device_bytes=device_bytes,
             device=str(worker.torch_device),

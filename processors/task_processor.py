@@ -227,18 +227,21 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         pool = self._data.shard_pool(device_ids)
         return self._batched.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
 
-    def batching_obstacle(self) -> str | None:
+    def batching_obstacle(self, timed: bool = True) -> str | None:
         """Why this worker's devices cannot be trained as one batch (None: they can).
 
         Decided once per process on a probe (:func:`devsim.training.batch_probe.probe_batching`): three small
-        devices trained one at a time and batched from the same weights must get the same updates.
+        devices trained one at a time and batched from the same weights must get the same updates, and with
+        ``timed`` (``--device-batch auto``) batched training must also be faster here. An explicit
+        ``--device-batch N`` checks exactness only, so the path, and with it the float rounding, does not
+        depend on how loaded the machine was when the leaf started.
         """
-        return self.batching_probe().obstacle
+        return self.batching_probe(timed).obstacle
 
-    def batching_probe(self) -> ProbeOutcome:
+    def batching_probe(self, timed: bool = True) -> ProbeOutcome:
         """The probe's outcome for this process's task and training settings (run on first use)."""
         trainer = self._ready()
-        key = (id(self._task), trainer.spec, str(self.torch_device), self.track_features)
+        key = (id(self._task), trainer.spec, str(self.torch_device), self.track_features, timed)
         with _SHARED_LOCK:
             outcome = _PROBES.get(key)
         if outcome is None:
@@ -250,6 +253,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
                     self.objective,
                     self._data.shard_pool([]),
                     self.torch_device,
+                    timed=timed,
                 )
             with _SHARED_LOCK:
                 _PROBES.clear()

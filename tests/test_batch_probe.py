@@ -180,6 +180,19 @@ def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):
     assert metrics.num_samples == 4
 
 
+def test_an_explicit_device_batch_checks_exactness_only(tmp_path, monkeypatch):
+    """auto times both ways (load-dependent); an explicit --device-batch N does not, so its path is fixed."""
+    import devsim.training.batch_probe as batch_probe
+    from processors.task_processor import TaskDeviceProcessor
+    from tests.test_tasks import GOOD, write_task
+
+    monkeypatch.setattr(batch_probe, "_timed", lambda *args: (1.0, 2.0))  # batched measured twice as slow
+    worker = TaskDeviceProcessor.from_settings({"task": write_task(tmp_path, GOOD, "mlp_task.py"), "seed": 0})
+    worker.setup()
+    assert worker.batching_obstacle(timed=False) is None
+    assert worker.batching_obstacle(timed=True).startswith("batched training is not faster")
+
+
 def test_the_channels_last_fold_is_kept_for_plain_conv_nets_and_dropped_for_pooling():
     """The fold pays for the stride-2 CNN; with max pooling (examples/mnist_task.py's LeNet) it costs 40%."""
     from devsim.models import build_model
