@@ -269,9 +269,9 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if simulated_here:
         share_digits(config, args.workspace)
 
-    def make_recipe():
+    def make_recipe(run_config: SimulationConfig = config):
         return build_recipe(
-            config,
+            run_config,
             server_cls,
             job_name=f"devsim_{server_cls.method}",
             leaves_on_host=leaves_on_host,
@@ -279,7 +279,11 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
             sync_timeout=SIM_SYNC_TIMEOUT if simulated_here else None,
         )
 
-    return run_recipe(make_recipe, args, config, gpu_ids, download_dir=download_dir)
+    if download_dir is not None:
+        from devsim_flare.deployment.prod_run import run_on_deployment
+
+        return run_on_deployment(make_recipe, args, config, download_dir)
+    return run_recipe(make_recipe, args, config, gpu_ids)
 
 
 def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

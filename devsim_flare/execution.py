@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import io
 import json
 import os
 import sys
@@ -21,7 +20,6 @@ from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
 
 JOB_POLL_SECONDS = 2.0
-PROD_POLL_SECONDS = 1.0  # prod: one job-status and one results.json read through the admin session a second
 END_GRACE_SECONDS = 60.0
 
 
@@ -41,14 +39,15 @@ def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
 
 
 def wait_for_job(
-    run, timeout: float, server_done=lambda: False, poll_seconds: float = JOB_POLL_SECONDS
+    run, timeout: float, server_done=lambda: False, poll_seconds: float = JOB_POLL_SECONDS, stop_early=lambda: False
 ) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
     NVFlare ends a job only once every site has ended it, so a job whose leaf died keeps RUNNING after
     the server has finished and written its results. When ``server_done()`` (the results are complete)
     and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
-    complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too.
+    complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too. When
+    ``stop_early()`` is true before the server is done, the job is aborted at once.
     """
     deadline = time.monotonic() + timeout
     finished_at = None
@@ -58,6 +57,8 @@ def wait_for_job(
             return status, run.get_result(timeout=60.0)
         if finished_at is None and server_done():
             finished_at = time.monotonic()
+        if finished_at is None and stop_early():
+            break
         if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
             print(
                 f"the server finished and wrote its results, but the job is still {status} "
@@ -68,7 +69,8 @@ def wait_for_job(
     else:
         print(f"the job did not finish within --job-timeout {timeout:g}s; aborting it", file=sys.stderr)
     run.abort()
-    return run.get_status(), run.get_result(timeout=60.0)
+    result = run.get_result(timeout=60.0)
+    return run.get_status(), result
 
 
 SIM_EXIT_GRACE_SECONDS = 0.25
@@ -149,19 +151,15 @@ def leaf_lost_its_port(nvflare_root: str, within_s: float) -> bool:
 
 
 def run_recipe(
-    make_recipe: Callable[[], Any],
+    make_recipe: Callable[..., Any],
     args: argparse.Namespace,
     config: SimulationConfig,
     gpu_ids: tuple[int, ...] = (),
-    download_dir: str | None = None,
 ) -> int:
     """Export or run the recipe ``make_recipe()`` builds in the chosen environment; prints where results are.
     Returns an exit code. A second attempt (see :func:`leaf_lost_its_port`) builds a new recipe: NVFlare's job
-    object cannot run twice. ``download_dir`` (prod): the local folder the server's run folder is downloaded
-    into when the job ends."""
+    object cannot run twice. ``prod`` runs through :func:`devsim_flare.deployment.prod_run.run_on_deployment`."""
     workspace = os.path.abspath(args.workspace)
-    if args.env == "prod":
-        return run_on_deployment(make_recipe, args, config, download_dir)
     env = build_env(
         args.env,
         config.num_leaf_nodes,
@@ -204,51 +202,6 @@ def run_recipe(
         if result is None and not _summary_written(config, since=submitted):
             return 1
     return report_results(config, config.output_dir, started, args.env == "sim", workspace)
-
-
-def run_on_deployment(
-    make_recipe: Callable[[], Any], args: argparse.Namespace, config: SimulationConfig, download_dir: str | None
-) -> int:
-    """prod: check the deployment answers with ``--num-leaf-nodes`` leaves (seconds), submit the job as the
-    startup kit's admin, print the server's rounds as they come, wait up to ``--job-timeout``, and download the
-    server's run folder into ``download_dir``."""
-    from nvflare.recipe import ProdEnv
-
-    from devsim_flare.deployment.prod_job import (
-        LOGIN_TIMEOUT_SECONDS,
-        ProdJob,
-        check_deployment,
-        copy_run_folder,
-        read_admin_kit,
-    )
-    from devsim_flare.deployment.workspace import DeploymentError
-
-    kit = read_admin_kit(args.startup_kit)
-    try:
-        leaves = check_deployment(kit, config.num_leaf_nodes)
-    except DeploymentError as error:
-        print(f"error: --env prod: {error}", file=sys.stderr)
-        return 1
-    env = ProdEnv(startup_kit_location=kit.folder, username=kit.username, login_timeout=LOGIN_TIMEOUT_SECONDS)
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):  # NVFlare's "Connecting to FLARE", "Submitted job" lines
-        job_id = make_recipe().execute(env).get_job_id()
-    print(
-        f"submitted job {job_id} to {kit.host}:{kit.port} as {kit.username} ({len(leaves)} leaves: "
-        f"{', '.join(leaves)}); results will be downloaded into {download_dir}",
-        flush=True,
-    )
-    job = ProdJob(kit, job_id, printer=lambda line: print(line, flush=True))
-    try:
-        status, result = wait_for_job(job, args.job_timeout, job.poll, poll_seconds=PROD_POLL_SECONDS)
-        job.poll()
-    finally:
-        job.close()
-    print(f"job {job_id} status: {status}", flush=True)
-    if not copy_run_folder(result, download_dir):
-        print(f"error: the result of job {job_id} ({result}) holds no run folder with results.json", file=sys.stderr)
-        return 1
-    return report_results(config, download_dir, started, False, args.workspace)
 
 
 def report_results(

@@ -17,6 +17,7 @@ from nvflare.collab import CollabRecipe
 from nvflare.recipe import PocEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
+from devsim.observe.checkpoint import CARRIED_RUN_FOLDER
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
 from devsim_flare.leaf import LeafNode
 
@@ -41,6 +42,8 @@ class DevsimRecipe(CollabRecipe):
     """
 
     task_file: str | None = None
+    carried_checkpoint: str | None = None
+    """A checkpoint.pt the server app carries in ``custom/devsim_resume/`` (a job resubmitted to continue from it)."""
 
     def finalize(self):
         if self._finalized:
@@ -55,6 +58,8 @@ class DevsimRecipe(CollabRecipe):
             job.add_file_to_server(source, dest_dir=dest_dir, app_folder_type="custom")
             for target in targets:
                 job.add_file_to(source, target=target, dest_dir=dest_dir, app_folder_type="custom")
+        if self.carried_checkpoint:
+            job.add_file_to_server(self.carried_checkpoint, dest_dir=CARRIED_RUN_FOLDER, app_folder_type="custom")
         return job
 
 

@@ -10,6 +10,7 @@ enough for a resumed run to reach the same final weights as an uninterrupted one
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -34,9 +35,27 @@ def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
     return path
 
 
+CARRIED_RUN_FOLDER = "devsim_resume"
+"""A run folder a resubmitted job carries (``custom/devsim_resume/`` of its server app): ``--env prod`` resumes a
+job from the checkpoint it downloaded (see :mod:`devsim_flare.deployment.prod_job`)."""
+
+
+def locate_run_dir(run_dir: str) -> str:
+    """``run_dir`` itself when it is a folder; else, for the bare name :data:`CARRIED_RUN_FOLDER`, the folder of
+    that name on ``sys.path`` (a job's ``custom/`` folder is on it at the server)."""
+    if os.path.isdir(run_dir) or run_dir != CARRIED_RUN_FOLDER:
+        return run_dir
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.getcwd(), run_dir)
+        if os.path.isfile(os.path.join(candidate, CHECKPOINT_NAME)):
+            return candidate
+    return run_dir
+
+
 def load_checkpoint(run_dir: str) -> dict[str, Any]:
-    """Read ``<run_dir>/checkpoint.pt``; FileNotFoundError names the path when there is none."""
-    path = os.path.join(run_dir, CHECKPOINT_NAME)
+    """Read ``<run_dir>/checkpoint.pt`` (``run_dir`` found by :func:`locate_run_dir`); FileNotFoundError names the
+    path when there is none."""
+    path = os.path.join(locate_run_dir(run_dir), CHECKPOINT_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; --resume needs a run folder that saved one")
     return torch.load(path, weights_only=False)

@@ -378,6 +378,7 @@ def start_site(workspace: str, name: str, timeout: float = 120.0) -> float:
     isolate_home(lay)
     if _site_processes(state, name):
         raise DeploymentError(f"{name} is running; kill or stop it first")
+    _clear_stale_pid_files(kit(state, name))
     launched = time.time()
     _launch(lay, state, name)
     session = open_session(state, timeout=10.0)
@@ -398,3 +399,28 @@ def start_site(workspace: str, name: str, timeout: float = 120.0) -> float:
     seconds = time.time() - launched
     log(f"{name} started again and connected after {seconds:.1f}s")
     return seconds
+
+
+def _clear_stale_pid_files(site: str) -> None:
+    """Remove the site daemon's pid files when the process they name is gone. A killed daemon leaves
+    ``daemon_pid.fl`` behind, and its start script refuses to start while ``kill -0`` finds that pid, which a
+    zombie not yet reaped (by an init that reaps late) still passes."""
+    for name in ("daemon_pid.fl", "pid.fl"):
+        path = os.path.join(site, name)
+        try:
+            with open(path, encoding="utf-8") as stream:
+                pid = int(stream.read().strip())
+        except (OSError, ValueError):
+            continue
+        if not _running(pid):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

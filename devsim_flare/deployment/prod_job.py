@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 
 from devsim.observe.progress import format_metrics
@@ -110,6 +111,11 @@ class ProdJob:
         self.printer = printer
         self.shown = 0
         self.finished = False
+        self.last_round = 0
+        self.synchronous = False
+        """Whether the run's records are rounds (a synchronous run, which a resubmission can take leaves back into)."""
+        self.dead_since: dict[str, float] = {}
+        """Leaves the server dropped from the run (``dead_leaves`` of its rounds) -> when this follower saw it."""
         self._session = None
 
     def _call(self, method: str, *args, **kwargs):
@@ -138,17 +144,42 @@ class ProdJob:
             return self.finished
         for record in results.get("rounds", [])[self.shown :]:
             self.printer(record_line(record))
+            for leaf in record.get("dead_leaves") or []:
+                self.dead_since.setdefault(leaf, time.time())
+            self.synchronous = "round" in record
+            self.last_round = int(record.get("round", 0))
         self.shown = max(self.shown, len(results.get("rounds", [])))
         self.finished = bool(results.get("summary"))
         return self.finished
+
+    def returned_leaves(self) -> list[str]:
+        """Leaves the server dropped from this run whose client answers again without running this job (its host
+        was started again): NVFlare does not start a running job on a client that registers later, so the run
+        can take such a leaf back only in a new job. A client that is gone answers ``no_reply``."""
+        if not self.dead_since or self.finished:
+            return []
+        try:
+            entries = self._call("get_client_job_status", sorted(self.dead_since)) or []
+        except Exception:
+            return []
+        back = []
+        for leaf in sorted(self.dead_since):
+            mine = [entry for entry in entries if entry.get("client_name") == leaf]
+            answering = mine and all(entry.get("status") != "no_reply" for entry in mine)
+            if answering and not any(self.job_id in json.dumps(entry, default=str) for entry in mine):
+                back.append(leaf)
+        return back
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
             self._call("abort_job", self.job_id)
 
     def get_result(self, timeout: float = 60.0) -> str | None:
-        """Download the job's stored workspace (into the admin kit's ``transfer/`` folder); None when it fails."""
-        del timeout  # the download is one admin command, bounded by the session's own timeout
+        """Download the job's stored workspace (into the admin kit's ``transfer/`` folder) once the job has ended
+        (an aborted job takes a few seconds; at most ``timeout`` seconds); None when it fails."""
+        deadline = time.monotonic() + timeout
+        while not (self.get_status() or "").startswith("FINISHED") and time.monotonic() < deadline:
+            time.sleep(1.0)
         try:
             return self._call("download_job_result", self.job_id)
         except Exception as error:

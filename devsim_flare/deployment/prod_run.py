@@ -1,0 +1,117 @@
+"""``--env prod``: submit a job to a running deployment, follow it, download its results, and take back a leaf
+that comes back during a synchronous run by resubmitting the run from its last checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from devsim.config import SimulationConfig
+from devsim.observe.checkpoint import CARRIED_RUN_FOLDER, CHECKPOINT_NAME
+from devsim_flare.deployment.prod_job import (
+    LOGIN_TIMEOUT_SECONDS,
+    ProdJob,
+    check_deployment,
+    copy_run_folder,
+    read_admin_kit,
+)
+from devsim_flare.deployment.workspace import DeploymentError
+from devsim_flare.execution import report_results, wait_for_job
+
+PROD_POLL_SECONDS = 1.0
+"""prod: one job-status and one results.json read through the admin session a second."""
+MAX_RESUBMISSIONS = 5
+"""How many times one command resubmits its run to take back leaves that came back (a bound on a flapping leaf)."""
+
+
+def run_on_deployment(
+    make_recipe: Callable[..., Any], args: argparse.Namespace, config: SimulationConfig, download_dir: str
+) -> int:
+    """Check the deployment answers with ``--num-leaf-nodes`` leaves (seconds), submit the job built by
+    ``make_recipe(config)`` as the startup kit's admin, print the server's rounds as they come, wait up to
+    ``--job-timeout``, and download the server's run folder into ``download_dir``.
+
+    A synchronous run that lost a leaf goes on without it. When that leaf's client connects again (its host was
+    restarted), NVFlare cannot start the running job there, so the job is aborted and submitted again to
+    continue from its last checkpoint (carried in the new job) with every leaf; rounds after the checkpoint are
+    trained again. Returns the exit code.
+    """
+    from nvflare.recipe import ProdEnv
+
+    kit = read_admin_kit(args.startup_kit)
+    try:
+        leaves = check_deployment(kit, config.num_leaf_nodes)
+    except DeploymentError as error:
+        print(f"error: --env prod: {error}", file=sys.stderr)
+        return 1
+    env = ProdEnv(startup_kit_location=kit.folder, username=kit.username, login_timeout=LOGIN_TIMEOUT_SECONDS)
+    started = time.perf_counter()
+    deadline = time.monotonic() + args.job_timeout
+    run_config, checkpoint = config, None
+    for attempt in range(MAX_RESUBMISSIONS + 1):
+        recipe = make_recipe(run_config)
+        recipe.carried_checkpoint = checkpoint
+        with contextlib.redirect_stdout(io.StringIO()):  # NVFlare's "Connecting to FLARE", "Submitted job" lines
+            job_id = recipe.execute(env).get_job_id()
+        print(
+            f"submitted job {job_id} to {kit.host}:{kit.port} as {kit.username} ({len(leaves)} leaves: "
+            f"{', '.join(leaves)}); results will be downloaded into {download_dir}",
+            flush=True,
+        )
+        job = ProdJob(kit, job_id, printer=lambda line: print(line, flush=True))
+        job.shown = records_in(checkpoint)  # a resubmitted run starts with the checkpoint's records: shown already
+        returned: list[str] = []
+
+        def leaves_came_back(job=job, returned=returned, may_resubmit=attempt < MAX_RESUBMISSIONS) -> bool:
+            if may_resubmit and job.synchronous:
+                returned[:] = job.returned_leaves()
+            return bool(returned)
+
+        try:
+            status, result = wait_for_job(
+                job,
+                max(1.0, deadline - time.monotonic()),
+                job.poll,
+                poll_seconds=PROD_POLL_SECONDS,
+                stop_early=leaves_came_back,
+            )
+            job.poll()
+        finally:
+            job.close()
+        print(f"job {job_id} status: {status}", flush=True)
+        if not copy_run_folder(result, download_dir):
+            if not returned:
+                print(
+                    f"error: the result of job {job_id} ({result}) holds no run folder with results.json",
+                    file=sys.stderr,
+                )
+                return 1
+        if not returned:
+            break
+        saved = os.path.join(download_dir, CHECKPOINT_NAME)
+        checkpoint = saved if os.path.isfile(saved) else None
+        run_config = dataclasses.replace(config, resume_from=CARRIED_RUN_FOLDER) if checkpoint else config
+        restart = f"from its checkpoint after round {records_in(checkpoint)}" if checkpoint else "from the start"
+        print(
+            f"{', '.join(returned)} answers again after the run dropped it; NVFlare cannot start a running job on a "
+            f"client that comes back, so job {job_id} was aborted and the run goes on {restart} in a new job with "
+            "every leaf",
+            flush=True,
+        )
+    return report_results(config, download_dir, started, False, args.workspace)
+
+
+def records_in(checkpoint: str | None) -> int:
+    """How many round records a synchronous run's checkpoint holds (0 without one)."""
+    if checkpoint is None:
+        return 0
+    import torch
+
+    return len(torch.load(checkpoint, weights_only=False)["records"])
