@@ -29,8 +29,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from devsim_flare.deployment.processes import kill_site, start, start_site, status, stop  # noqa: E402
+from devsim_flare.deployment.processes import start, status, stop  # noqa: E402
 from devsim_flare.deployment.provision import provision  # noqa: E402
+from devsim_flare.deployment.sites import kill_site, start_site  # noqa: E402
 from devsim_flare.deployment.workspace import (  # noqa: E402
     COLLAB_PROJECT,
     DeploymentError,

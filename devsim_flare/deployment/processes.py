@@ -69,13 +69,13 @@ def system_processes(state: dict) -> list[tuple[int, str]]:
     return processes_mentioning(state["kits"] + os.sep)
 
 
-def _signal_all(processes: list[tuple[int, str]], sig: int) -> None:
+def signal_all(processes: list[tuple[int, str]], sig: int) -> None:
     for pid, _ in processes:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
-def _wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
+def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if predicate():
@@ -130,7 +130,7 @@ def _port_free(port: int) -> bool:
 # start / stop / status
 
 
-def _launch(lay: Layout, state: dict, name: str) -> None:
+def launch_site(lay: Layout, state: dict, name: str) -> None:
     """Run the site's startup/start.sh (which backgrounds its sub_start.sh daemon) in a new session."""
     site = kit(state, name)
     with contextlib.suppress(FileNotFoundError):
@@ -155,7 +155,7 @@ def _launch(lay: Layout, state: dict, name: str) -> None:
             raise DeploymentError(f"{name}'s startup/start.sh failed ({error}); see {out.name}") from error
 
 
-def _site_log_tail(lay: Layout, name: str, lines: int = 15) -> str:
+def site_log_tail(lay: Layout, name: str, lines: int = 15) -> str:
     path = os.path.join(lay.logs, f"{name}.log")
     try:
         with open(path, encoding="utf-8", errors="replace") as stream:
@@ -179,24 +179,24 @@ def start(workspace: str, timeout: float = 180.0) -> None:
     started = time.monotonic()
     try:
         log(f"starting server {state['server']}")
-        _launch(lay, state, state["server"])
-        if not _wait_until(lambda: port_open(state["host"], state["admin_port"]), deadline - time.monotonic()):
+        launch_site(lay, state, state["server"])
+        if not wait_until(lambda: port_open(state["host"], state["admin_port"]), deadline - time.monotonic()):
             raise DeploymentError(
                 f"the server's admin port {state['admin_port']} did not open in {timeout:.0f}s; "
-                f"log tail:\n{_site_log_tail(lay, state['server'])}"
+                f"log tail:\n{site_log_tail(lay, state['server'])}"
             )
         for relay in state["relays"]:
             log(f"starting relay {relay['name']}")
-            _launch(lay, state, relay["name"])
+            launch_site(lay, state, relay["name"])
         for relay in state["relays"]:
-            if not _wait_until(lambda r=relay: port_open(state["host"], r["port"]), deadline - time.monotonic()):
+            if not wait_until(lambda r=relay: port_open(state["host"], r["port"]), deadline - time.monotonic()):
                 raise DeploymentError(
                     f"relay {relay['name']} did not open port {relay['port']} in {timeout:.0f}s; "
-                    f"log tail:\n{_site_log_tail(lay, relay['name'])}"
+                    f"log tail:\n{site_log_tail(lay, relay['name'])}"
                 )
         for client in state["clients"]:
             log(f"starting client {client['name']}" + (f" (via {client['relay']})" if client["relay"] else ""))
-            _launch(lay, state, client["name"])
+            launch_site(lay, state, client["name"])
         wait_for_clients(lay, state, deadline)
     except BaseException:
         log("start failed: ending the processes it started")
@@ -231,7 +231,7 @@ def wait_for_clients(lay: Layout, state: dict, deadline: float) -> None:
             with contextlib.suppress(Exception):
                 session.close()
     missing = sorted(set(expected) - set(seen))
-    tails = "\n".join(f"--- {name}:\n{_site_log_tail(lay, name, 8)}" for name in missing[:2])
+    tails = "\n".join(f"--- {name}:\n{site_log_tail(lay, name, 8)}" for name in missing[:2])
     raise DeploymentError(
         f"clients {missing} did not connect in time (connected: {seen}; last admin error: {last_error})\n{tails}"
     )
@@ -246,12 +246,12 @@ def kill_all(state: dict, grace: float) -> list[tuple[int, str]]:
                 pass
     left = system_processes(state)
     if left:
-        _signal_all(left, signal.SIGTERM)
-        _wait_until(lambda: not system_processes(state), grace)
+        signal_all(left, signal.SIGTERM)
+        wait_until(lambda: not system_processes(state), grace)
     left = system_processes(state)
     if left:
-        _signal_all(left, signal.SIGKILL)
-        _wait_until(lambda: not system_processes(state), 10.0)
+        signal_all(left, signal.SIGKILL)
+        wait_until(lambda: not system_processes(state), 10.0)
     return system_processes(state)
 
 
@@ -277,7 +277,7 @@ def stop(workspace: str, timeout: float = 60.0) -> None:
             log(f"admin shutdown failed ({error}); ending the processes directly")
         clients = [kit(state, c["name"]) + os.sep for c in state["clients"]]
         server = kit(state, state["server"]) + os.sep
-        _wait_until(
+        wait_until(
             lambda: not any(p in c for _, c in system_processes(state) for p in clients + [server]),
             max(1.0, timeout / 2),
         )
@@ -285,7 +285,7 @@ def stop(workspace: str, timeout: float = 60.0) -> None:
     for _, name in sites_in_start_order(state):
         with open(os.path.join(kit(state, name), SHUTDOWN_FILE), "a", encoding="utf-8"):
             pass
-    _wait_until(lambda: not system_processes(state), max(1.0, timeout - (time.monotonic() - started) - 10.0))
+    wait_until(lambda: not system_processes(state), max(1.0, timeout - (time.monotonic() - started) - 10.0))
     survivors = kill_all(state, grace=5.0)
     if survivors:
         raise DeploymentError("processes survived SIGKILL:\n" + "\n".join(f"{p}: {c}" for p, c in survivors))
@@ -319,7 +319,7 @@ def status(workspace: str) -> int:
     print(f"processes: {len(processes)}")
     for role, name in sites_in_start_order(state):
         site = kit(state, name)
-        mine = [pid for pid, cmdline in processes if _names_folder(cmdline, site)]
+        mine = [pid for pid, cmdline in processes if names_folder(cmdline, site)]
         route = client_route(state, name) if role == "client" else None
         print(f"  {role:6s} {name:10s} {len(mine)} process(es) {mine}" + (f"  cell {route}" if route else ""))
     if not port_open(state["host"], state["admin_port"]):
@@ -336,91 +336,6 @@ def status(workspace: str) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------------
-# one site: faults and restarts
-
-
-def _site_processes(state: dict, name: str) -> list[tuple[int, str]]:
-    """The processes of site ``name``: its daemon (``startup/sub_start.sh``), its client process (``-m <kit>``)
-    and its job processes."""
-    site = kit(state, name)
-    return [(pid, cmdline) for pid, cmdline in system_processes(state) if _names_folder(cmdline, site)]
-
-
-def _names_folder(cmdline: str, folder: str) -> bool:
+def names_folder(cmdline: str, folder: str) -> bool:
+    """Whether a command line names ``folder`` (followed by a separator, a space or the end)."""
     return folder + os.sep in cmdline or folder + " " in cmdline + " "
-
-
-def kill_site(workspace: str, name: str) -> list[int]:
-    """SIGKILL every process of site ``name`` (its daemon, its client process and its job processes) at once, as
-    a host that loses power would; returns the pids killed. The other sites keep running."""
-    state = load_state(layout_for(workspace))
-    names = [n for _, n in sites_in_start_order(state)]
-    if name not in names or name == state["server"]:
-        raise DeploymentError(f"no leaf site {name!r} in this deployment; its sites: {', '.join(names[1:])}")
-    victims = _site_processes(state, name)
-    # freeze them all first: a client whose job process died first would report the job failed, and NVFlare
-    # then fails the whole job (a crashed job process behaves so; a host that dies does not)
-    _signal_all(victims, signal.SIGSTOP)
-    _signal_all(victims, signal.SIGKILL)
-    if not _wait_until(lambda: not _site_processes(state, name), 10.0, interval=0.1):
-        raise DeploymentError(f"processes of {name} survived SIGKILL: {_site_processes(state, name)}")
-    log(f"killed {name}: {len(victims)} process(es) {[pid for pid, _ in victims]}")
-    return [pid for pid, _ in victims]
-
-
-def start_site(workspace: str, name: str, timeout: float = 120.0) -> float:
-    """Start site ``name`` again (after :func:`kill_site` or a crash) and wait until the server has heard from
-    it since (its ``last_connect_time`` is later than the launch: the server keeps listing a killed client
-    until its heartbeat times out); returns the seconds that took."""
-    lay = layout_for(workspace)
-    state = load_state(lay)
-    isolate_home(lay)
-    if _site_processes(state, name):
-        raise DeploymentError(f"{name} is running; kill or stop it first")
-    _clear_stale_pid_files(kit(state, name))
-    launched = time.time()
-    _launch(lay, state, name)
-    session = open_session(state, timeout=10.0)
-    try:
-
-        def heard_from_it() -> bool:
-            times = {c.name: c.last_connect_time for c in session.get_system_info().client_info}
-            return times.get(name, 0.0) > launched
-
-        if not _wait_until(heard_from_it, timeout):
-            raise DeploymentError(
-                f"{name} did not connect within {timeout:.0f}s of starting again; log tail:\n"
-                f"{_site_log_tail(lay, name)}"
-            )
-    finally:
-        with contextlib.suppress(Exception):
-            session.close()
-    seconds = time.time() - launched
-    log(f"{name} started again and connected after {seconds:.1f}s")
-    return seconds
-
-
-def _clear_stale_pid_files(site: str) -> None:
-    """Remove the site daemon's pid files when the process they name is gone. A killed daemon leaves
-    ``daemon_pid.fl`` behind, and its start script refuses to start while ``kill -0`` finds that pid, which a
-    zombie not yet reaped (by an init that reaps late) still passes."""
-    for name in ("daemon_pid.fl", "pid.fl"):
-        path = os.path.join(site, name)
-        try:
-            with open(path, encoding="utf-8") as stream:
-                pid = int(stream.read().strip())
-        except (OSError, ValueError):
-            continue
-        if not _running(pid):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stream:
-            return stream.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
