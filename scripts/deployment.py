@@ -4,7 +4,9 @@ one server and N leaf clients with mutual TLS, and an admin user.
 Run with the project's environment (``.venv/bin/python scripts/deployment.py ...``). Everything lives in one
 workspace folder (startup kits, HOME, job storage, logs, downloaded results):
 
-    provision --workspace WS [--leaves N] [--port-base P]   startup kits from app_configs/deployment/project.yml
+    provision --workspace WS [--leaves N] [--port-base P] [--netns]
+                                               startup kits from app_configs/deployment/project.yml;
+                                               --netns: each site on a host of its own (a network namespace)
     start     --workspace WS                   server, then every leaf client; waits until all are connected
     run       --workspace WS JOB [-- FLAGS]    runs jobs/pt_job_JOB.py --env prod on it (JOB: fedavg, fedbuff,
                                                fedrevive, cluster); results land in WS/results/<job>-<stamp>
@@ -29,6 +31,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from devsim_flare.deployment import netns  # noqa: E402
 from devsim_flare.deployment.processes import start, status, stop  # noqa: E402
 from devsim_flare.deployment.provision import provision  # noqa: E402
 from devsim_flare.deployment.sites import kill_site, start_site  # noqa: E402
@@ -44,6 +47,13 @@ from devsim_flare.deployment.workspace import (  # noqa: E402
 )
 
 JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
+NETNS_HELP = (
+    "run the server, each leaf and the admin in network namespaces of their own (own address and host name, "
+    "joined by a bridge), as on separate machines; needs root and ip netns"
+)
+IN_ADMIN_HOST = "DEVSIM_DEPLOYMENT_ADMIN_NETNS"
+"""Set when this script runs inside the admin's namespace (it re-executes itself there)."""
+ADMIN_COMMANDS = ("start", "run", "status", "start-site", "stop")
 
 
 def with_leaves(project_file: str, leaves: int, workspace: str) -> str:
@@ -114,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leaves", type=int, default=None, help="number of leaf clients (default: the project's)")
     p.add_argument("--port-base", type=int, default=None, help="use ports N and N+1 instead of the project's")
     p.add_argument("--force", action="store_true", help="provision again over an existing (stopped) workspace")
+    p.add_argument("--netns", action="store_true", help=NETNS_HELP)
     p = add("start", "start the server and every leaf client; wait until all are connected")
     p.add_argument("--timeout", type=float, default=180.0)
     p = add("run", "run a job on the running deployment")
@@ -131,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs="?", default="fedavg", choices=JOBS)
     p.add_argument("--leaves", type=int, default=None)
     p.add_argument("--port-base", type=int, default=None)
+    p.add_argument("--netns", action="store_true", help=NETNS_HELP)
     p.add_argument("--start-timeout", type=float, default=180.0)
     p.add_argument("--job-timeout", type=float, default=3600.0)
     p.add_argument("--stop-timeout", type=float, default=60.0)
@@ -141,7 +153,40 @@ def provision_with(args: argparse.Namespace, force: bool) -> None:
     project = getattr(args, "project", COLLAB_PROJECT)
     if args.leaves is not None:
         project = with_leaves(project, args.leaves, os.path.abspath(args.workspace))
-    provision(args.workspace, project, args.port_base, force)
+    if args.netns:
+        reason = netns.available()
+        if reason:
+            raise DeploymentError(f"--netns: network namespaces cannot be made here ({reason})")
+    provision(args.workspace, project, args.port_base, force, own_hosts=args.netns)
+
+
+def as_admin_host(workspace: str, argv: list[str]) -> int | None:
+    """For a deployment whose sites have hosts of their own: make the namespaces (``start``), run this command
+    again inside the admin's namespace, where the server's name resolves, and remove the namespaces once
+    ``stop`` has ended every process (or ``start`` failed). None: run the command here."""
+    if os.environ.get(IN_ADMIN_HOST):
+        return None
+    lay = layout_for(workspace)
+    if not os.path.isfile(lay.state_file):
+        return None
+    layout = load_state(lay).get("netns")
+    if not layout:
+        return None
+    command = argv[0]
+    if command == "start" and not netns.exists(layout):
+        netns.create(layout)
+        log(f"network namespaces made: server {layout['server_name']} at {layout['server_address']}")
+    if not netns.exists(layout):
+        raise DeploymentError("the deployment's network namespaces do not exist: start it first")
+    inner = netns.in_namespace(layout, "admin", [sys.executable, os.path.abspath(__file__), *argv])
+    code = subprocess.run(inner, env={**os.environ, IN_ADMIN_HOST: "1"}, check=False).returncode
+    if command == "stop" or (command == "start" and code != 0):
+        netns.remove(layout)
+        left = netns.leftovers(layout)
+        if left:
+            raise DeploymentError(f"network namespace parts survived: {left}")
+        log("network namespaces removed")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     # the admin API logs every failed connection attempt while the server starts or stops
     logging.getLogger("nvflare").setLevel(logging.CRITICAL)
     try:
+        if args.command in ADMIN_COMMANDS:
+            code = as_admin_host(args.workspace, argv + (["--", *job_flags] if job_flags else []))
+            if code is not None:
+                return code
         if args.command == "provision":
             provision_with(args, args.force)
         elif args.command == "start":
@@ -178,11 +227,17 @@ def main(argv: list[str] | None = None) -> int:
             stop(args.workspace, args.timeout)
         elif args.command == "demo":
             provision_with(args, force=os.path.exists(layout_for(args.workspace).state_file))
+            steps = [
+                ["start", "--timeout", str(args.start_timeout)],
+                ["run", args.job, "--timeout", str(args.job_timeout)],
+            ]
             try:
-                start(args.workspace, timeout=args.start_timeout)
-                run_job(args.workspace, args.job, job_flags, args.job_timeout)
+                for step in steps:
+                    flags = ["--", *job_flags] if step[0] == "run" and job_flags else []
+                    if main([step[0], "--workspace", args.workspace, *step[1:], *flags]) != 0:
+                        return 1
             finally:
-                stop(args.workspace, timeout=args.stop_timeout)
+                main(["stop", "--workspace", args.workspace, "--timeout", str(args.stop_timeout)])
     except DeploymentError as error:
         print(f"deployment.py {args.command}: error: {error}", file=sys.stderr, flush=True)
         return 1

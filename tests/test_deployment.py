@@ -175,3 +175,40 @@ def test_a_folder_that_is_no_admin_kit_is_refused_in_one_line(script, tmp_path):
     (tmp_path / "site-1" / "startup").mkdir(parents=True)
     stderr = refused_job(script, ["--env", "prod", "--startup-kit", str(tmp_path / "site-1")], tmp_path)
     assert "--startup-kit:" in stderr and "is not an admin startup kit" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_fedavg_with_every_site_on_a_host_of_its_own(tmp_path):
+    """Server, leaves and admin in network namespaces of their own (own address, host name, TLS across a bridge);
+    skipped, saying why, where namespaces cannot be made (the tests above ran on localhost)."""
+    from devsim_flare.deployment import netns
+
+    reason = netns.available()
+    if reason:
+        pytest.skip(f"network namespaces unavailable ({reason}); the deployment ran on localhost only")
+    workspace = tmp_path / "ws"
+    port = free_port_base(2)
+    layout = netns.plan(port, "server", ["site-1", "site-2"])
+    try:
+        deployment("provision", workspace, tmp_path, "--leaves", "2", "--port-base", str(port), "--netns", timeout=120)
+        deployment("start", workspace, tmp_path, "--timeout", "150", timeout=180)
+        stdout, results = run_on_deployment(workspace, tmp_path, "fedavg", [*FEDAVG[:2], "--num-rounds", "3"])
+        assert "status: FINISHED:COMPLETED" in stdout and len(results["rounds"]) == 3, stdout[-3000:]
+        kits = json.loads((workspace / "system.json").read_text())["kits"]
+        for site in ("site-1", "site-2"):
+            log = open(os.path.join(kits, site, "log.txt"), encoding="utf-8").read()
+            assert f"Connected to server: http://{netns.SERVER_NAME}:{port}" in log, site
+        deployment("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
+        assert netns.leftovers(layout) == []
+    finally:
+        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
+                    env=isolated_env(tmp_path),
+                    capture_output=True,
+                    timeout=120,
+                )
+        netns.remove(layout)
+        leftovers = end_leftovers(str(tmp_path), wait=20.0)
+    assert not leftovers, leftovers

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 
+from devsim_flare.deployment.netns import in_namespace
 from devsim_flare.deployment.workspace import (
     SHUTDOWN_FILE,
     DeploymentError,
@@ -141,7 +142,7 @@ def launch_site(lay: Layout, state: dict, name: str) -> None:
         out.flush()
         try:
             subprocess.run(
-                ["bash", os.path.join(site, "startup", "start.sh")],
+                in_namespace(state.get("netns"), name, ["bash", os.path.join(site, "startup", "start.sh")]),
                 cwd=site,
                 env=site_env(lay),
                 stdin=subprocess.DEVNULL,

@@ -131,7 +131,11 @@ def provision(
     port_base: int | None = None,
     force: bool = False,
     aggregators: bool = False,
+    own_hosts: bool = False,
 ) -> dict:
+    """Write the startup kits of ``project_file`` into ``workspace`` and the state file the other steps read.
+    ``own_hosts``: every site runs in a network namespace of its own (:mod:`devsim_flare.deployment.netns`), and
+    the server is provisioned under the name and address it has there."""
     import yaml
 
     lay = layout_for(workspace)
@@ -151,6 +155,7 @@ def provision(
     ports = rewrite_ports(project, port_base) if port_base is not None else {}
     if aggregators:
         add_aggregators(project)
+    layout = _own_hosts(project) if own_hosts else None
     with open(lay.project_file, "w", encoding="utf-8") as stream:
         yaml.safe_dump(project, stream, sort_keys=False)
 
@@ -184,8 +189,24 @@ def provision(
         if not os.path.isdir(os.path.join(kit(state, name), "startup")):
             raise DeploymentError(f"no startup kit for {role} {name} in {state['kits']}")
     _redirect_server_storage(kit(state, state["server"]), lay.storage)
+    if layout:
+        state["netns"] = layout
     with open(lay.state_file, "w", encoding="utf-8") as stream:
         json.dump(state, stream, indent=1)
     log(f"provisioned {state['project']} into {state['kits']}" + (f" (ports {ports})" if ports else ""))
     print(tree_text(state), flush=True)
     return state
+
+
+def _own_hosts(project: dict) -> dict:
+    """Plan a namespace per participant and give the server the name and address it will have there (its TLS
+    certificate names both)."""
+    from devsim_flare.deployment import netns
+
+    participants = project.get("participants", [])
+    server = next(p for p in participants if p.get("type") == "server")
+    leaves = [p["name"] for p in participants if p.get("type") == "client"]
+    layout = netns.plan(int(server.get("fed_learn_port", 8002)), server["name"], leaves)
+    server["default_host"] = layout["server_name"]
+    server["host_names"] = [layout["server_name"], layout["server_address"]]
+    return layout
