@@ -259,9 +259,14 @@ def _record_exit(path: str, results: dict) -> str:
         value = seconds.get(name)
         return "n/a" if value is None else f"{value:.1f}s"
 
+    inside = (
+        f"NVFlare and the leaves' set-up {show('server_process_to_run')}, task, model and first evaluation "
+        f"{show('run_to_ready')}"
+    )
+    exit_part = f"{show('last_round_to_exit')} from the last round to exit"
+    if seconds.get("command_to_first_round") is None:  # prod: the server's process started on its own host
+        return f"start-up on the server: {inside}; {exit_part}"
     return (
         f"start-up: {show('command_to_first_round')} from the command to the first round (server process "
-        f"{show('command_to_server_process')}, NVFlare and the leaves' set-up {show('server_process_to_run')}, task, "
-        f"model and first evaluation {show('run_to_ready')}); "
-        f"{show('last_round_to_exit')} from the last round to exit"
+        f"{show('command_to_server_process')}, {inside}); {exit_part}"
     )
