@@ -44,6 +44,8 @@ from devsim_flare.deployment.workspace import (  # noqa: E402
     leaf_clients,
     load_state,
     log,
+    quiet_admin_api,
+    split_job_flags,
 )
 
 JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
@@ -190,11 +192,7 @@ def as_admin_host(workspace: str, argv: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    job_flags: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, job_flags = argv[:cut], argv[cut + 1 :]
+    argv, job_flags = split_job_flags(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -202,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if job_flags and args.command not in ("run", "demo"):
         parser.error(f"job flags after '--' are for run/demo, not {args.command}")
-    import logging
-
-    # the admin API logs every failed connection attempt while the server starts or stops
-    logging.getLogger("nvflare").setLevel(logging.CRITICAL)
+    quiet_admin_api()
     try:
         if args.command in ADMIN_COMMANDS:
             code = as_admin_host(args.workspace, argv + (["--", *job_flags] if job_flags else []))

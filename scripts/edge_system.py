@@ -25,7 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from devsim_flare.deployment.processes import start, status, stop  # noqa: E402
 from devsim_flare.deployment.provision import provision  # noqa: E402
-from devsim_flare.deployment.workspace import EDGE_PROJECT, DeploymentError  # noqa: E402
+from devsim_flare.deployment.workspace import (  # noqa: E402
+    EDGE_PROJECT,
+    DeploymentError,
+    quiet_admin_api,
+    split_job_flags,
+)
 from devsim_flare.edge.submit import demo, job_parser, run_job  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
@@ -69,11 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    job_flags: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, job_flags = argv[:cut], argv[cut + 1 :]
+    argv, job_flags = split_job_flags(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.help_job:
@@ -84,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if job_flags and args.command not in ("run", "submit", "demo"):
         parser.error(f"job flags after '--' are for run/demo, not {args.command}")
-    import logging
-
-    # the admin API logs every failed connection attempt while the server starts or stops
-    logging.getLogger("nvflare").setLevel(logging.CRITICAL)
+    quiet_admin_api()
     try:
         if args.command == "provision":
             provision(args.workspace, args.project, args.port_base, args.force, args.aggregators)

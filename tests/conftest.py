@@ -205,3 +205,19 @@ def free_port_base(count: int) -> int:
             for sock in sockets:
                 sock.close()
     raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def stop_deployment(script: str, workspace, tmp_path) -> list[str]:
+    """End a deployment a test started (``script stop``, when any process of ``workspace`` still runs), then
+    :func:`end_leftovers`; returns what was left."""
+    if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
+        try:
+            subprocess.run(
+                [sys.executable, script, "stop", "--workspace", str(workspace)],
+                env=isolated_env(tmp_path),
+                capture_output=True,
+                timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            pass
+    return end_leftovers(str(tmp_path), wait=20.0)

@@ -5,7 +5,6 @@ need no deployment and run fast."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -18,7 +17,6 @@ import pytest
 
 from tests.conftest import (
     REPO,
-    end_leftovers,
     find_results,
     free_port_base,
     isolated_env,
@@ -26,6 +24,7 @@ from tests.conftest import (
     processes_mentioning,
     run_in_group,
     run_job,
+    stop_deployment,
 )
 
 SCRIPT = os.path.join(REPO, "scripts", "deployment.py")
@@ -54,15 +53,7 @@ def running_deployment(tmp_path_factory):
         assert "no process of" in stop.stdout, stop.stdout
         assert processes_mentioning(str(workspace)) == []
     finally:
-        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(
-                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
-                    env=isolated_env(tmp_path),
-                    capture_output=True,
-                    timeout=120,
-                )
-        leftovers = end_leftovers(str(tmp_path), wait=20.0)
+        leftovers = stop_deployment(SCRIPT, workspace, tmp_path)
     assert not leftovers, leftovers
 
 
@@ -201,14 +192,6 @@ def test_fedavg_with_every_site_on_a_host_of_its_own(tmp_path):
         deployment("stop", workspace, tmp_path, "--timeout", "60", timeout=120)
         assert netns.leftovers(layout) == []
     finally:
-        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(
-                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
-                    env=isolated_env(tmp_path),
-                    capture_output=True,
-                    timeout=120,
-                )
+        leftovers = stop_deployment(SCRIPT, workspace, tmp_path)
         netns.remove(layout)
-        leftovers = end_leftovers(str(tmp_path), wait=20.0)
     assert not leftovers, leftovers

@@ -8,7 +8,6 @@ their relays, and that no process of the workspace survives.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -19,7 +18,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, end_leftovers, free_port_base, isolated_env, processes_mentioning, run_in_group
+from tests.conftest import REPO, free_port_base, processes_mentioning, run_in_group, stop_deployment
 
 SCRIPT = os.path.join(REPO, "scripts", "edge_system.py")
 CHANCE = 0.10
@@ -95,14 +94,6 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
         assert "no process of" in stop.stdout, stop.stdout
         assert processes_mentioning(str(workspace)) == []
     finally:
-        if (workspace / "system.json").exists() and processes_mentioning(str(workspace)):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(
-                    [sys.executable, SCRIPT, "stop", "--workspace", str(workspace)],
-                    env=isolated_env(tmp_path),
-                    capture_output=True,
-                    timeout=120,
-                )
-        leftovers = end_leftovers(str(tmp_path), wait=20.0)
+        leftovers = stop_deployment(SCRIPT, workspace, tmp_path)
     assert not leftovers, leftovers
     print(f"edge hierarchy test: {time.monotonic() - started:.1f}s")

@@ -125,3 +125,19 @@ def tree_text(state: dict) -> str:
     if direct:
         lines.append(f"  (direct to server) {', '.join(direct)}")
     return "\n".join(lines)
+
+
+def split_job_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A deployment script's own arguments and the job flags after ``--`` (empty without one)."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def quiet_admin_api() -> None:
+    """The admin API logs every failed connection attempt while the server starts or stops: keep them off the
+    console of the deployment scripts."""
+    import logging
+
+    logging.getLogger("nvflare").setLevel(logging.CRITICAL)
