@@ -561,6 +561,33 @@ class AsyncConfig(SimulationConfig):
         ),
     )
 
+    lose_leaf: str = field(
+        default="",
+        metadata=_help(
+            "faults: drop leaves from the run at a global version, as if their host died then, e.g. "
+            "site-3@20,site-1@40 (its jobs arriving after that version are lost); a loss at a version, unlike a "
+            "killed process, is the same in every run of the seed"
+        ),
+    )
+
+    def leaf_losses(self) -> dict[str, int]:
+        """``--lose-leaf`` as {leaf site name: global version at which it is lost}."""
+        losses = {}
+        for entry in (e.strip() for e in self.lose_leaf.split(",")):
+            if not entry:
+                continue
+            site, _, version = entry.rpartition("@")
+            if not site.startswith("site-") or not site[5:].isdigit() or not version.isdigit() or int(version) < 1:
+                raise ConfigError(
+                    "lose_leaf", f"{entry!r} is not SITE@VERSION (a leaf site-N and a version >= 1, e.g. site-3@20)"
+                )
+            if int(site[5:]) not in range(1, self.num_leaf_nodes + 1):
+                raise ConfigError(
+                    "lose_leaf", f"{entry!r}: no leaf {site}; the leaves are site-1..site-{self.num_leaf_nodes}"
+                )
+            losses[site] = int(version)
+        return losses
+
     def dispatch_batch_size(self) -> int:
         """The number of gathered jobs that triggers a send (``--dispatch-batch``, or its automatic value)."""
         if self.dispatch_batch is not None:
@@ -592,6 +619,8 @@ class AsyncConfig(SimulationConfig):
             _check_min("stop_after_version", self.stop_after_version, 1)
         if self.dispatch_batch is not None:
             _check_min("dispatch_batch", self.dispatch_batch, 1)
+        if len(self.leaf_losses()) >= self.num_leaf_nodes:
+            raise ConfigError("lose_leaf", f"{self.lose_leaf!r} loses every leaf; at least one must remain")
         if self.max_sim_time is not None:
             _check_positive_finite("max_sim_time", self.max_sim_time)
         if not (math.isfinite(self.staleness_exponent) and self.staleness_exponent >= 0):

@@ -112,3 +112,33 @@ def test_gathered_and_guessed_dispatch_keeps_the_run(fedbuff_run, tmp_path):
     calls = [r["timing"]["info"]["calls"] for r in gathered["rounds"] if "timing" in r]
     calls_at_once = [r["timing"]["info"]["calls"] for r in at_once["rounds"] if "timing" in r]
     assert sum(calls) < sum(calls_at_once) / 2, (calls, calls_at_once)
+
+
+def test_a_leaf_lost_at_a_version_gives_the_same_run_on_any_timing(fedbuff_run, tmp_path):
+    """--lose-leaf site-2@20: the loss is a simulated event, so two runs whose calls interleave differently on the
+    wall clock (gathered and guessed vs every dispatch sent at once) keep the same arrivals; no job of site-2
+    dispatched from version 20 on is applied."""
+    common = [*ASYNC_RUN, "--lose-leaf", "site-2@20"]
+    run_job("pt_job_fedbuff.py", [*common, "--workspace", str(tmp_path / "a")], tmp_path)
+    one_by_one = ["--dispatch-batch", "1", "--no-dispatch-lookahead", "--workspace", str(tmp_path / "b")]
+    proc = run_job("pt_job_fedbuff.py", [*common, *one_by_one], tmp_path)
+    assert "version 20: leaf site-2 --lose-leaf site-2@20; continuing with 1 leaves" in proc.stdout
+    first, second = _arrivals(tmp_path / "a"), _arrivals(tmp_path / "b")
+    assert first == second and first != _arrivals(fedbuff_run)
+    assert not [d for d, base, _ in first if int(base) >= 20 and int(d) >= 20], "site-2 owns devices 20..39"
+    results = find_results(tmp_path / "a" / "runs")
+    assert results["rounds"][-1]["dead_leaves"] == ["site-2"] and results["rounds"][-1]["failed_leaf_lost"] > 0
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("site-3@5", "no leaf site-3"),
+        ("site-1", "not SITE@VERSION"),
+        ("site-1@0", "not SITE@VERSION"),
+        ("site-1@5,site-2@9", "loses every leaf"),
+    ],
+)
+def test_bad_leaf_losses_are_refused_naming_the_flag(value, needle, tmp_path):
+    stderr = refused_job("pt_job_fedbuff.py", [*ASYNC_RUN, "--lose-leaf", value], tmp_path)
+    assert "--lose-leaf" in stderr and needle in stderr and "Traceback" not in stderr, stderr

@@ -133,7 +133,12 @@ class AsyncServer:
             config.dispatch_batch_size(), max(1, MAX_CALL_MODEL_BYTES // max(self.model_bytes, 1))
         )
         self._failed_jobs: set[JobKey] = set()
+        self._in_flight: set[JobKey] = set()
+        """Jobs sent to a leaf whose call has not come back (at most ``--concurrency`` plus wrong guesses)."""
         self.dead_leaves: set[str] = set()
+        self.planned_losses = config.leaf_losses()
+        self.lost_at: dict[str, float] = {}
+        """Leaves lost by ``--lose-leaf`` -> the simulated time they were lost at."""
         self.dropout = DropoutModel(config.device_dropout, config.device_never_answer, seed=config.seed)
         self.faults = FaultInjector(tuple(config.fault_kinds), config.fault_probability, seed=config.seed)
         self.validator = UpdateValidator(
@@ -209,6 +214,7 @@ class AsyncServer:
                 new_version = self.scheduler.record_accepted(job)
                 if new_version:
                     self.weights = self.buffer.apply(self.weights)
+                    self._apply_planned_losses()
                 window.add("server_aggregate", time.time() - started)
                 if new_version and record_due(self.scheduler.version, config, self.scheduler.done):
                     eval_started = time.time()
@@ -227,6 +233,7 @@ class AsyncServer:
                         "round_seconds": timing.wall,
                         "timing": timing.to_dict(),
                         "snapshots_held": len(self.snapshots),
+                        "dead_leaves": sorted(self.dead_leaves),
                         **traffic,
                         **{f"failed_{k}": v for k, v in self.failures.items()},
                         **self.method_record(),
@@ -308,6 +315,7 @@ class AsyncServer:
         bases = [self.snapshots.get(v) if v in self.snapshots else self.weights for v in versions]
         self.traffic.add("server_to_leaf", self.model_bytes * len(versions))
         self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
+        self._in_flight.update(job_key(j) for j in jobs)
         self.calls.submit(
             leaf,
             "train_jobs",
@@ -345,6 +353,7 @@ class AsyncServer:
                 "failures": dict(self.failures),
                 "participation": self.participation.state(),
                 "staleness_histogram": self.staleness_histogram.state(),
+                "lost_at": dict(self.lost_at),
                 "config": self.config.to_dict(),
             },
         )
@@ -359,6 +368,8 @@ class AsyncServer:
         self.buffer.load_state_dict(state["buffer"])
         self.load_method_state(state["method"])
         self.failures.update(state["failures"])
+        self.lost_at = dict(state.get("lost_at", {}))
+        self.dead_leaves.update(self.lost_at)
         if "participation" in state:
             self.participation.load(state["participation"])
             self.staleness_histogram.load(state["staleness_histogram"])
@@ -392,6 +403,12 @@ class AsyncServer:
             self.failures[outcome] += 1
             return None
         leaf = self.leaves[self.population.leaf_of(job.device_id)]
+        if leaf in self.lost_at and job.arrival_time > self.lost_at[leaf]:
+            # lost by --lose-leaf: whether its result already came back (wall-clock timing) must not matter
+            if self._waiting.pop(job_key(job), None) is None and job_key(job) in self._in_flight:
+                self.gather.stale.add(job_key(job))  # still in flight: drop the result when it comes
+            self.failures["leaf_lost"] += 1
+            return None
         if leaf in self.dead_leaves and job_key(job) not in self._waiting:
             self.failures["leaf_lost"] += 1
             return None
@@ -439,6 +456,7 @@ class AsyncServer:
                 raise AsyncRunError(f"waiting for job {key[0]}: {error} (--round-timeout)") from error
             window.add_wait(time.time() - waited)
             dispatched_at, keys = outcome.tag
+            self._in_flight.difference_update(keys)
             if outcome.error is not None:
                 self._lose_leaf(outcome.leaf, outcome.error, keys)
                 continue
@@ -485,19 +503,31 @@ class AsyncServer:
             "residuals_held": sum(int(c.get("residuals_held", 0)) for c in counts),
         }
 
+    def _apply_planned_losses(self) -> None:
+        """Lose the leaves ``--lose-leaf`` names at the version just made (at the simulated time now)."""
+        for leaf, version in self.planned_losses.items():
+            if version <= self.scheduler.version and leaf not in self.lost_at:
+                self.lost_at[leaf] = self.scheduler.now
+                self._mark_dead(leaf, f"--lose-leaf {leaf}@{version}")
+
     def _lose_leaf(self, leaf: str, error: BaseException, keys: list[JobKey]) -> None:
         """Drop a leaf whose call failed; its jobs count as lost. Stops the run below ``--min-leaves``."""
         self._failed_jobs.update(keys)
-        if leaf in self.dead_leaves:
-            return
+        if leaf not in self.dead_leaves:
+            self._mark_dead(leaf, f"stopped answering ({error})")
+
+    def _mark_dead(self, leaf: str, why: str) -> None:
+        """Drop ``leaf`` from the run; stops the run below ``--min-leaves``."""
         self.dead_leaves.add(leaf)
         alive = len(self.leaves) - len(self.dead_leaves)
         if alive < self.config.min_leaves:
             raise AsyncRunError(
-                f"leaf {leaf} failed ({error}); only {alive} of {len(self.leaves)} leaves remain, fewer than "
+                f"leaf {leaf} {why}; only {alive} of {len(self.leaves)} leaves remain, fewer than "
                 f"--min-leaves {self.config.min_leaves}"
             )
-        print(f"[server] leaf {leaf} stopped answering ({error}); continuing with {alive} leaves", flush=True)
+        print(
+            f"[server] version {self.scheduler.version}: leaf {leaf} {why}; continuing with {alive} leaves", flush=True
+        )
 
     def _drain(self) -> None:
         """Wait for calls still running at the end so no leaf is left mid-call; their results are dropped."""
@@ -507,6 +537,7 @@ class AsyncServer:
             except LeafCallError:
                 break
         self._waiting.clear()
+        self._in_flight.clear()
         self.gather.clear()
         self.snapshots.prune(set())
 
