@@ -36,12 +36,18 @@ def _cmdline(pid: int) -> str | None:
         return None
 
 
-def _parent_of(pid: int) -> int | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent pid, ...); None when gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as stream:
-            return int(stream.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+            return stream.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
 
 
 def _self_and_ancestors() -> set[int]:
@@ -87,23 +93,25 @@ def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-
-# ---------------------------------------------------------------------------------------------------
 # admin API
 
 
-def open_session(state: dict, timeout: float = 10.0):
-    """An admin session as the project admin; DeploymentError when the server cannot be reached in time."""
+def open_admin_session(username: str, admin_kit: str, address: str, timeout: float = 10.0):
+    """An admin session as ``username`` with the startup kit in folder ``admin_kit`` (``address``: the server's
+    ``host:port`` the kit names, for the message); DeploymentError when the server cannot be reached in time."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    admin_kit = kit(state, state["admin"])
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # "Connecting to FLARE ..." lines
-            return new_secure_session(state["admin"], admin_kit, timeout=timeout)
+            return new_secure_session(username, admin_kit, timeout=timeout)
     except Exception as error:  # NoConnection, AuthenticationError, timeouts: all mean "not reachable"
-        raise DeploymentError(
-            f"cannot log in to the server at {state['host']}:{state['admin_port']} as {state['admin']}: {error}"
-        ) from error
+        raise DeploymentError(f"cannot log in to the server at {address} as {username}: {error}") from error
+
+
+def open_session(state: dict, timeout: float = 10.0):
+    """An admin session as the project admin of the deployment described by ``state``."""
+    address = f"{state['host']}:{state['admin_port']}"
+    return open_admin_session(state["admin"], kit(state, state["admin"]), address, timeout)
 
 
 def connected_clients(session) -> list[str]:
@@ -276,10 +284,9 @@ def stop(workspace: str, timeout: float = 60.0) -> None:
                 session.close()
         except Exception as error:  # a broken server must not keep the processes alive
             log(f"admin shutdown failed ({error}); ending the processes directly")
-        clients = [kit(state, c["name"]) + os.sep for c in state["clients"]]
-        server = kit(state, state["server"]) + os.sep
+        sites = [kit(state, c["name"]) for c in state["clients"]] + [kit(state, state["server"])]
         wait_until(
-            lambda: not any(p in c for _, c in system_processes(state) for p in clients + [server]),
+            lambda: not any(names_folder(c, site) for _, c in system_processes(state) for site in sites),
             max(1.0, timeout / 2),
         )
     # relays have no admin channel; every site daemon (startup/sub_start.sh) exits once it finds shutdown.fl

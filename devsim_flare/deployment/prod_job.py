@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from devsim.observe.progress import format_metrics
-from devsim_flare.deployment.processes import connected_clients, open_session
+from devsim_flare.deployment.processes import connected_clients, open_admin_session
 from devsim_flare.deployment.workspace import DeploymentError
 
 ADMIN_CONFIG = os.path.join("startup", "fed_admin.json")
@@ -36,15 +36,9 @@ class AdminKit:
     host: str
     port: int
 
-    @property
-    def state(self) -> dict:
-        """The fields :func:`devsim_flare.deployment.processes.open_session` reads."""
-        return {
-            "admin": self.username,
-            "kits": os.path.dirname(self.folder),
-            "host": self.host,
-            "admin_port": self.port,
-        }
+    def open_session(self, timeout: float = 10.0):
+        """An admin session with this kit (the folder may have any name)."""
+        return open_admin_session(self.username, self.folder, f"{self.host}:{self.port}", timeout)
 
 
 def read_admin_kit(folder: str) -> AdminKit:
@@ -70,7 +64,7 @@ def check_deployment(kit: AdminKit, num_leaf_nodes: int, timeout: float = LOGIN_
     """Log in as the kit's admin (at most ``timeout`` seconds) and return the connected leaf sites; raises
     DeploymentError when the server does not answer or the number of leaves is not ``num_leaf_nodes``."""
     try:
-        session = open_session(kit.state, timeout=timeout)
+        session = kit.open_session(timeout)
     except DeploymentError as error:
         raise DeploymentError(
             f"{error} (server address from {os.path.join(kit.folder, ADMIN_CONFIG)}; is the deployment started, "
@@ -111,16 +105,15 @@ class ProdJob:
         self.printer = printer
         self.shown = 0
         self.finished = False
-        self.last_round = 0
         self.synchronous = False
         """Whether the run's records are rounds (a synchronous run, which a resubmission can take leaves back into)."""
-        self.dead_since: dict[str, float] = {}
-        """Leaves the server dropped from the run (``dead_leaves`` of its rounds) -> when this follower saw it."""
+        self.dropped: set[str] = set()
+        """Leaves the server dropped from the run (``dead_leaves`` of its records)."""
         self._session = None
 
     def _call(self, method: str, *args, **kwargs):
         if self._session is None:
-            self._session = open_session(self.kit.state, timeout=LOGIN_TIMEOUT_SECONDS)
+            self._session = self.kit.open_session(LOGIN_TIMEOUT_SECONDS)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 return getattr(self._session, method)(*args, **kwargs)
@@ -144,10 +137,8 @@ class ProdJob:
             return self.finished
         for record in results.get("rounds", [])[self.shown :]:
             self.printer(record_line(record))
-            for leaf in record.get("dead_leaves") or []:
-                self.dead_since.setdefault(leaf, time.time())
+            self.dropped.update(record.get("dead_leaves") or [])
             self.synchronous = "round" in record
-            self.last_round = int(record.get("round", 0))
         self.shown = max(self.shown, len(results.get("rounds", [])))
         self.finished = bool(results.get("summary"))
         return self.finished
@@ -156,14 +147,14 @@ class ProdJob:
         """Leaves the server dropped from this run whose client answers again without running this job (its host
         was started again): NVFlare does not start a running job on a client that registers later, so the run
         can take such a leaf back only in a new job. A client that is gone answers ``no_reply``."""
-        if not self.dead_since or self.finished:
+        if not self.dropped or self.finished:
             return []
         try:
-            entries = self._call("get_client_job_status", sorted(self.dead_since)) or []
+            entries = self._call("get_client_job_status", sorted(self.dropped)) or []
         except Exception:
             return []
         back = []
-        for leaf in sorted(self.dead_since):
+        for leaf in sorted(self.dropped):
             mine = [entry for entry in entries if entry.get("client_name") == leaf]
             answering = mine and all(entry.get("status") != "no_reply" for entry in mine)
             if answering and not any(self.job_id in json.dumps(entry, default=str) for entry in mine):

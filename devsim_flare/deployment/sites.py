@@ -14,6 +14,7 @@ from devsim_flare.deployment.processes import (
     open_session,
     signal_all,
     site_log_tail,
+    stat_fields,
     system_processes,
     wait_until,
 )
@@ -102,8 +103,5 @@ def _clear_stale_pid_files(site: str) -> None:
 
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live process (not a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stream:
-            return stream.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
