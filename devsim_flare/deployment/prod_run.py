@@ -54,7 +54,7 @@ def run_on_deployment(
     env = ProdEnv(startup_kit_location=kit.folder, username=kit.username, login_timeout=LOGIN_TIMEOUT_SECONDS)
     started = time.perf_counter()
     deadline = time.monotonic() + args.job_timeout
-    run_config, checkpoint = config, None
+    run_config, checkpoint, resumed_rounds = config, None, 0
     for attempt in range(MAX_RESUBMISSIONS + 1):
         recipe = make_recipe(run_config)
         recipe.carried_checkpoint = checkpoint
@@ -66,7 +66,7 @@ def run_on_deployment(
             flush=True,
         )
         job = ProdJob(kit, job_id, printer=lambda line: print(line, flush=True))
-        job.shown = records_in(checkpoint)  # a resubmitted run starts with the checkpoint's records: shown already
+        job.shown = resumed_rounds  # a resubmitted run starts with the checkpoint's records: shown already
         returned: list[str] = []
 
         def leaves_came_back(job=job, returned=returned, may_resubmit=attempt < MAX_RESUBMISSIONS) -> bool:
@@ -98,7 +98,8 @@ def run_on_deployment(
         saved = os.path.join(download_dir, CHECKPOINT_NAME)
         checkpoint = saved if os.path.isfile(saved) else None
         run_config = dataclasses.replace(config, resume_from=CARRIED_RUN_FOLDER) if checkpoint else config
-        restart = f"from its checkpoint after round {records_in(checkpoint)}" if checkpoint else "from the start"
+        resumed_rounds = records_in(checkpoint)
+        restart = f"from its checkpoint after round {resumed_rounds}" if checkpoint else "from the start"
         print(
             f"{', '.join(returned)} answers again after the run dropped it; NVFlare cannot start a running job on a "
             f"client that comes back, so job {job_id} was aborted and the run goes on {restart} in a new job with "

@@ -166,11 +166,7 @@ class SyncServer:
                 collector.maybe_collect()
                 round_started = time.time()
                 selected, to_train, clock = self._select(population, round_num)
-                on_dead_leaves = sum(
-                    len(devices)
-                    for leaf, devices in population.group_by_leaf(selected).items()
-                    if self.leaves[leaf] in self.dead_leaves
-                )
+                on_dead_leaves = self._devices_on_dead_leaves(population, selected)
                 assignments = {
                     self.leaves[leaf]: np.asarray(devices, dtype=np.int64)
                     for leaf, devices in population.group_by_leaf(to_train).items()
@@ -294,6 +290,13 @@ class SyncServer:
         self.sim_time = plan.end
         fields = {SESSION_END: int(plan.dropped.size), "round_start_time": plan.start, "simulated_time": plan.end}
         return plan.selected, plan.completed, fields
+
+    def _devices_on_dead_leaves(self, population: DevicePopulation, selected: np.ndarray) -> int:
+        """How many of ``selected`` sit on leaves already dropped from the run (0 at once while none is)."""
+        if not self.dead_leaves:
+            return 0
+        groups = population.group_by_leaf(selected)
+        return sum(len(devices) for leaf, devices in groups.items() if self.leaves[leaf] in self.dead_leaves)
 
     def _screen(self, round_num: int, payloads: dict[str, dict], selected: int, record: dict) -> dict[str, dict]:
         """Drop leaf replies that fail validation; count dropped, silent and rejected devices; enforce
