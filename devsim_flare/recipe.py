@@ -193,7 +193,7 @@ def build_env(
     gpu_groups: str | None = None,
 ):
     """The execution environment named ``kind``, ``sim`` or ``poc`` (``prod`` submits through
-    :func:`devsim_flare.execution.run_on_deployment`, which checks the deployment first).
+    :func:`devsim_flare.deployment.prod_run.run_on_deployment`, which checks the deployment first).
 
     ``sim`` and ``poc`` launch their processes from this one, after
     :func:`apply_runtime_env_defaults` has set the project's runtime defaults. ``gpu_groups`` is

@@ -10,12 +10,13 @@ enough for a resumed run to reach the same final weights as an uninterrupted one
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from typing import Any
 
 import numpy as np
 import torch
+
+from devsim.shipped import find_shipped
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -37,19 +38,16 @@ def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
 
 CARRIED_RUN_FOLDER = "devsim_resume"
 """A run folder a resubmitted job carries (``custom/devsim_resume/`` of its server app): ``--env prod`` resumes a
-job from the checkpoint it downloaded (see :mod:`devsim_flare.deployment.prod_job`)."""
+job from the checkpoint it downloaded (see :mod:`devsim_flare.deployment.prod_run`)."""
 
 
 def locate_run_dir(run_dir: str) -> str:
-    """``run_dir`` itself when it is a folder; else, for the bare name :data:`CARRIED_RUN_FOLDER`, the folder of
-    that name on ``sys.path`` (a job's ``custom/`` folder is on it at the server)."""
+    """``run_dir`` itself when it is a folder; else, for the bare name :data:`CARRIED_RUN_FOLDER`, the folder the
+    job carries (:func:`devsim.shipped.find_shipped`)."""
     if os.path.isdir(run_dir) or run_dir != CARRIED_RUN_FOLDER:
         return run_dir
-    for entry in sys.path:
-        candidate = os.path.join(entry or os.getcwd(), run_dir)
-        if os.path.isfile(os.path.join(candidate, CHECKPOINT_NAME)):
-            return candidate
-    return run_dir
+    carried = find_shipped(os.path.join(run_dir, CHECKPOINT_NAME))
+    return os.path.dirname(carried) if carried else run_dir
 
 
 def load_checkpoint(run_dir: str) -> dict[str, Any]:

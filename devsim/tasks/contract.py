@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+from devsim.shipped import find_shipped
+
 REQUIRED_HOOKS: tuple[str, ...] = ("model", "data")
 OPTIONAL_HOOKS: tuple[str, ...] = ("loss", "metrics", "prepare", "augment", "generator")
 REQUIRED_DATA_KEYS: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
@@ -87,11 +89,7 @@ def shipped_copy(spec: str) -> str | None:
     """The copy of ``spec``'s file that a job carries (``<custom dir>/devsim_user_task/<name>.py`` on
     ``sys.path``), or None outside a job."""
     name = os.path.basename(spec) if is_file_spec(spec) else spec.rpartition(".")[2] + ".py"
-    for entry in sys.path:
-        candidate = os.path.join(entry or os.getcwd(), SHIPPED_FOLDER, name)
-        if os.path.isfile(candidate):
-            return candidate
-    return None
+    return find_shipped(os.path.join(SHIPPED_FOLDER, name))
 
 
 def source_file(spec: str) -> str:
