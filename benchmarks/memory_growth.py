@@ -56,11 +56,8 @@ sys.path.insert(0, REPO)
 
 from devsim.data.partition import make_partitioner  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
-from devsim_flare.recipe import (  # noqa: E402
-    RUNTIME_ENV_DEFAULTS,
-    RUNTIME_ENV_DEFAULTS_SWITCH,
-    apply_runtime_env_defaults,
-)
+from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
+from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH  # noqa: E402
 
 ROUND_LINE = re.compile(r"^round (\d+)/(\d+)\b")
 CLIENT_ARG = re.compile(r"--client\s+(\S+)")

@@ -4,3 +4,7 @@ project inside NVFlare's own edge stack (`edge`).
 
 May import `devsim`, `processors` and `nvflare`; never `jobs`.
 """
+
+from devsim_flare.sim_polling import shorten_simulator_polls_by_default
+
+shorten_simulator_polls_by_default()

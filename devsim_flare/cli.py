@@ -261,13 +261,13 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         args.output_dir = os.path.abspath(args.output_dir)
     config = config_from_args(parser, args)
     gpu_ids = gpu_ids_from_args(parser, args)
+    simulated_here = args.env == "sim" and not export_requested()
+    if simulated_here:
+        share_digits(config, args.workspace)  # first, so this process too reads the shared file, not scikit-learn
     prepare_data(parser, config)
     config = task_config(parser, config)
     leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
-    simulated_here = args.env == "sim" and not export_requested()
-    if simulated_here:
-        share_digits(config, args.workspace)
 
     def make_recipe(run_config: SimulationConfig = config):
         return build_recipe(
@@ -306,8 +306,9 @@ def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def share_digits(config: SimulationConfig, workspace: str) -> None:
     """For a simulated run of the built-in digits: write them once into the workspace (``cache/digits.npz``) and
-    name the file in ``DEVSIM_DIGITS_FILE`` for the server and leaf processes this command starts, so they read
-    50 KB instead of each importing scikit-learn (~1 s a process). Kept when the variable is already set."""
+    name the file in ``DEVSIM_DIGITS_FILE`` for this process and the server and leaf processes it starts, so they
+    read 50 KB instead of each importing scikit-learn (~1 s a process; only the run that writes the file imports it).
+    Kept when the variable is already set."""
     from devsim.data import digits
 
     if config.task or config.dataset != "digits" or os.environ.get(digits.FILE_ENV) or not digits.sklearn_available():

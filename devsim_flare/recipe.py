@@ -20,6 +20,7 @@ from devsim.config import ConfigError, SimulationConfig
 from devsim.observe.checkpoint import CARRIED_RUN_FOLDER
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
 from devsim_flare.leaf import LeafNode
+from devsim_flare.runtime_defaults import runtime_defaults_enabled
 
 ENVIRONMENTS = ("sim", "poc", "prod")
 SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
@@ -140,13 +141,6 @@ RUNTIME_ENV_DEFAULTS = {
     "NVFLARE_STREAMING_CHUNK_SIZE": "262144",
     "MALLOC_ARENA_MAX": "2",
 }
-RUNTIME_ENV_DEFAULTS_SWITCH = "DEVSIM_RUNTIME_ENV_DEFAULTS"
-
-
-def runtime_defaults_enabled(environ=None) -> bool:
-    """False when ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` in ``environ`` (default ``os.environ``)."""
-    environ = os.environ if environ is None else environ
-    return environ.get(RUNTIME_ENV_DEFAULTS_SWITCH, "1").strip() != "0"
 
 
 def apply_runtime_env_defaults(environ=None) -> dict[str, str]:

@@ -99,3 +99,46 @@ def test_sim_exit_watcher_ignores_the_summary_of_an_earlier_run(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_simulator_polls_are_capped_only_where_the_runner_module_is_loaded(monkeypatch):
+    """The runner module of NVFlare's simulator sees a ``time`` whose sleep lasts at most POLL_SECONDS (the rest
+    is the real module); without that module loaded, or with the runtime defaults switched off, nothing changes."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+    from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.delitem(sys.modules, sim_polling.RUNNER_MODULE, raising=False)
+    assert not sim_polling.shorten_simulator_polls()
+
+    runner = types.ModuleType(sim_polling.RUNNER_MODULE)
+    runner.time = time
+    monkeypatch.setitem(sys.modules, sim_polling.RUNNER_MODULE, runner)
+    monkeypatch.setenv(RUNTIME_ENV_DEFAULTS_SWITCH, "0")
+    assert not sim_polling.shorten_simulator_polls_by_default() and runner.time is time
+
+    monkeypatch.delenv(RUNTIME_ENV_DEFAULTS_SWITCH)
+    assert sim_polling.shorten_simulator_polls_by_default()
+    patched = runner.time
+    assert sim_polling.shorten_simulator_polls() and runner.time is patched  # idempotent
+    runner.time.sleep(1.0)
+    runner.time.sleep(0.01)
+    assert slept == [sim_polling.POLL_SECONDS, 0.01]
+    assert runner.time.time is time.time and runner.time.monotonic is time.monotonic
+
+
+def test_the_simulator_runner_still_polls_with_the_module_time_it_sees():
+    """What the cap relies on in NVFlare's simulator runner: it imports ``time`` as a module global and waits with
+    one-second sleeps through it (a newer NVFlare that changed this would make the cap a no-op; this says so)."""
+    import inspect
+    import time
+
+    runner = __import__("nvflare.private.fed.app.simulator.simulator_runner", fromlist=["SimulatorRunner"])
+    source = inspect.getsource(runner)
+    assert runner.time is time or type(runner.time).__name__ == "_ShortSleepTime"
+    assert source.count("time.sleep(1.0)") >= 2 and "time.sleep(interval)" in source
