@@ -1,21 +1,22 @@
-"""Shorter waits in NVFlare's simulator process on the way to the first round.
+"""Shorter waits in NVFlare's simulator processes on the way to the first round.
 
-NVFlare 2.9's simulator runner (``nvflare.private.fed.app.simulator.simulator_runner``) waits with fixed
-one-second sleeps at three points before a leaf can start: it polls for the server app's start every 1.0 s,
-each client thread sleeps 1.0 s before it launches its leaf's worker process, and it retries the connection
-to that worker every 1.0 s while the worker imports. Each is a poll for something that happens in a fraction of
-a second, so a run pays up to ~3 s of sleeping before its leaves set up.
+NVFlare 2.9's simulator waits with fixed sleeps before a leaf can start. In the server process, the simulator
+runner (``nvflare.private.fed.app.simulator.simulator_runner``) polls for the server app's start every 1.0 s,
+each client thread sleeps 1.0 s before it launches its leaf's worker process, and it retries the connection to
+that worker every 1.0 s while the worker imports. In each leaf's worker process, the client runner
+(``nvflare.private.fed.client.client_runner``) sleeps 0.5 s before it first syncs with the server's runner. Each
+is a wait for something that happens in a fraction of a second; together they cost a run up to ~3.5 s.
 
-:func:`shorten_simulator_polls` swaps the ``time`` module that the runner module sees for one whose ``sleep``
-lasts at most :data:`POLL_SECONDS`; every other ``time`` function is the real one. Only waits in that module
-change, and each of them is a loop that re-checks its condition, so the run is the same, only sooner.
+:func:`shorten_simulator_polls` swaps the ``time`` module that those modules see for one whose ``sleep`` lasts at
+most :data:`POLL_SECONDS`; every other ``time`` function is the real one. Each of their sleeps is in a loop that
+re-checks its condition (or a fixed pause before one), so the run is the same, only sooner. The client runner is
+changed only in a simulator worker process: in POC and production its sleeps pace a leaf's task polling.
 
-The ``devsim_flare`` package calls :func:`shorten_simulator_polls_by_default` when it is first imported.
-In the simulator's server process that happens when NVFlare scans the server app's classes, a tenth of a
-second after it deploys the app and before the first of those polls ends; the runner module is loaded there and
-the polls become short. Where it is not loaded (the job command, POC, production, the leaves) nothing changes.
-``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps NVFlare's waits. The leaf worker module is left alone: its sleeps
-pace the worker's task polling for the whole run.
+The ``devsim_flare`` package calls :func:`shorten_simulator_polls_by_default` when it is first imported: in
+the simulator's server process that happens when NVFlare scans the server app's classes, a tenth of a second
+after it deploys the app and before the first of those polls ends; in a worker, when NVFlare builds the leaf's
+app, before its client runner syncs. Where the modules are not loaded (the job command, POC, production) nothing
+changes. ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps NVFlare's waits.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 from devsim_flare.runtime_defaults import runtime_defaults_enabled
 
 RUNNER_MODULE = "nvflare.private.fed.app.simulator.simulator_runner"
+WORKER_MODULE = "nvflare.private.fed.app.simulator.simulator_worker"
+CLIENT_RUNNER_MODULE = "nvflare.private.fed.client.client_runner"
 POLL_SECONDS = 0.05
 
 
@@ -44,18 +47,32 @@ class _ShortSleepTime:
         return getattr(time, name)
 
 
-def shorten_simulator_polls(cap: float = POLL_SECONDS) -> bool:
-    """Cap the sleeps of NVFlare's simulator runner at ``cap`` seconds when it runs in this process.
-
-    Returns True when the runner module is loaded here (a simulator process) and now sleeps briefly.
-    Idempotent.
-    """
-    runner: ModuleType | None = sys.modules.get(RUNNER_MODULE)
-    if runner is None or not hasattr(runner, "time"):
+def _cap_sleeps(module_name: str, cap: float) -> bool:
+    """Give the loaded module ``module_name`` a ``time`` whose sleeps last at most ``cap`` s; False if not loaded."""
+    module: ModuleType | None = sys.modules.get(module_name)
+    if module is None or not hasattr(module, "time"):
         return False
-    if not isinstance(runner.time, _ShortSleepTime):
-        runner.time = _ShortSleepTime(cap)
+    if not isinstance(module.time, _ShortSleepTime):
+        module.time = _ShortSleepTime(cap)
     return True
+
+
+def _in_simulator_worker() -> bool:
+    """Whether this process is a simulator worker (started as ``python -m`` of :data:`WORKER_MODULE`)."""
+    if WORKER_MODULE in sys.modules:
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == WORKER_MODULE
+
+
+def shorten_simulator_polls(cap: float = POLL_SECONDS) -> bool:
+    """Cap the sleeps of NVFlare's simulator runner, and of the client runner in a simulator worker, at ``cap``
+    seconds where they run in this process. Returns True when something was capped (a simulator process).
+    Idempotent."""
+    capped = _cap_sleeps(RUNNER_MODULE, cap)
+    if _in_simulator_worker():
+        capped = _cap_sleeps(CLIENT_RUNNER_MODULE, cap) or capped
+    return capped
 
 
 def shorten_simulator_polls_by_default() -> bool:

@@ -132,6 +132,25 @@ def test_simulator_polls_are_capped_only_where_the_runner_module_is_loaded(monke
     assert runner.time.time is time.time and runner.time.monotonic is time.monotonic
 
 
+def test_the_client_runner_is_capped_only_in_a_simulator_worker(monkeypatch):
+    """A leaf's client runner waits 0.5 s before it syncs; its sleeps are capped only where NVFlare's simulator
+    worker runs (in POC and production they pace the leaf's task polling for the whole run)."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+
+    client_runner = types.ModuleType(sim_polling.CLIENT_RUNNER_MODULE)
+    client_runner.time = time
+    monkeypatch.setitem(sys.modules, sim_polling.CLIENT_RUNNER_MODULE, client_runner)
+    monkeypatch.delitem(sys.modules, sim_polling.RUNNER_MODULE, raising=False)
+    monkeypatch.delitem(sys.modules, sim_polling.WORKER_MODULE, raising=False)
+    assert not sim_polling.shorten_simulator_polls() and client_runner.time is time
+    monkeypatch.setitem(sys.modules, sim_polling.WORKER_MODULE, types.ModuleType(sim_polling.WORKER_MODULE))
+    assert sim_polling.shorten_simulator_polls() and client_runner.time is not time
+
+
 def test_the_simulator_runner_still_polls_with_the_module_time_it_sees():
     """What the cap relies on in NVFlare's simulator runner: it imports ``time`` as a module global and waits with
     one-second sleeps through it (a newer NVFlare that changed this would make the cap a no-op; this says so)."""
@@ -142,3 +161,5 @@ def test_the_simulator_runner_still_polls_with_the_module_time_it_sees():
     source = inspect.getsource(runner)
     assert runner.time is time or type(runner.time).__name__ == "_ShortSleepTime"
     assert source.count("time.sleep(1.0)") >= 2 and "time.sleep(interval)" in source
+    client_runner = __import__("nvflare.private.fed.client.client_runner", fromlist=["ClientRunner"])
+    assert "time.sleep(0.5)" in inspect.getsource(client_runner.ClientRunner.init_run)
