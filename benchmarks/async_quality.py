@@ -10,6 +10,10 @@ time, and the wall-time ratio FedRevive / FedBuff. ``--methods FedRevive`` runs 
 
     .venv/bin/python benchmarks/async_quality.py                      # K=50, B=1, shifted schedule
     .venv/bin/python benchmarks/async_quality.py --sim-time 4 --concurrency 100
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_quality.py --methods FedBuff,FedRevive --seed 0 --json
+
+``--json`` writes every method's summary and (with FedBuff and FedRevive both run) the published figure to
+``benchmarks/results/async_quality-<date>.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -99,7 +106,9 @@ def main() -> None:
     parser.add_argument(
         "--methods", default="FedAvg,FedBuff,FedRevive", help="comma-separated subset (the wall ratio needs both)"
     )
+    parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
     unknown = set(chosen) - set(methods(args))
     if unknown:
@@ -137,6 +146,34 @@ def main() -> None:
     if "FedRevive" in walls and "FedBuff" in walls:
         print(f"wall time FedRevive / FedBuff: {walls['FedRevive'] / walls['FedBuff']:.2f}x", end="; ")
     print(f"load average now {os.getloadavg()[0]:.1f}")
+    if args.json:
+        payload = {
+            "settings": vars(args),
+            "load_start": load_start,
+            "rows": [{"method": n, "summary": s, "best_accuracy": b, "wall": w} for n, s, b, w in rows],
+        }
+        print(f"wrote {write_results('async_quality', payload, figures(rows, date, machine(load_start)))}")
+
+
+def figures(rows: list[tuple], date: str, where: str) -> list[dict[str, str]]:
+    """FedRevive against FedBuff: final accuracies, FedRevive's server seconds per arrival (wall), wall ratio."""
+    by_name = {name: (summary, wall) for name, summary, _, wall in rows}
+    if "FedRevive" not in by_name or "FedBuff" not in by_name:
+        return []
+    (revive, revive_wall), (buff, buff_wall) = by_name["FedRevive"], by_name["FedBuff"]
+    per_arrival = revive.get("revive_seconds_per_arrival")
+    per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
+    return [
+        figure(
+            "FedRevive vs FedBuff at equal simulated time: accuracy, s/arrival, wall ratio",
+            f"{revive['final_accuracy']:.4f} vs {buff['final_accuracy']:.4f}, {per_arrival} s/arrival, "
+            f"{revive_wall / buff_wall:.2f}x",
+            "<= 0.35 s/arrival, <= 3x",
+            invocation(),
+            date,
+            where,
+        )
+    ]
 
 
 if __name__ == "__main__":

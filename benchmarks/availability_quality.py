@@ -16,6 +16,11 @@ mean / p90 staleness, and wall time.
 
     .venv/bin/python benchmarks/availability_quality.py                                 # digits, 100,000 devices
     .venv/bin/python benchmarks/availability_quality.py --dataset synthetic --devices-per-leaf 500 --max-versions 20
+    .venv/bin/python benchmarks/availability_quality.py --methods fedbuff --json   # + the results JSON
+
+The runs live in a temporary folder, removed at the end (``--keep DIR`` keeps them). ``--json`` writes every run's
+summary and, per method run both always-on (profile) and on the trace, the published figure (final accuracy of
+each) to ``benchmarks/results/availability_quality-<date>.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +38,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -112,7 +120,9 @@ def main() -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of: {', '.join(SETTINGS)}")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs in DIR (default: a temp folder)")
+    parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     settings = [s.strip() for s in args.settings.split(",")]
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
@@ -120,21 +130,26 @@ def main() -> int:
     workdir = args.keep or tempfile.mkdtemp(prefix="availability_quality_")
     os.makedirs(workdir, exist_ok=True)
     print(f"load average before: {os.getloadavg()}", flush=True)
-    trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
     rows = []
-    for method in args.methods.split(","):
-        for setting in settings:
-            summary = run(method, setting, trace, args, workdir)
-            rows.append((method, setting, summary))
-            print(
-                f"  {method:9} {setting:18} accuracy {summary['final_accuracy']:.4f}  ({summary['wall']:.0f} s)",
-                flush=True,
-            )
+    try:
+        trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
+        for method in args.methods.split(","):
+            for setting in settings:
+                summary = run(method, setting, trace, args, workdir)
+                rows.append((method, setting, summary))
+                print(
+                    f"  {method:9} {setting:18} accuracy {summary['final_accuracy']:.4f}  ({summary['wall']:.0f} s)",
+                    flush=True,
+                )
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average after:  {os.getloadavg()}")
     print(
         f"{2 * args.devices_per_leaf:,} devices, {args.dataset}, K={args.concurrency} B={args.buffer_size}, "
         f"{args.max_versions} versions, {args.samples_per_device} samples/device, "
-        f"--samples-per-second {args.samples_per_second:g}, seed {args.seed}; runs in {workdir}"
+        f"--samples-per-second {args.samples_per_second:g}, seed {args.seed}"
+        + (f"; runs in {workdir}" if args.keep else "")
     )
     print(
         f"{'method':9} {'setting':18} {'final acc':>9} {'best acc':>8} {'sim time h':>10} {'session_end':>11} "
@@ -150,7 +165,34 @@ def main() -> int:
             f"{part['participated']:7d} {part['jain_index']:6.4f} {stale['mean']:10.2f} {stale['p90']:4d} "
             f"{s['wall']:6.0f}"
         )
+    if args.json:
+        payload = {
+            "settings": vars(args),
+            "load_start": load_start,
+            "rows": [{"method": m, "setting": setting, "summary": s} for m, setting, s in rows],
+        }
+        print(f"wrote {write_results('availability_quality', payload, figures(rows, date, machine(load_start)))}")
     return 0
+
+
+def figures(rows: list[tuple[str, str, dict]], date: str, where: str) -> list[dict[str, str]]:
+    """Per method run both always-on (profile delays) and on the trace: the final accuracy of each."""
+    final = {(method, setting): s["final_accuracy"] for method, setting, s in rows}
+    published = []
+    for method in dict.fromkeys(method for method, _, _ in rows):
+        if (method, "always / profile") in final and (method, "trace") in final:
+            label = {"fedbuff": "FedBuff", "fedrevive": "FedRevive"}.get(method, method)
+            published.append(
+                figure(
+                    f"availability: {label} final accuracy always-on / trace",
+                    f"{final[(method, 'always / profile')]:.3f} / {final[(method, 'trace')]:.3f}",
+                    "learns on traces",
+                    invocation(),
+                    date,
+                    where,
+                )
+            )
+    return published
 
 
 if __name__ == "__main__":

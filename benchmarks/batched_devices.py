@@ -15,6 +15,10 @@ memory, the CPU's compute-bound cut-off), and its line says what it chose and wh
     .venv/bin/python benchmarks/batched_devices.py
     .venv/bin/python benchmarks/batched_devices.py --model resnet18 --optimizer adam --lr 1e-3 \
         --devices 16 --samples 20 --batches auto,4,16
+    .venv/bin/python benchmarks/batched_devices.py --json    # also benchmarks/results/batched_devices-<date>.json
+
+``--json`` writes every setting's row and the published figure (``auto``'s speed-up over the thread pool, at its
+faster worker count) to ``benchmarks/results/batched_devices-<date>.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +37,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -108,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="auto,4,16,64", help="comma-separated --device-batch values (numbers or auto)")
     p.add_argument("--rounds", type=int, default=4, help="rounds per setting (the first is a warm-up)")
     p.add_argument("--compute-device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = p.parse_args(argv)
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     batches = [b.strip() for b in args.batches.split(",") if b.strip()]
     workers = args.workers or len(os.sched_getaffinity(0))
     torch.manual_seed(0)
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = max(float(np.abs(v).max()) for v in base_sum.values())
     print(f"{'setting':<28} {'samples/s':>11} {'speedup':>8} {'max rel diff vs pool':>21}")
     print(f"{f'thread pool, {workers} workers':<28} {base_rate:>11.0f} {1.0:>8.2f} {0.0:>21.2e}")
+    rows: list[dict[str, Any]] = [{"setting": "thread pool", "workers": workers, "samples_per_s": base_rate}]
     for value in batches:
         for pool in sorted({1, workers}):
             batch, note = resolve(args, value, pool)
@@ -132,8 +141,34 @@ def main(argv: list[str] | None = None) -> int:
                 f"device_batch {value}{f'={batch}' if value == 'auto' else ''}, {pool} worker{'s' if pool > 1 else ''}"
             )
             print(f"{label:<28} {rate:>11.0f} {rate / base_rate:>8.2f} {diff:>21.2e}" + (f"  ({note})" if note else ""))
+            rows.append(
+                {"setting": value, "device_batch": batch, "workers": pool, "samples_per_s": rate}
+                | {"speedup": rate / base_rate, "max_rel_diff": diff, "note": note}
+            )
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        payload = {"settings": vars(args), "load_start": load_start, "rows": rows}
+        print(f"wrote {write_results('batched_devices', payload, figures(args, rows, date, machine(load_start)))}")
     return 0
+
+
+def figures(args, rows: list[dict[str, Any]], date: str, where: str) -> list[dict[str, str]]:
+    """``auto``'s speed-up over the thread pool, at the worker count where it is fastest."""
+    auto = [row for row in rows if row["setting"] == "auto"]
+    if not auto:
+        return []
+    best = max(auto, key=lambda row: row["speedup"])
+    model = args.model.upper() if args.model == "cnn" else args.model
+    return [
+        figure(
+            f"batched devices vs thread pool, one leaf, {args.devices} {model} devices",
+            f"{best['speedup']:.2f}x ({best['workers']} worker{'s' if best['workers'] > 1 else ''})",
+            "> 1",
+            invocation(),
+            date,
+            where,
+        )
+    ]
 
 
 if __name__ == "__main__":

@@ -17,13 +17,25 @@ place to compare settings:
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --project-defaults
     NVFLARE_STREAMING_RETRY_TIMEOUT=2 .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000  # 45 MB each way
+
+``--compare`` runs the echo several times, each as a child process of this script (its own process group and a
+temporary folder, killed with every process it started after ``--timeout`` seconds), and prints the settings side
+by side: ``defaults`` NVFlare's defaults and then ``--project-defaults``; ``chunk`` with
+``NVFLARE_STREAMING_CHUNK_SIZE`` 1 MiB and 256 KiB, alternated ``--pairs`` times. ``--json`` writes the probes of
+every run to ``benchmarks/results/collab_echo_memory[-<compare>]-<date>.json`` with the published figure of the
+comparison (server threads at the last round; seconds per round after round 10, 256 KiB over 1 MiB):
+
+    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --compare defaults --json
+    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000 --compare chunk --json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +43,12 @@ import time
 import numpy as np
 from nvflare.collab import collab
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = 62006
+CHUNK_ENV = "NVFLARE_STREAMING_CHUNK_SIZE"
+CHUNKS = {"1 MiB": "1048576", "256 KiB": "262144"}
+# The settings a comparison's command line names when they are set in its environment.
+COMMAND_ENV = (CHUNK_ENV, "NVFLARE_STREAMING_RETRY_TIMEOUT", "NVFLARE_STREAMING_RETRY_WAIT", "MALLOC_ARENA_MAX")
 MORE_WATCHED_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 
@@ -71,10 +88,11 @@ class EchoClient:
 class EchoServer:
     """Calls every client once per round and prints probes every ``every`` rounds."""
 
-    def __init__(self, rounds: int = 500, every: int = 50, params: int = PARAMS):
+    def __init__(self, rounds: int = 500, every: int = 50, params: int = PARAMS, probes_file: str = ""):
         self.rounds = rounds
         self.every = every
         self.params = params
+        self.probes_file = probes_file
 
     @collab.main
     def run(self) -> None:
@@ -90,8 +108,85 @@ class EchoServer:
                 for _, reply in collab.get_clients([name])(timeout=60).echo(round_num=round_num, weights=weights)
             ]
             if round_num in marks:
+                seconds, server = time.monotonic() - started, probe()
                 clients = "".join(f"  {fmt(r[1]):<36}" for r in replies)
-                print(f"{round_num:>6} {time.monotonic() - started:>7.1f}  {fmt(probe()):<36}{clients}", flush=True)
+                print(f"{round_num:>6} {seconds:>7.1f}  {fmt(server):<36}{clients}", flush=True)
+                if self.probes_file:
+                    mark = {"round": round_num, "s": seconds, "server": server}
+                    mark["clients"] = {name: list(r[1]) for name, r in zip(names, replies, strict=True)}
+                    with open(self.probes_file, "a", encoding="utf-8") as stream:
+                        stream.write(json.dumps(mark) + "\n")
+
+
+def read_probes(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def run_child(args: argparse.Namespace, label: str, flags: list[str], env: dict[str, str]) -> dict:
+    """One echo run as a child process of this script, isolated; its probes, wall and exit status."""
+    from benchmarks.isolated_run import run_isolated
+
+    with tempfile.TemporaryDirectory(prefix="devsim-echo-compare-") as workdir:
+        probes_file = os.path.join(workdir, "probes.jsonl")
+        cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--every", str(args.every)]
+        cmd += ["--params", str(args.params), "--probes-file", probes_file, *flags]
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            rc, wall, tail = run_isolated(cmd, workdir, args.timeout, log_name="echo.log")
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        probes = read_probes(probes_file)
+    status = "timed out" if rc is None else f"exit {rc}"
+    print(f"[{label}] {status} after {wall:.1f} s wall; log tail:\n{tail[-2500:]}", flush=True)
+    return {"setting": label, "flags": flags, "env": env, "status": status, "wall": wall, "probes": probes}
+
+
+def per_round(run: dict) -> float | None:
+    """Seconds per round after the round-10 probe (None without two probes)."""
+    probes = [p for p in run["probes"] if p["round"] >= 10]
+    if len(probes) < 2 or probes[-1]["round"] == probes[0]["round"]:
+        return None
+    return (probes[-1]["s"] - probes[0]["s"]) / (probes[-1]["round"] - probes[0]["round"])
+
+
+def compare(args: argparse.Namespace) -> list[dict]:
+    """Every run of ``--compare``, in the order run."""
+    if args.compare == "defaults":
+        settings = [("NVFlare defaults", [], {}), ("project defaults", ["--project-defaults"], {})]
+    else:
+        extra = ["--project-defaults"] if args.project_defaults else []
+        settings = [(chunk, extra, {CHUNK_ENV: size}) for chunk, size in CHUNKS.items()] * args.pairs
+    return [run_child(args, label, flags, env) for label, flags, env in settings]
+
+
+def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -> list[dict[str, str]]:
+    """The comparison's figure: server threads at the last round, or the 256 KiB chunk's cost per round."""
+    from benchmarks.figures import figure, invocation
+
+    if any(run["status"] != "exit 0" or not run["probes"] for run in runs):
+        return []
+    if args.compare == "defaults":
+        threads = [run["probes"][-1]["server"][1] for run in runs]
+        name = f"Collab echo server threads after {args.rounds} rounds, NVFlare defaults / project defaults"
+        value = " / ".join(f"{t:,}" for t in threads)
+        target = "bounded"
+    else:
+        seconds = {chunk: [per_round(run) for run in runs if run["setting"] == chunk] for chunk in CHUNKS}
+        if any(s is None for values in seconds.values() for s in values):
+            return []
+        small, large = statistics.mean(seconds["256 KiB"]), statistics.mean(seconds["1 MiB"])
+        name = f"streaming chunk 256 KiB vs 1 MiB, {4 * args.params / 1e6:.0f} MB payloads"
+        value = f"{100 * (small / large - 1):+.0f}% per round"
+        target = "documented cost"
+    return [figure(name, value, target, invocation((*COMMAND_ENV, *MORE_WATCHED_ENV)), date, where)]
 
 
 def main() -> None:
@@ -104,8 +199,46 @@ def main() -> None:
         action="store_true",
         help="apply devsim_flare.recipe.apply_runtime_env_defaults() before launching",
     )
+    parser.add_argument(
+        "--compare",
+        choices=("none", "defaults", "chunk"),
+        default="none",
+        help="run the echo once per setting, in child processes: NVFlare's vs the project's defaults, or "
+        f"{CHUNK_ENV} 1 MiB vs 256 KiB",
+    )
+    parser.add_argument("--pairs", type=int, default=1, help="--compare chunk: alternations of the two chunk sizes")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="--compare: seconds per run before it is killed")
+    parser.add_argument("--json", action="store_true", help="write the probes and figure under benchmarks/results/")
+    parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, REPO)
+    from benchmarks.figures import load, machine, write_results
+
+    load_start, date = load(), time.strftime("%Y-%m-%d")
+    if args.compare != "none":
+        runs = compare(args)
+        for run in runs:
+            last = run["probes"][-1] if run["probes"] else None
+            seconds = per_round(run)
+            print(
+                f"{run['setting']:<18} {run['status']:<10} last probe: "
+                + (f"round {last['round']}, server {fmt(last['server'])}" if last else "none")
+                + (f", {seconds:.3f} s per round after round 10" if seconds is not None else "")
+            )
+    else:
+        with tempfile.TemporaryDirectory(prefix="devsim-echo-probes-") as folder:
+            probes_file = args.probes_file or os.path.join(folder, "probes.jsonl")
+            echo(args, probes_file)
+            runs = [{"setting": "this run", "status": "exit 0", "probes": read_probes(probes_file)}]
+    if args.json:
+        payload = {"settings": vars(args), "load_start": load_start, "runs": runs}
+        name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
+        published = figures(args, runs, date, machine(load_start)) if args.compare != "none" else []
+        print(f"wrote {write_results(name, payload, published)}")
+
+
+def echo(args: argparse.Namespace, probes_file: str) -> None:
+    """One Collab echo in NVFlare's simulator (a temporary workspace), probes appended to ``probes_file``."""
     from nvflare.collab import CollabRecipe
     from nvflare.recipe import SimEnv
 
@@ -118,7 +251,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="devsim-echo-") as workspace:
         recipe = CollabRecipe(
             job_name="collab_echo",
-            server=EchoServer(rounds=args.rounds, every=args.every, params=args.params),
+            server=EchoServer(rounds=args.rounds, every=args.every, params=args.params, probes_file=probes_file),
             client=EchoClient(),
             min_clients=2,
         )

@@ -16,6 +16,10 @@ distill.py; CPU ms per arrival, profiler overhead included). Columns:
   ``generation_interval``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedrevive_profile.py --arrivals 40
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedrevive_profile.py --arrivals 10 --json   # + results JSON
+
+``--json`` writes the columns and the published figure (the preset's thread-CPU seconds per arrival) to
+``benchmarks/results/fedrevive_profile-<date>.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -99,7 +104,9 @@ def measure(preset: dict, arrivals: int, **settings) -> tuple[tuple[float, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
+    parser.add_argument("--json", action="store_true", help="write the columns and figure under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     with open(PRESET, encoding="utf-8") as stream:
         preset = json.load(stream)
     columns = {
@@ -125,6 +132,26 @@ def main() -> None:
     print(f"{'CPU s / arrival (thread)':<28}" + "".join(f"{results[n][0][1]:>20.3f}" for n in names))
     first = results[names[0]][0][1]
     print(f"{'CPU speed-up vs first col.':<28}" + "".join(f"{first / results[n][0][1]:>19.2f}x" for n in names))
+    if args.json:
+        payload = {
+            "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},
+            "load_start": load_start,
+            "columns": {
+                name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
+                for name, ((wall, cpu), phases) in results.items()
+            },
+        }
+        published = [
+            figure(
+                "FedRevive server thread-CPU per arrival (preset)",
+                f"{results['preset'][0][1]:.3f} s",
+                "<= 0.35 s wall",
+                invocation(),
+                date,
+                machine(load_start),
+            )
+        ]
+        print(f"wrote {write_results('fedrevive_profile', payload, published)}")
 
 
 if __name__ == "__main__":

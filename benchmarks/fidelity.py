@@ -17,6 +17,11 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
     .venv/bin/python benchmarks/fidelity.py                       # the full table (README figures)
     .venv/bin/python benchmarks/fidelity.py --quick               # tiny sizes: checks the script itself
     .venv/bin/python benchmarks/fidelity.py --sections 1,3 --seeds 0,1,2 --json fidelity.json
+    .venv/bin/python benchmarks/fidelity.py --sections 1 --json   # benchmarks/results/fidelity-<date>.json
+
+``--json`` writes the per-seed figures of every section run and the published figure (section 1's mean final
+accuracies) to ``benchmarks/results/fidelity-<date>.json`` at the end; ``--json FILE`` also writes the per-seed
+figures to FILE after each section.
 
 The test split is only ever used for the reported figures; the centralized recipe (SGD lr 0.01,
 momentum 0.9, batch 32, 10 epochs) was chosen on a validation split carved from the training split.
@@ -37,6 +42,10 @@ from dataclasses import dataclass, field
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+
+HETEROGENEITY = "1. heterogeneity (final test accuracy)"
 
 
 @dataclass(frozen=True)
@@ -251,7 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1, 2, 3)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
-    parser.add_argument("--json", default=None, help="also write the per-seed figures to this file")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FILE",
+        help="write the figures under benchmarks/results/ at the end (and, with FILE, the per-seed figures to FILE "
+        "after each section)",
+    )
     parser.add_argument("--workdir", default=None, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -260,13 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     if not sections <= {1, 2, 3}:
         parser.error(f"--sections: {args.sections!r}; allowed: a comma list of 1, 2, 3")
     started, load_before = time.perf_counter(), os.getloadavg()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
         workdir = os.path.abspath(args.workdir) if args.workdir else scratch
         os.makedirs(workdir, exist_ok=True)
         stale_seeds = [int(s) for s in args.stale_seeds.split(",")]
         runs = {
-            1: ("1. heterogeneity (final test accuracy)", section_heterogeneity, seeds),
+            1: (HETEROGENEITY, section_heterogeneity, seeds),
             2: ("2. staleness (equal simulated time)", section_staleness, stale_seeds),
             3: ("3. hidden groups (input_transform)", section_groups, seeds),
         }
@@ -286,7 +304,22 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{time.perf_counter() - started:.0f}s wall; load average before {load_before[0]:.1f} "
         f"{load_before[1]:.1f} {load_before[2]:.1f}, after {load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f}"
     )
+    if args.json is not None:
+        values = {title: {key: f.values for key, f in figs.items()} for title, figs in tables.items()}
+        payload = {"settings": vars(args), "load_start": load_start, "tables": values}
+        published = readme_figures(tables, args.quick, date, machine(load_start))
+        print(f"wrote {write_results('fidelity', payload, published)}")
     return 0
+
+
+def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, date: str, where: str) -> list[dict[str, str]]:
+    """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1."""
+    if HETEROGENEITY not in tables:
+        return []
+    final = tables[HETEROGENEITY]["final"].values
+    means = [statistics.fmean(final[name]) for name in ("centralized", "FedAvg IID", "FedAvg Dir 0.1")]
+    name = "fidelity on digits: centralized / FedAvg IID / FedAvg Dirichlet 0.1" + (" (--quick sizes)" if quick else "")
+    return [figure(name, " / ".join(f"{m:.3f}" for m in means), "close to centralized", invocation(), date, where)]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -14,14 +16,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 
-def machine() -> str:
-    """This machine in a few words: cores and the load average at the moment."""
+def load() -> str:
+    """The 1, 5 and 15 minute load averages now ("n/a" where /proc/loadavg cannot be read)."""
     try:
         with open("/proc/loadavg", encoding="utf-8") as stream:
-            load = " ".join(stream.read().split()[:3])
+            return " ".join(stream.read().split()[:3])
     except OSError:
-        load = "n/a"
-    return f"{os.cpu_count()} cores, load {load}"
+        return "n/a"
+
+
+def machine(start: str | None = None) -> str:
+    """This machine in a few words: cores and the load average at the moment (after ``start``, the load
+    average read when the run began, when given)."""
+    now = load()
+    return f"{os.cpu_count()} cores, load {now if start is None else f'{start} -> {now}'}"
+
+
+def invocation(env: tuple[str, ...] = ("OMP_NUM_THREADS",)) -> str:
+    """The command line that runs this script, as a figure's command: those of ``env`` that are set, then
+    ``.venv/bin/python``, the script's path from the repository root and its arguments (shell-quoted)."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
+    prefix = [f"{name}={shlex.quote(os.environ[name])}" for name in env if name in os.environ]
+    return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *sys.argv[1:]])])
 
 
 def figure(name: str, value: str, target: str, command: str, date: str, where: str) -> dict[str, str]:

@@ -27,12 +27,17 @@ by a registered device population: ``DevicePopulation`` with ``--population`` de
 Dirichlet partitioners over a 50,000-label array, and selecting ``--shards`` devices and deriving
 (and holding) their shards from both partitioners.
 
-The script is a little over 400 lines because the /proc sampler, the round-to-sample mapping and the
+The script is a little under 500 lines because the /proc sampler, the round-to-sample mapping and the
 report belong to one measurement and are not used elsewhere.
 
     .venv/bin/python benchmarks/memory_growth.py                 # 200 rounds, then the population part
     .venv/bin/python benchmarks/memory_growth.py --rounds 500 --trajectory 50 --skip-population
     .venv/bin/python benchmarks/memory_growth.py --nvflare-defaults --skip-population   # without the defaults
+    .venv/bin/python benchmarks/memory_growth.py --rounds 500 --skip-population --json  # + the results JSON
+
+``--json`` writes part 1's usage at the printed rounds (and part 2's steps) and the published figure, the
+server's RSS growth from round 10 to round 200 and to the last round, to
+``benchmarks/results/memory_growth-<date>.json``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.data.partition import make_partitioner  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
@@ -247,7 +253,7 @@ def growth(begin: float, end: float) -> str:
     return f"{100.0 * (end - begin) / begin:+.1f}%" if begin else "-"
 
 
-def part_rounds(args) -> None:
+def part_rounds(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
         sampler, round_times, wall = run_job(args, workdir)
     if not round_times:
@@ -316,6 +322,15 @@ def part_rounds(args) -> None:
                 cells += f"{usage.rss:>10.1f} / {usage.fds:>3d} / {usage.threads:>4d}" if usage else f"{'-':>22}"
             when = f"{round_times[rnd] - sampler.started:>7.1f}" if rnd in round_times else f"{'-':>7}"
             print(f"{rnd:>7}{when}{cells}")
+    return {
+        "rounds": last,
+        "wall_s": wall,
+        "samples": len(sampler.samples),
+        "usage": {
+            role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles
+        },
+        "peak": {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()},
+    }
 
 
 def write_samples_csv(path: str, sampler: Sampler, round_times: dict[int, float], roles: list[str]) -> None:
@@ -336,7 +351,7 @@ def write_samples_csv(path: str, sampler: Sampler, round_times: dict[int, float]
             stream.write(f"{when - sampler.started:.2f},{current}," + ",".join(cells) + "\n")
 
 
-def part_population(args) -> None:
+def part_population(args) -> dict:
     labels = np.random.default_rng(0).integers(0, 10, size=args.labels).astype(np.int64)
     leaves = args.population_leaves
     rss_before = read_usage(os.getpid())[0]
@@ -384,6 +399,35 @@ def part_population(args) -> None:
         f"  shard derivation: iid {1e6 * iid_seconds / args.shards:.1f} us/device, "
         f"dirichlet {1e6 * dirichlet_seconds / args.shards:.1f} us/device"
     )
+    return {
+        "steps_mb": {name: (current - base) / 2**20 for name, current in steps},
+        "peak_mb": (peak - base) / 2**20,
+        "rss_delta_mb": rss_after - rss_before,
+        "us_per_device": {"iid": 1e6 * iid_seconds / args.shards, "dirichlet": 1e6 * dirichlet_seconds / args.shards},
+    }
+
+
+def figures(args, rounds: dict, date: str, where: str) -> list[dict[str, str]]:
+    """The server's RSS growth from round 10 to round 200 and to the last round (one span when that is 200)."""
+    server = rounds["usage"].get("server", {})
+    last, first = rounds["rounds"], min(10, rounds["rounds"])
+    ends = [r for r in dict.fromkeys((200, last)) if first < r <= last and server.get(str(r))]
+    if not server.get(str(first)) or not ends:
+        return []
+    begin = server[str(first)]["rss"]
+    name = f"server RSS growth, rounds {first} -> {' / '.join(str(r) for r in ends)}"
+    if args.nvflare_defaults:
+        name += " (NVFlare defaults)"
+    return [
+        figure(
+            name,
+            " / ".join(growth(begin, server[str(r)]["rss"]) for r in ends),
+            "< 5%",
+            invocation(),
+            date,
+            where,
+        )
+    ]
 
 
 def main() -> None:
@@ -416,11 +460,17 @@ def main() -> None:
     )
     parser.add_argument("--skip-rounds", action="store_true", help="only run part 2")
     parser.add_argument("--skip-population", action="store_true", help="only run part 1")
+    parser.add_argument("--json", action="store_true", help="write the usage and figure under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
+    payload: dict = {"settings": vars(args), "load_start": load_start}
     if not args.skip_rounds:
-        part_rounds(args)
+        payload["rounds"] = part_rounds(args)
     if not args.skip_population:
-        part_population(args)
+        payload["population"] = part_population(args)
+    if args.json:
+        published = figures(args, payload["rounds"], date, machine(load_start)) if "rounds" in payload else []
+        print(f"wrote {write_results('memory_growth', payload, published)}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ the ratios lists / ``fobs numpy`` at each size.
 
     .venv/bin/python benchmarks/payload_codec.py
     .venv/bin/python benchmarks/payload_codec.py --repeats 3 --sizes cnn,mid
+    .venv/bin/python benchmarks/payload_codec.py --json      # also benchmarks/results/payload_codec-<date>.json
+
+The published figure (``--json``) is the ~1M-parameter size's ``fobs lists`` / ``fobs numpy`` encode and bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch import nn
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -154,7 +158,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per NumPy figure (after 3 warm-ups)")
     parser.add_argument("--list-repeats", type=int, default=3, help="timed runs per list figure (after 1 warm-up)")
     parser.add_argument("--sizes", default="cnn,mid,resnet18", help="comma list of cnn, mid (~1M), resnet18")
+    parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
 
     from nvflare.app_common.decomposers import numpy_decomposers
     from nvflare.fuel.utils import fobs
@@ -170,9 +176,10 @@ def main() -> None:
     header = f"{'params':>11}  {'method':<14} {'encode ms':>10} {'decode ms':>10} {'bytes':>13}"
     print(header)
     print("-" * len(header))
-    ratios = []
+    ratios, measured = [], []
     for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         params, rows = bench_size(name, args.repeats, args.list_repeats, fobs)
+        measured.append({"size": name, "params": int(params), "rows": rows})
         for method, enc, dec, size in rows:
             print(f"{params:>11,}  {method:<14} {enc * 1e3:>10.2f} {dec * 1e3:>10.2f} {size:>13,}")
         cold, warm = rows[0], rows[1]
@@ -186,6 +193,32 @@ def main() -> None:
         print(
             f"{params:>11,}  {method:<14} {enc:>7.1f}x {dec:>7.1f}x {size:>7.2f}x {enc_warm:>8.1f}x {dec_warm:>8.1f}x"
         )
+    if args.json:
+        columns = ("method", "encode_s", "decode_s", "bytes")
+        sizes = [{**m, "rows": [dict(zip(columns, row, strict=True)) for row in m["rows"]]} for m in measured]
+        payload = {"settings": vars(args), "load_start": load_start, "sizes": sizes}
+        print(f"wrote {write_results('payload_codec', payload, figures(measured, date, machine(load_start)))}")
+
+
+def figures(measured: list[dict], date: str, where: str) -> list[dict]:
+    """fobs on lists against fobs on NumPy arrays (results freed between runs) at the ~1M-parameter size."""
+    published = []
+    for size in measured:
+        if size["size"] != "mid":
+            continue
+        rows = {row[0]: row for row in size["rows"]}
+        numpy, lists = rows["fobs numpy"], rows["fobs lists"]
+        published.append(
+            figure(
+                f"payload encode: fobs on lists vs NumPy, {size['params'] / 1e6:.1f}M params",
+                f"{lists[1] / numpy[1]:.0f}x slower encode, {lists[3] / numpy[3]:.2f}x bytes",
+                "NumPy on the wire",
+                invocation(),
+                date,
+                where,
+            )
+        )
+    return published
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Timings on a shared machine are noisy; the load average is printed before and af
 
     .venv/bin/python benchmarks/population_scale.py                       # 1,000,000 devices
     .venv/bin/python benchmarks/population_scale.py --devices 100000 --repeats 50
+    .venv/bin/python benchmarks/population_scale.py --json     # also benchmarks/results/population_scale-<date>.json
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -135,6 +138,7 @@ def main() -> int:
     parser.add_argument("--select", type=int, default=100, help="devices per selection")
     parser.add_argument("--busy", type=int, default=100, help="in-flight devices excluded in the async selection")
     parser.add_argument("--repeats", type=int, default=24, help="selection times, spread over one day")
+    parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--trace-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -142,6 +146,7 @@ def main() -> int:
         print(json.dumps(child(args.child, args.devices, args.select, args.busy, args.repeats, args.trace_path)))
         return 0
     print(f"load average before: {os.getloadavg()}")
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = os.path.join(tmp, "trace.npz")
         written = run_child(args, "write", trace_path)
@@ -168,7 +173,27 @@ def main() -> int:
             f"{text[2]:>15} {text[3]:>15}"
         )
     print(f"(RSS of an empty child with numpy imported: {rows[0]['base_rss_mb']:.1f} MB)")
+    if args.json:
+        settings = {flag: getattr(args, flag) for flag in ("devices", "select", "busy", "repeats")}
+        payload = {"settings": settings, "load_start": load_start, "trace": written, "rows": rows}
+        where = machine(load_start)
+        print(f"wrote {write_results('population_scale', payload, figures(args, rows, date, where))}")
     return 0
+
+
+def figures(args: argparse.Namespace, rows: list[dict], date: str, where: str) -> list[dict]:
+    """One selection's median wall time, diurnal and trace."""
+    select = {row["mode"]: row["select_ms"][0] for row in rows}
+    return [
+        figure(
+            f"{args.devices:,}-device population: one selection of {args.select} online devices (diurnal / trace)",
+            f"{select['diurnal']:.1f} / {select['trace']:.1f} ms",
+            "fast at 1M",
+            invocation(),
+            date,
+            where,
+        )
+    ]
 
 
 if __name__ == "__main__":

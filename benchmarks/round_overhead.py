@@ -37,6 +37,13 @@ slowed 7x by the load); expect 12-15 minutes on 2 quiet cores.
 
 Every simulator run uses a temporary workspace with HOME inside it, runs as its own process group,
 and is killed with every process it started after ``--timeout`` seconds.
+
+``--json`` writes every cell's times and ratios and one figure per cell (the default path's ratio, the first of
+``--device-batch-paths``) to ``benchmarks/results/round_overhead-<date>.json`` (``round_overhead-<models>-<date>.json``
+for a sweep of other models than the CNN alone, so that the CNN and the ResNet-18 runs of one day both stay):
+
+    .venv/bin/python benchmarks/round_overhead.py --sweep --models cnn --devices 100,1000 --json
+    .venv/bin/python benchmarks/round_overhead.py --sweep --models resnet18 --devices 1000 --skip-cells none --json
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
@@ -64,6 +72,11 @@ from devsim.models import build_model  # noqa: E402
 SWEEP_DEVICES = "10,100,1000"
 SWEEP_MODELS = "cnn,resnet18"
 SWEEP_SKIP = "resnet18x1000"
+MODEL_LABELS = {"cnn": "CNN", "resnet18": "ResNet-18"}
+# The published cells: samples per device, and the target of the ratio; the CNN x 100 cell's name says it is the
+# default (batched) path, as its README row always has.
+PUBLISHED = {"cnn": (100, "<= 0.35"), "resnet18": (10, "<= 1")}
+NAME_SUFFIX = {("cnn", 100): " (default batched path)"}
 
 
 @dataclass(frozen=True)
@@ -280,6 +293,54 @@ def sweep_cells(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tu
     return cells, skipped
 
 
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f}" if seconds >= 100 else f"{seconds:.3f}"
+
+
+def figures(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, date: str, where: str) -> list[dict]:
+    """One figure per measured cell: the first ``--device-batch-paths`` value's sim round over the tight loop.
+    A cell off the published settings (2 leaves, batch 10, the model's samples per device) says so in its name."""
+    published = []
+    path = args.device_batch_paths[0]
+    for cell, result in rows:
+        if result is None:
+            continue
+        name = f"sync round vs tight loop, {MODEL_LABELS.get(cell.model, cell.model)} x {cell.devices:,} devices"
+        samples, target = PUBLISHED.get(cell.model, (None, "<= 1"))
+        if (cell.samples, cell.batch_size, cell.leaves) != (samples, 10, 2):
+            name += f" [{cell.leaves} leaves, {cell.samples} samples, batch {cell.batch_size}]"
+        name += NAME_SUFFIX.get((cell.model, cell.devices), "")
+        if path != "auto":
+            name += f" (--device-batch {path})"
+        sim = result["sims"][path]
+        published.append(
+            figure(
+                name,
+                f"{sim['ratio']:.3f} ({seconds_text(sim['sim'])} s vs {seconds_text(result['loop'])} s)",
+                target,
+                invocation(),
+                date,
+                where,
+            )
+        )
+    return published
+
+
+def write_json(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, date: str, load_start: str) -> None:
+    """The cells' results and figures under benchmarks/results/ (named after the models unless only the CNN ran)."""
+    cells = []
+    for cell, result in rows:
+        entry = {"cell": vars(cell) | {"devices": cell.devices}, "result": None}
+        if result is not None:
+            baselines = {str(t): {"seconds": s, "runs": r} for t, (s, r) in result["baselines"].items()}
+            entry["result"] = {**result, "baselines": baselines}
+        cells.append(entry)
+    payload = {"settings": vars(args), "load_start": load_start, "cells": cells}
+    models = sorted({cell.model for cell, _ in rows})
+    name = "round_overhead" if models == ["cnn"] else f"round_overhead-{'-'.join(models)}"
+    print(f"wrote {write_results(name, payload, figures(rows, args, date, machine(load_start)))}")
+
+
 def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     cells, skipped = sweep_cells(args, parser)
     for cell in cells:
@@ -335,6 +396,8 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. "
         f"Load average at end {loadavg()}"
     )
+    if args.json:
+        write_json(rows, args, args.started_date, args.load_start)
 
 
 def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -355,6 +418,8 @@ def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     print(f"machine: {os.cpu_count()} cores, load average {loadavg()}")
     for line in describe(cell, result):
         print(line)
+    if args.json:
+        write_json([(cell, result)], args, args.started_date, args.load_start)
 
 
 def main() -> None:
@@ -395,7 +460,9 @@ def main() -> None:
     sweep.add_argument(
         "--skip-cells", default=SWEEP_SKIP, help="comma list of MODELxDEVICES cells to leave out, or 'none'"
     )
+    parser.add_argument("--json", action="store_true", help="write the cells and figures under benchmarks/results/")
     args = parser.parse_args()
+    args.load_start, args.started_date = load(), time.strftime("%Y-%m-%d")
     if args.sweep:
         run_sweep(args, parser)
     else:

@@ -24,6 +24,10 @@ is killed (with every process it started) when it exceeds ``--timeout``.
     .venv/bin/python benchmarks/stock_edge_comparison.py                      # 2 leaves x 32 devices
     .venv/bin/python benchmarks/stock_edge_comparison.py --devices-per-leaf 4 --rounds 3   # smoke test
     .venv/bin/python benchmarks/stock_edge_comparison.py --sides stock,edge --loader-workers 2
+    .venv/bin/python benchmarks/stock_edge_comparison.py --json             # also the results JSON
+
+``--json`` writes every side's rounds and median, and (when all three sides ran) the published figure, to
+``benchmarks/results/stock_edge_comparison-<date>.json``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
 from devsim_flare.edge.job import find_results  # noqa: E402
 
@@ -202,7 +208,9 @@ def main() -> int:
         "--stock-workers", type=int, default=None, help="stock side: device threads per leaf (default NVFlare's 4)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary workspaces (their path is printed)")
+    parser.add_argument("--json", action="store_true", help="write the sides and figure under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
     if unknown or not sides:
@@ -271,7 +279,31 @@ def main() -> int:
             f"{', '.join(f'{t:.2f}' for t in r['rounds'])}  [{r['status']}]"
         )
     print(f"load average at end {loadavg()}")
+    if args.json:
+        payload = {"settings": vars(args), "load_start": load_start, "sides": results}
+        published = figures(results, date, machine(load_start))
+        print(f"wrote {write_results('stock_edge_comparison', payload, published)}")
     return 0 if all(r["status"] == "exit 0" for r in results.values()) else 1
+
+
+def figures(results: dict[str, dict], date: str, where: str) -> list[dict[str, str]]:
+    """Steady seconds per round of the three sides and the speed-ups stock / edge and stock / collab (all three
+    sides measured, every run complete)."""
+    medians = {side: results.get(side, {}).get("median", float("nan")) for side in SIDES}
+    complete = all(results.get(side, {}).get("status") == "exit 0" for side in SIDES)
+    if not complete or not all(value == value and value > 0 for value in medians.values()):
+        return []
+    stock, edge, collab = (medians[side] for side in SIDES)
+    return [
+        figure(
+            "stock NVFlare edge round / this project's edge job / Collab FedAvg",
+            f"{stock:.2f} / {edge:.2f} / {collab:.2f} s ({stock / edge:.1f}x, {stock / collab:.1f}x)",
+            "faster than stock",
+            invocation(),
+            date,
+            where,
+        )
+    ]
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ settings: on a shared machine it bounds what the other ratios can tell apart.
 
     .venv/bin/python benchmarks/worker_sizing.py
     .venv/bin/python benchmarks/worker_sizing.py --counts 1,2,4,8 --devices-per-leaf 100
+    .venv/bin/python benchmarks/worker_sizing.py --passes 2 --json   # also benchmarks/results/worker_sizing-<date>.json
+
+``--json`` writes every setting's rounds and throughput and the published figure (auto's throughput over the best
+fixed count's) to ``benchmarks/results/worker_sizing-<date>.json``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 
 WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$", re.MULTILINE)
 
@@ -70,7 +77,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--passes", type=int, default=1, help="run all settings this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run before it is abandoned")
+    parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
+    load_start, date = load(), time.strftime("%Y-%m-%d")
 
     settings: list[int | None] = [int(c) for c in args.counts.split(",") if c.strip()] + [None]
     samples = args.leaves * args.devices_per_leaf * args.samples
@@ -114,6 +123,25 @@ def main() -> None:
             f"auto chose workers={same} on every leaf, the same as the fixed setting: auto / workers={same} = "
             f"{throughput[None] / throughput[same]:.2f} is this run's noise between identical settings"
         )
+    if args.json:
+        rows = [
+            {"workers": label[w], "steady_train_seconds": steady, "samples_per_s": throughput[w], "worker_lines": lines}
+            for w, (steady, lines) in results.items()
+        ]
+        fixed = [w for w in settings if w is not None]
+        best_fixed = max(fixed, key=throughput.get)
+        published = [
+            figure(
+                "worker sizing: auto vs best fixed worker count",
+                f"{throughput[None] / throughput[best_fixed]:.2f} (best of {', '.join(str(w) for w in fixed)})",
+                "within 10%",
+                invocation(),
+                date,
+                machine(load_start),
+            )
+        ]
+        payload = {"settings": vars(args), "load_start": load_start, "rows": rows}
+        print(f"wrote {write_results('worker_sizing', payload, published)}")
 
 
 if __name__ == "__main__":
