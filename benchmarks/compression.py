@@ -26,15 +26,23 @@ the bytes ratio, the codec share's range over the seeds and, at each ``--horizon
 against ``none`` of the same seed (mean and worst over the seeds; final accuracy and last-5 mean).
 
 ``--codecs`` also takes top-k settings beyond the five above: ``topk P%`` followed by ``fp16`` or ``int8``
-(``--topk-values``) and/or ``warmup W`` (``--topk-warmup-rounds``). The "x fewer" column is over the whole
-run (mean bytes per round), so a warm-up's denser first rounds are counted.
+(``--topk-values``), ``warmup W`` (``--topk-warmup-rounds``) and/or ``momentum B`` (``--topk-momentum``, the
+leaf's momentum on its sparse aggregate). The "x fewer" column is over the whole run (mean bytes per round),
+so a warm-up's denser first rounds are counted; the summary also gives the ratio over the rounds up to each
+horizon, which a warm-up lowers most at short horizons.
+
+``--json`` writes the tables, the summary and the published figures (one per codec other than ``none``: points
+against float32 after 30 rounds, or the last horizon, mean / worst over the seeds) through
+``benchmarks/figures.py`` to ``benchmarks/results/compression-<date>.json``; ``--json PATH`` writes them to PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -59,6 +67,8 @@ from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 LAST_ROUNDS = 5
+TOPK_TARGET = "within 3 / worst within 5"  # issue 33's target for top-k 1% at 30 rounds
+DENSE_TARGET = "within 1 point"
 CODECS = {
     "none": CodecSpec("none"),
     "fp16": CodecSpec("fp16"),
@@ -67,13 +77,15 @@ CODECS = {
     "topk 1%": CodecSpec("topk", topk_fraction=0.01),
 }
 CODEC_FORMS = (
-    "none, fp16, int8, or 'topk P%' followed by 'fp16' or 'int8' (float16 or int8 values) and/or 'warmup W' "
-    "(W warm-up rounds), e.g. 'topk 2% fp16 warmup 2'"
+    "none, fp16, int8, or 'topk P%' followed by 'fp16' or 'int8' (float16 or int8 values), 'warmup W' "
+    "(W warm-up rounds) and/or 'momentum B' (the leaf's momentum on its sparse aggregate, B in [0, 1)), "
+    "e.g. 'topk 2% fp16 warmup 2' or 'topk 1% momentum 0.5'"
 )
 
 
 def codec_from_name(name: str) -> CodecSpec:
-    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` then ``fp16`` or ``int8`` and/or ``warmup W``."""
+    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` then ``fp16`` or ``int8``, ``warmup W`` and/or
+    ``momentum B``."""
     if name in CODECS:
         return CODECS[name]
     words = name.split()
@@ -89,6 +101,11 @@ def codec_from_name(name: str) -> CodecSpec:
             options["topk_values"], rest = {"fp16": "float16", "int8": "int8"}[rest[0]], rest[1:]
         elif rest[0] == "warmup" and len(rest) > 1 and rest[1].isdigit():
             options["topk_warmup_rounds"], rest = int(rest[1]), rest[2:]
+        elif rest[0] == "momentum" and len(rest) > 1:
+            try:
+                options["topk_momentum"], rest = float(rest[1]), rest[2:]
+            except ValueError:
+                raise ValueError(f"momentum {rest[1]!r} is not a number") from None
         else:
             raise ValueError(f"unknown topk option {rest[0]!r}")
     return CodecSpec("topk", **options)
@@ -123,7 +140,14 @@ def parse_args() -> argparse.Namespace:
         default="auto",
         help="the leaf's training path, as the jobs' --device-batch: auto (their default), off, or N devices",
     )
-    parser.add_argument("--json", default=None, help="also write the table (and the settings) to this JSON file")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        help="also write the table, the settings and the published figures: to benchmarks/results/compression-<date>"
+        ".json (benchmarks/figures.py) without a path, to the path given otherwise",
+    )
     args = parser.parse_args()
     if args.device_batch not in ("auto", "off") and not (args.device_batch.isdigit() and int(args.device_batch) >= 1):
         parser.error(f"--device-batch: {args.device_batch!r} is not auto, off or an integer >= 1")
@@ -236,8 +260,16 @@ def main() -> None:
         print_summary(summary, args)
     wall = time.time() - started
     print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; wall {wall:.0f} s; torch threads 1")
-    if args.json:
+    if args.json is not None:
         first = per_seed[args.seeds[0]]
+        horizon = figure_horizon(args.horizons, args.rounds)
+        published = accuracy_figures(
+            summary if horizon in args.horizons else summarise(per_seed, names, [horizon]),
+            f"{args.dataset} in one process",
+            len(args.seeds),
+            horizon,
+            machine=machine_load(load_before[0], load_after[0]),
+        )
         report = {
             "args": vars(args),
             "target_accuracy": first["target"],
@@ -249,8 +281,7 @@ def main() -> None:
             "per_seed": {str(seed): run["rows"] for seed, run in per_seed.items()},
             "summary": summary,
         }
-        with open(args.json, "w", encoding="utf-8") as stream:
-            json.dump(report, stream, indent=1)
+        print(f"wrote {publish('compression', report, published, args.json)}")
 
 
 def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], started: float) -> dict:
@@ -318,9 +349,11 @@ def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], sta
             f"{row['simulated_round_seconds']:11.2f} {100 * row['codec_share']:10.2f}% {row['evictions']:9d}"
         )
     accuracies = {name: [r["accuracy"] for r in results[name]["rounds"]] for name in names}
+    uplink_bytes = {name: [r["uplink_bytes"] for r in results[name]["rounds"]] for name in names}
     return {
         "rows": rows,
         "accuracies": accuracies,
+        "uplink_bytes": uplink_bytes,
         "target": target,
         "path": results[names[0]]["path"],
         "device": results[names[0]]["device"],
@@ -330,8 +363,9 @@ def run_seed(args, seed: int, names: list[str], specs: dict[str, CodecSpec], sta
 def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) -> dict:
     """Each codec over the seeds: bytes ratio, codec share (min, max) and, at each horizon H (rounds), the
     accuracy after round H and the mean of rounds H-4..H, in points against ``none`` of the same seed
-    (mean and worst over the seeds). The accuracy after round H of a longer run is that of an H-round run:
-    nothing in a synchronous round depends on how many rounds follow."""
+    (mean and worst over the seeds), and (where the runs give each round's ``uplink_bytes``) the bytes ratio over
+    rounds 1..H, which a warm-up's denser first rounds lower at short horizons. The accuracy after round H of a
+    longer run is that of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
     runs = list(per_seed.values())
     base_name = "none" if "none" in names else names[0]
     summary = {}
@@ -351,6 +385,7 @@ def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) 
                 for run in runs
             ]
             entry["horizons"][str(horizon)] = {
+                **_horizon_bytes(runs, name, base_name, horizon),
                 "final_vs_none_points": final,
                 "final_vs_none_mean": float(np.mean(final)),
                 "final_vs_none_worst": float(min(final)),
@@ -361,18 +396,118 @@ def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) 
     return summary
 
 
+def _horizon_bytes(runs: list[dict], name: str, base_name: str, horizon: int) -> dict:
+    """``{"fewer_bytes": ...}``: ``base_name``'s uplink bytes over rounds 1..``horizon`` against ``name``'s, the mean
+    over the runs; empty where the runs do not give each round's ``uplink_bytes``."""
+    if not all("uplink_bytes" in run for run in runs):
+        return {}
+    ratios = [sum(run["uplink_bytes"][base_name][:horizon]) / sum(run["uplink_bytes"][name][:horizon]) for run in runs]
+    return {"fewer_bytes": float(np.mean(ratios))}
+
+
+def codec_label(name: str) -> str:
+    """A ``--codecs`` item as the published figures name it: ``int8``, ``top-k 1%``, ``top-k 1% warm-up 4``,
+    ``top-k 1% leaf momentum 0.3``, ..."""
+    spec = codec_from_name(name)
+    if spec.name != "topk":
+        return name
+    words = [f"top-k {100 * spec.topk_fraction:g}%"]
+    if spec.topk_values != "float32":
+        words.append(f"{spec.topk_values} values")
+    if spec.topk_warmup_rounds:
+        words.append(f"warm-up {spec.topk_warmup_rounds}")
+    if spec.topk_momentum:
+        words.append(f"leaf momentum {spec.topk_momentum:g}")
+    return " ".join(words)
+
+
+def figure_horizon(horizons: list[int], rounds: int) -> int:
+    """The round count the accuracy figures are published at: 30 (issue 33's) when among ``horizons``, else the last
+    horizon, else the rounds run."""
+    return 30 if 30 in horizons else (horizons[-1] if horizons else rounds)
+
+
+def accuracy_figures(
+    summary: dict, where: str, seeds: int, horizon: int, command: str | None = None, machine: str | None = None
+) -> list[dict[str, str]]:
+    """One published figure per codec other than ``none``: points against float32 after ``horizon`` rounds, mean /
+    worst over the seeds, named with the bytes ratio over those rounds (a warm-up's denser rounds counted), e.g.
+    "top-k 1% uplink (66.6x fewer bytes) vs float32, digits in the job, 5 seeds, 30 rounds"; ``command``: the
+    figures' command (default: this invocation's); ``machine``: where they ran (default: this machine now)."""
+    figures = _figures_module()
+    date, machine = time.strftime("%Y-%m-%d"), machine or figures.machine()
+    published = []
+    for name, entry in summary.items():
+        if name == "none":
+            continue
+        at = entry["horizons"][str(horizon)]
+        fewer = at.get("fewer_bytes", entry["fewer_bytes"])
+        published.append(
+            figures.figure(
+                f"{codec_label(name)} uplink ({fewer:.3g}x fewer bytes) vs float32, {where}, {seeds} seeds, "
+                f"{horizon} rounds",
+                f"{at['final_vs_none_mean']:+.2f} / {at['final_vs_none_worst']:+.2f} points (mean / worst)",
+                TOPK_TARGET if name.startswith("topk") else DENSE_TARGET,
+                command or command_line(),
+                date,
+                machine,
+            )
+        )
+    return published
+
+
+def machine_load(before: float, after: float) -> str:
+    """Where the figures ran: cores and the 1-minute load average at the start and at the end."""
+    return f"{os.cpu_count()} cores, load {before:.2f} -> {after:.2f}"
+
+
+def command_line() -> str:
+    """This invocation as a figure's command: ``OMP_NUM_THREADS=...`` when set, ``.venv/bin/python``, the script's
+    path from the repository root and its arguments (shell-quoted)."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
+    prefix = [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []
+    return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *sys.argv[1:]])])
+
+
+def publish(benchmark: str, payload: dict, published: list[dict[str, str]], path: str) -> str:
+    """Write ``payload`` and its figures: through ``benchmarks/figures.py``'s ``write_results`` (under
+    ``benchmarks/results/``, with date, machine and commit) when ``path`` is empty, else as JSON to ``path``."""
+    if not path:
+        return _figures_module().write_results(benchmark, payload, published)
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump({**payload, "figures": published}, stream, indent=1)
+    return path
+
+
+def _figures_module():
+    """``benchmarks/figures.py`` (loaded by path: this script also runs as a module under another name)."""
+    if "devsim_benchmark_figures" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "devsim_benchmark_figures", os.path.join(REPO, "benchmarks", "figures.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["devsim_benchmark_figures"]
+
+
 def print_summary(summary: dict, args) -> None:
-    """One line a codec: bytes ratio, codec share range and, per horizon, mean / worst points against none."""
+    """One line a codec: bytes ratio, codec share range and, per horizon, mean / worst points against none (and the
+    bytes ratio over the rounds up to it, where known)."""
     seeds = ",".join(str(s) for s in args.seeds)
-    print(f"\nover seeds {seeds}: points against none of the same seed, mean / worst (final accuracy; last-5 mean)")
+    print(
+        f"\nover seeds {seeds}: points against none of the same seed, mean / worst (final accuracy; last-5 mean) "
+        "[x fewer bytes up to that round]"
+    )
     width = max(9, *(len(n) for n in summary))
-    columns = "".join(f" {'after ' + str(h):>27}" for h in args.horizons)
+    columns = "".join(f" {'after ' + str(h):>36}" for h in args.horizons)
     print(f"{'codec':<{width}} {'x fewer':>8} {'codec share':>15}{columns}")
     for name, entry in summary.items():
         share = f"{100 * entry['codec_share_min']:.2f}-{100 * entry['codec_share_max']:.2f}%"
         cells = "".join(
             f" {h['final_vs_none_mean']:+6.2f} /{h['final_vs_none_worst']:+6.2f};"
             f"{h['last5_vs_none_mean']:+6.2f} /{h['last5_vs_none_worst']:+6.2f}"
+            + (f" [{h['fewer_bytes']:5.1f}x]" if "fewer_bytes" in h else " " * 9)
             for h in (entry["horizons"][str(horizon)] for horizon in args.horizons)
         )
         print(f"{name:<{width}} {entry['fewer_bytes']:8.2f} {share:>15}{cells}")

@@ -209,6 +209,14 @@ class SimulationConfig:
             "sync_only": True,
         },
     )
+    topk_momentum: float = field(
+        default=0.0,
+        metadata={
+            "help": "--update-codec topk: momentum beta in [0, 1) each leaf keeps on the mean of its devices' "
+            "decoded sparse updates (v = beta * v + mean, reported in place of the mean; no extra bytes); 0: none",
+            "sync_only": True,
+        },
+    )
     residual_capacity: int = field(
         default=10000, metadata=_help("topk error feedback: device residuals each leaf keeps at most (oldest evicted)")
     )
@@ -451,6 +459,12 @@ def _check_codec_and_network(config: SimulationConfig) -> None:
     _check_min("int8_block", config.int8_block, 0)
     _check_choice("topk_values", config.topk_values, TOPK_VALUE_TYPES)
     _check_min("topk_warmup_rounds", config.topk_warmup_rounds, 0)
+    if not (math.isfinite(config.topk_momentum) and 0.0 <= config.topk_momentum < 1.0):
+        raise ConfigError("topk_momentum", f"{config.topk_momentum} is outside the allowed range [0, 1)")
+    if config.topk_momentum and config.update_codec != "topk":
+        raise ConfigError(
+            "topk_momentum", f"{config.topk_momentum} needs update_codec topk (got {config.update_codec}); allowed: 0"
+        )
     _check_min("residual_capacity", config.residual_capacity, 1)
     _check_min("residual_max_age", config.residual_max_age, 0)
     _check_positive_finite("residual_memory_mb", config.residual_memory_mb)
@@ -600,6 +614,8 @@ class AsyncConfig(SimulationConfig):
             raise ConfigError(
                 "topk_warmup_rounds", f"{self.topk_warmup_rounds} is not allowed in asynchronous runs; allowed: 0"
             )
+        if self.topk_momentum:
+            raise ConfigError("topk_momentum", f"{self.topk_momentum} is not allowed in asynchronous runs; allowed: 0")
         _check_choice("staleness_weighting", self.staleness_weighting, STALENESS_WEIGHTINGS)
         _check_min("concurrency", self.concurrency, 1)
         _check_min("buffer_size", self.buffer_size, 1)

@@ -472,3 +472,63 @@ def test_a_non_finite_update_leaves_no_residual_behind(values):
     assert not torch.isfinite(received[1]).all() and torch.isfinite(received[[0, 2]]).all()
     assert uplink.residual_counts()["residuals_held"] == 2
     assert uplink.residuals.take(11, 0) is None and uplink.residuals.take(12, 0) is not None
+
+
+def test_leaf_momentum_folds_the_mean_of_each_round_into_a_velocity():
+    """``v = beta v + sum / weight``, reported as ``v * weight``; a round without weight leaves ``v`` alone; no
+    momentum (or another codec) returns the very sum it was given."""
+    uplink = UplinkCompressor(CodecSpec("topk", topk_momentum=0.5))
+    sums = [[torch.tensor([2.0, -4.0]), torch.tensor([6.0])], [torch.tensor([1.0, 1.0]), torch.tensor([0.0])]]
+    first = uplink.fold_aggregate(sums[0], 2.0)
+    assert [t.tolist() for t in first] == [[2.0, -4.0], [6.0]]  # v = mean (1, -2, 3)
+    idle = [torch.tensor([9.0, 9.0]), torch.tensor([9.0])]
+    assert uplink.fold_aggregate(idle, 0.0) is idle
+    second = uplink.fold_aggregate(sums[1], 4.0)  # v = 0.5 (1, -2, 3) + (0.25, 0.25, 0) = (0.75, -0.75, 1.5)
+    assert [t.tolist() for t in second] == [[3.0, -3.0], [6.0]]
+    assert [t.tolist() for t in sums[0]] == [[2.0, -4.0], [6.0]]  # the leaf's sums are not modified
+    for spec in (CodecSpec("topk"), CodecSpec("int8", topk_momentum=0.5), CodecSpec("none")):
+        assert UplinkCompressor(spec).fold_aggregate(sums[1], 4.0) is sums[1]
+
+
+def test_leaf_momentum_adds_no_bytes_and_reports_beta_v_plus_the_round_mean():
+    """Two rounds of a leaf with ``topk_momentum`` against the same leaf without: the same uplink bytes, the first
+    round's sum unchanged (up to the rounding of ``/ w * w``), the second's ``sum_1 + beta * sum_0 * w_1 / w_0``."""
+    from devsim.codec import model_to_numpy
+    from devsim.models import build_model
+    from devsim.training.leaf_runner import LeafRoundRunner
+
+    weights = model_to_numpy(build_model("cnn"))
+    results = {}
+    for beta in (0.0, 0.6):
+        uplink = UplinkCompressor(CodecSpec("topk", topk_fraction=0.05, topk_momentum=beta), residual_capacity=8)
+        runner = LeafRoundRunner(small_processors(1), uplink=uplink)
+        try:
+            results[beta] = [runner.run_round(r, weights, devices) for r, devices in enumerate(([1, 2, 3], [2, 4]))]
+        finally:
+            runner.close()
+    plain, momentum = results[0.0], results[0.6]
+    for r in range(2):
+        assert momentum[r].counts["uplink_bytes"] == plain[r].counts["uplink_bytes"]
+        assert momentum[r].total_weight == plain[r].total_weight
+    ratio = plain[1].total_weight / plain[0].total_weight
+    for key in weights:
+        np.testing.assert_allclose(momentum[0].delta_sum[key], plain[0].delta_sum[key], rtol=1e-6, atol=1e-7)
+        expected = plain[1].delta_sum[key] + 0.6 * plain[0].delta_sum[key] * ratio
+        np.testing.assert_allclose(momentum[1].delta_sum[key], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_leaf_momentum_values_are_checked_naming_the_field():
+    assert CodecSpec.from_settings({"update_codec": "topk", "topk_momentum": 0.3}).topk_momentum == 0.3
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"topk_momentum must be in \[0, 1\)"):
+            CodecSpec("topk", topk_momentum=bad)
+    SimulationConfig(update_codec="topk", topk_momentum=0.5).validate()
+    cases = [
+        (SimulationConfig(update_codec="topk", topk_momentum=1.0), "outside the allowed range [0, 1)"),
+        (SimulationConfig(update_codec="int8", topk_momentum=0.5), "needs update_codec topk (got int8); allowed: 0"),
+        (AsyncConfig(update_codec="topk", topk_momentum=0.5, max_versions=5), "asynchronous runs; allowed: 0"),
+    ]
+    for config, message in cases:
+        with pytest.raises(ConfigError) as info:
+            config.validate()
+        assert str(info.value).startswith("--topk-momentum") and message in str(info.value)

@@ -74,8 +74,14 @@ def test_job_script_passes_each_codec_as_the_jobs_flags():
         "--topk-warmup-rounds",
         "2",
     ]
+    assert job.codec_flags("topk 1% momentum 0.3")[-2:] == ["--topk-momentum", "0.3"]
     with pytest.raises(ValueError, match="not a known codec"):
         job.codec_flags("zip")
+    with pytest.raises(ValueError, match="momentum 'x' is not a number"):
+        job.codec_flags("topk 1% momentum x")
+    with pytest.raises(ValueError, match=r"topk_momentum must be in \[0, 1\)"):
+        job.codec_flags("topk 1% momentum 1")
+    assert job._compression.codec_label("topk 1% warmup 4 momentum 0.3") == "top-k 1% warm-up 4 leaf momentum 0.3"
 
 
 def test_job_figures_leave_the_warm_rounds_out_of_the_timing():
@@ -127,3 +133,96 @@ def test_job_horizons_beyond_the_rounds_name_the_flag(capsys):
         job.main(["--rounds", "20", "--horizons", "20,30"])
     assert stop.value.code == 2
     assert "--horizons: 30 is not between 1 and the rounds run (20)" in capsys.readouterr().err
+
+
+def _fake_run(accuracies: list[float], per_round: list[int], share: float) -> dict:
+    """One job's figures as ``job_figures`` gives them (what a ``--json PATH`` report keeps per seed)."""
+    return {
+        "uplink_bytes": sum(per_round),
+        "uplink_bytes_by_round": per_round,
+        "final_accuracy": accuracies[-1],
+        "last5_accuracy": float(sum(accuracies[-5:]) / len(accuracies[-5:])),
+        "accuracies": accuracies,
+        "round_wall_mean": 0.2,
+        "codec_share_sum": 2 * share,
+        "codec_share_critical": share,
+        "job_wall": 30.0,
+    }
+
+
+def test_job_merge_summarises_the_seeds_of_several_reports_and_publishes_the_figures(tmp_path):
+    """Two one-seed reports merged: the summary is over both seeds, each horizon's bytes ratio counts a warm-up's
+    denser first round, and the figures carry the issue's names (bytes ratio over the rounds up to the horizon)."""
+    job = _job_script()
+    names = ["none", "int8", "topk 1%", "topk 1% warmup 1"]
+    dense, warm = [400, 400, 400], [100, 6, 6]
+    accuracy = {"none": [0.5, 0.8, 0.9], "int8": [0.5, 0.8, 0.9], "topk 1%": [0.3, 0.7, 0.85]}
+    accuracy["topk 1% warmup 1"] = [0.5, 0.75, 0.88]
+    per_round = {"none": dense, "int8": [100, 100, 100], "topk 1%": [6, 6, 6], "topk 1% warmup 1": warm}
+    paths = []
+    for seed, drop in ((0, 0.0), (1, 0.05)):
+        runs = {
+            n: _fake_run([a - (drop if n != "none" else 0) for a in accuracy[n]], per_round[n], 0.01) for n in names
+        }
+        report = {"rounds": 3, "load_average": [1.0, 1.5], "command": f"run seed {seed}"}
+        report["codecs"] = {n: {"per_seed": {str(seed): runs[n]}} for n in names}
+        paths.append(tmp_path / f"seed{seed}.json")
+        paths[-1].write_text(json.dumps(report))
+    out = tmp_path / "merged.json"
+    assert job.main(["--merge", ",".join(map(str, paths)), "--horizons", "2,3", "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["seeds"] == [0, 1]
+    warmup = merged["summary"]["topk 1% warmup 1"]["horizons"]
+    assert warmup["2"]["fewer_bytes"] == pytest.approx(800 / 106) and warmup["3"]["fewer_bytes"] == pytest.approx(
+        1200 / 112
+    )
+    assert warmup["3"]["final_vs_none_points"] == pytest.approx([-2.0, -7.0])
+    figures = {f["figure"]: f for f in merged["figures"]}
+    topk = figures["top-k 1% uplink (66.7x fewer bytes) vs float32, digits in the job, 2 seeds, 3 rounds"]
+    assert topk["value"] == "-7.50 / -10.00 points (mean / worst)" and topk["target"] == "within 3 / worst within 5"
+    assert "top-k 1% warm-up 1 uplink (10.7x fewer bytes) vs float32, digits in the job, 2 seeds, 3 rounds" in figures
+    assert figures["int8 uplink (4x fewer bytes) vs float32, digits in the job, 2 seeds, 3 rounds"]["value"] == (
+        "-2.50 / -5.00 points (mean / worst)"
+    )
+    assert topk["command"].startswith("run seed 0 && run seed 1 && ")
+    assert job.main(["--merge", f"{paths[0]},{paths[0]}"]) == 0  # the same runs twice: one run
+    other = json.loads(paths[1].read_text())
+    other["codecs"]["int8"]["per_seed"]["1"]["accuracies"] = [0.1, 0.1, 0.1]
+    paths.append(tmp_path / "seed1_other.json")
+    paths[-1].write_text(json.dumps(other))
+    with pytest.raises(SystemExit):  # one seed's run of a codec with two different outcomes
+        job.main(["--merge", f"{paths[1]},{paths[2]}"])
+    # another none run of seed 1 (a job's training path can differ under load): int8 is compared with its own report's
+    other["codecs"]["int8"]["per_seed"]["1"]["accuracies"] = [0.1, 0.1, 0.1]
+    other["codecs"]["none"]["per_seed"]["1"]["accuracies"] = [0.2, 0.2, 0.2]
+    for name in ("none", "topk 1%", "topk 1% warmup 1"):  # a report of int8 alone, with its none
+        if name != "none":
+            del other["codecs"][name]
+    paths[-1].write_text(json.dumps(other))
+    first = json.loads(paths[1].read_text())
+    del first["codecs"]["int8"]
+    paths[1].write_text(json.dumps(first))
+    assert job.main(["--merge", f"{paths[0]},{paths[1]},{paths[2]}", "--horizons", "3", "--json", str(out)]) == 0
+    int8 = json.loads(out.read_text())["summary"]["int8"]["horizons"]["3"]["final_vs_none_points"]
+    assert int8 == pytest.approx([0.0, -10.0])  # seed 1: 0.1 against its report's none 0.2, not the other none's 0.9
+    del other["codecs"]["int8"]
+    other["codecs"] = {n: {"per_seed": {"7": row["per_seed"]["1"]}} for n, row in other["codecs"].items()}
+    paths[-1].write_text(json.dumps(other))
+    with pytest.raises(SystemExit):  # seed 7 has no int8 run
+        job.main(["--merge", f"{paths[0]},{paths[2]}"])
+
+
+def test_json_without_a_path_writes_through_benchmarks_figures(tmp_path, monkeypatch):
+    """``--json`` alone publishes through ``benchmarks/figures.py`` (date, machine, commit and the figures, under its
+    results folder); ``--json PATH`` writes the payload and figures to PATH."""
+    job = _job_script()
+    figures = job._compression._figures_module()
+    monkeypatch.setattr(figures, "RESULTS", str(tmp_path / "results"))
+    row = figures.figure("top-k 1% uplink (66.6x fewer bytes) vs float32", "-1.00 / -2.00", "t", "c", "d", "m")
+    path = job._compression.publish("compression_job", {"rounds": 3}, [row], "")
+    written = json.loads(open(path, encoding="utf-8").read())
+    assert os.path.dirname(path) == str(tmp_path / "results") and os.path.basename(path).startswith("compression_job-")
+    assert written["rounds"] == 3 and written["figures"] == [row] and {"date", "machine", "commit"} <= set(written)
+    explicit = job._compression.publish("compression_job", {"rounds": 3}, [row], str(tmp_path / "x.json"))
+    assert explicit.endswith("x.json")
+    assert json.loads((tmp_path / "x.json").read_text()) == {"rounds": 3, "figures": [row]}

@@ -35,12 +35,14 @@ def test_sync_topk_run_records_bytes_residuals_and_simulated_time(tmp_path):
 
 @pytest.mark.slow
 def test_sync_topk_warmup_and_int8_values_reach_the_leaves_and_the_clock(tmp_path):
-    """--topk-values and --topk-warmup-rounds travel to the leaves (bytes per round) and the server's clock."""
+    """--topk-values and --topk-warmup-rounds travel to the leaves (bytes per round) and the server's clock;
+    --topk-momentum reaches the run's config and adds no bytes."""
     args = [*SYNC_RUN, *NETWORK, "--update-codec", "topk", "--topk-fraction", "0.01"]
-    args += ["--topk-values", "int8", "--topk-warmup-rounds", "2"]
+    args += ["--topk-values", "int8", "--topk-warmup-rounds", "2", "--topk-momentum", "0.3"]
     run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "ws")], tmp_path)
     results = find_results(tmp_path / "ws" / "runs")
     assert results["config"]["topk_values"] == "int8" and results["config"]["topk_warmup_rounds"] == 2
+    assert results["config"]["topk_momentum"] == 0.3
     sent = [r["bytes"]["device_to_leaf"] / r["bytes"]["device_to_leaf_float32"] for r in results["rounds"]]
     assert sent[0] > sent[1] > sent[2]  # 10%, then 2.2% of the elements, then 1%; 3 bytes each (+ a scale)
     assert 1 / sent[2] > 120
@@ -77,6 +79,8 @@ def test_bad_codec_flags_are_refused_naming_the_flag(tmp_path):
         (["--topk-fraction", "0"], "--topk-fraction"),
         (["--uplink-mbps", "0"], "--uplink-mbps"),
         (["--topk-values", "int4"], "--topk-values"),
+        (["--update-codec", "topk", "--topk-momentum", "1"], "--topk-momentum"),
+        (["--topk-momentum", "0.5"], "--topk-momentum"),
     ):
         stderr = refused_job("pt_job_fedavg.py", [*flags, "--workspace", str(tmp_path / "ws")], tmp_path)
         assert name in stderr

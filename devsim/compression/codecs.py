@@ -22,7 +22,8 @@ counted.
   values (rounded to nearest): (index bytes + 4, 2 or 1) per kept element (+ 4 for int8). With a warm-up
   (``topk_warmup_rounds`` W, synchronous runs) round r < W keeps ``fraction ** ((r + 1) / (W + 1))``
   (see :meth:`CodecSpec.at_round`), so its byte count depends on the round. Error feedback (the
-  residual each device keeps) lives in :mod:`devsim.compression.uplink`, not here.
+  residual each device keeps) and the leaf's momentum on its sparse aggregate (``topk_momentum``, synchronous
+  runs; sends no bytes of its own) live in :mod:`devsim.compression.uplink`, not here.
 """
 
 from __future__ import annotations
@@ -45,13 +46,15 @@ SAMPLE_STRIDE = 16  # top-k on the CPU: every 16th entry bounds the k-th largest
 @dataclass(frozen=True)
 class CodecSpec:
     """Which codec and its parameters. ``topk_fraction`` in (0, 1]; ``int8_block`` >= 0 (0: one scale per entry);
-    ``topk_values`` float32, float16 or int8; ``topk_warmup_rounds`` >= 0 (0: none)."""
+    ``topk_values`` float32, float16 or int8; ``topk_warmup_rounds`` >= 0 (0: none); ``topk_momentum`` in [0, 1)
+    (0: none; the leaf's heavy-ball momentum on the mean of its devices' decoded sparse updates)."""
 
     name: str = "none"
     topk_fraction: float = 0.01
     int8_block: int = 0
     topk_warmup_rounds: int = 0
     topk_values: str = "float32"
+    topk_momentum: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in CODECS:
@@ -64,17 +67,20 @@ class CodecSpec:
             raise ValueError(f"topk_values {self.topk_values!r} is not one of {', '.join(TOPK_VALUES)}")
         if int(self.topk_warmup_rounds) < 0:
             raise ValueError(f"topk_warmup_rounds must be >= 0, got {self.topk_warmup_rounds!r}")
+        if not (math.isfinite(self.topk_momentum) and 0.0 <= self.topk_momentum < 1.0):
+            raise ValueError(f"topk_momentum must be in [0, 1), got {self.topk_momentum!r}")
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> CodecSpec:
         """The codec a run's settings name (``update_codec``, ``topk_fraction``, ``int8_block``, ``topk_values``,
-        ``topk_warmup_rounds``; absent keys take the defaults)."""
+        ``topk_warmup_rounds``, ``topk_momentum``; absent keys take the defaults)."""
         return cls(
             name=str(settings.get("update_codec", "none")),
             topk_fraction=float(settings.get("topk_fraction", 0.01)),
             int8_block=int(settings.get("int8_block", 0)),
             topk_warmup_rounds=int(settings.get("topk_warmup_rounds", 0)),
             topk_values=str(settings.get("topk_values", "float32")),
+            topk_momentum=float(settings.get("topk_momentum", 0.0)),
         )
 
     def at_round(self, round_num: int) -> CodecSpec:

@@ -7,6 +7,17 @@ its residual to its update before encoding and keeps what was not sent (error fe
 2018; Karimireddy et al. 2019): over any sequence of rounds, the sum of what it transmitted plus its
 current residual equals the sum of its true updates (up to float32 rounding of the additions).
 ``fp16`` and ``int8`` send without feedback.
+
+With ``topk_momentum`` beta > 0 (synchronous runs) the leaf also keeps a heavy-ball momentum on what it
+received (:meth:`UplinkCompressor.fold_aggregate`): ``v = beta * v + mean``, where ``mean`` is the
+sample-weighted mean of the round's decoded sparse updates, and it reports ``v`` in place of ``mean`` (as
+``v * total weight``). This is FetchSGD's aggregator-side momentum (Rothchild et al. 2020) placed at the leaf;
+FetchSGD's error accumulation at the aggregator needs a linear sketch of each whole update, which top-k is not
+(the leaf never sees what a device left out; the device's residual keeps it), and on a float32 leaf -> server
+hop nothing is left to accumulate, so momentum is the part of it that applies. It adds no uplink bytes; with
+two or more leaves that all report every round it is close to the server's momentum on the global mean (exact
+when the leaves' weights keep their proportions). The velocity lives in the leaf's memory and is not
+checkpointed: a resumed run starts it from zero.
 """
 
 from __future__ import annotations
@@ -62,6 +73,8 @@ class UplinkCompressor:
     ):
         self.spec = spec
         self.error_feedback = spec.name == "topk"
+        self.momentum = float(spec.topk_momentum) if spec.name == "topk" else 0.0
+        self._velocity: list[torch.Tensor] | None = None
         self.residuals = (
             ResidualStore(residual_capacity, residual_max_age, residual_max_bytes) if self.error_feedback else None
         )
@@ -158,6 +171,22 @@ class UplinkCompressor:
         if encoded_out is not None:
             encoded_out.append(encoded)
         return received
+
+    def fold_aggregate(self, accumulator: list[torch.Tensor], total_weight: float) -> list[torch.Tensor]:
+        """The leaf's round sum as it reports it: ``accumulator`` (the weighted sum of the received updates, entry
+        by entry) as is without ``topk_momentum``; with momentum beta, ``v * total_weight`` where ``v = beta * v
+        + accumulator / total_weight`` (``v`` starts at zero and is kept between rounds). A round with no weight
+        (no device accepted) leaves ``v`` alone and returns ``accumulator``. Synchronous rounds only (one call a
+        round, from one thread)."""
+        if not self.momentum or total_weight <= 0:
+            return accumulator
+        mean = [a.to(torch.float32) / float(total_weight) for a in accumulator]
+        if self._velocity is None:
+            self._velocity = mean
+        else:
+            torch._foreach_mul_(self._velocity, self.momentum)
+            torch._foreach_add_(self._velocity, mean)
+        return [v * float(total_weight) for v in self._velocity]
 
     def sweep(self, stamp: int) -> None:
         """Apply the residual store's age and capacity bounds (see :class:`ResidualStore`)."""

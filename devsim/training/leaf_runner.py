@@ -172,12 +172,13 @@ class LeafRoundRunner:
         self.uplink.sweep(round_num)
         counts.update({k: int(v) for k, v in uplink.to_counts().items() if k != "codec_seconds"})
         counts.update(self.uplink.residual_counts())
-        delta_sum = tensors_to_numpy(self.keys, accumulator)
+        total_weight = float(sum(m.num_samples for m in metrics))
+        delta_sum = tensors_to_numpy(self.keys, self.uplink.fold_aggregate(accumulator, total_weight))
         finished = time.perf_counter()
         compute = [m.compute_seconds for m in metrics] or [0.0]
         return LeafRoundResult(
             delta_sum=delta_sum,
-            total_weight=float(sum(m.num_samples for m in metrics)),
+            total_weight=total_weight,
             device_metrics=metrics,
             timing={
                 "leaf_wall": finished - started,
