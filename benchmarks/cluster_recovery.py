@@ -1,14 +1,23 @@
 """Does cluster aggregation recover the hidden groups? Adjusted Rand index and per-leaf accuracy vs FedAvg.
 
-For every group kind x number of groups x leaves per group x seed, runs the core-level cluster
+For every dataset x group kind x number of groups x leaves per group x seed, runs the core-level cluster
 simulation (devsim/training/cluster_sim.py: the cluster job's leaves, data, selection and training
-without NVFlare) twice on identical data and devices: once with the cluster strategy (--similarity-on,
---tau; unset tau: chosen each round) and once as FedAvg (every leaf in one cluster). Printed per run:
+without NVFlare) twice on identical data and devices: once with the cluster strategy (the job's
+defaults, or the flags below) and once as FedAvg (every leaf in one cluster). Printed per run:
 the adjusted Rand index (ARI) of the final clusters against the true groups, the first round from
 which the partition stays exact, and the mean per-leaf accuracy (each leaf's model on its group's
-view of the test set) of both, side by side. Then the share of runs with ARI = 1 per group kind.
+view of the test set) of both, side by side. Then one line per row (dataset, kind, groups, leaves per
+group): the runs with ARI = 1 by the last round (exact from that round or earlier), the mean round from
+which those were exact, mean per-leaf accuracy of both and the failed runs. ``--json`` writes the rows
+and one figure per row to ``benchmarks/results/cluster_recovery-<date>.json`` (benchmarks/figures.py).
+The full grid (issue #33: both kinds x 2-4 groups x 2-3 leaves per group x 5 seeds, synthetic and digits,
+10 rounds) is the default:
 
-    .venv/bin/python benchmarks/cluster_recovery.py --groups 2,3 --leaves-per-group 2,3 --seeds 0,1,2 --jobs 2
+    .venv/bin/python benchmarks/cluster_recovery.py --jobs 3 --json
+    # or in parts, then summarised together:
+    .venv/bin/python benchmarks/cluster_recovery.py --dataset synthetic --jobs 3 --out /tmp/syn.json
+    .venv/bin/python benchmarks/cluster_recovery.py --dataset digits --jobs 3 --out /tmp/dig.json
+    .venv/bin/python benchmarks/cluster_recovery.py --from /tmp/syn.json,/tmp/dig.json --json
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation  # noqa: E402
 from devsim.aggregation.cluster_threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -34,10 +44,10 @@ def run_one(task: tuple) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    kind, groups, per_group, seed, args = task
+    dataset, kind, groups, per_group, seed, args = task
     leaves = groups * per_group
     config = ClusterConfig(
-        dataset=args.dataset,
+        dataset=dataset,
         num_leaf_nodes=leaves,
         hidden_groups=groups,
         group_kind=kind,
@@ -53,6 +63,9 @@ def run_one(task: tuple) -> dict:
         centre_similarity=args.centre_similarity,
         confirm_rounds=args.confirm_rounds,
         resplit_silhouette=args.resplit_silhouette,
+        scale_entries=args.scale_entries,
+        agree_on=args.agree_on,
+        confirm_pairs=args.confirm_pairs,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
@@ -65,6 +78,9 @@ def run_one(task: tuple) -> dict:
         centre=config.centre_similarity,
         confirm_rounds=config.confirm_rounds,
         resplit_silhouette=config.resplit_silhouette,
+        scale_entries=config.scale_entries,
+        agree_on=config.agree_on,
+        confirm_pairs=config.confirm_pairs,
     )
     clustered = simulate_clusters(config, strategy) if args.cluster else None
     cluster_seconds = time.time() - started
@@ -74,6 +90,7 @@ def run_one(task: tuple) -> dict:
         fedavg = simulate_clusters(config, baseline)
     if clustered is None:
         return {
+            "dataset": dataset,
             "kind": kind,
             "groups": groups,
             "leaves_per_group": per_group,
@@ -90,6 +107,7 @@ def run_one(task: tuple) -> dict:
         exact_from = index + 1
     last = clustered.rounds[-1] if clustered.rounds else {}
     return {
+        "dataset": dataset,
         "kind": kind,
         "groups": groups,
         "leaves_per_group": per_group,
@@ -113,11 +131,11 @@ def run_one(task: tuple) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="label_permutation,input_transform")
-    parser.add_argument("--groups", default="2,3")
+    parser.add_argument("--groups", default="2,3,4")
     parser.add_argument("--leaves-per-group", default="2,3")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--dataset", default="synthetic,digits", help="one or more datasets, comma-separated")
     parser.add_argument("--devices-per-leaf", type=int, default=20)
     parser.add_argument("--devices-per-round", type=int, default=10, help="devices selected per leaf per round")
     parser.add_argument("--similarity-on", default=ClusterConfig.similarity_on)
@@ -133,6 +151,9 @@ def main() -> None:
         default=ClusterConfig.resplit_silhouette,
         help="bar of the re-split of clusters on their members' updates; 'none': never re-split",
     )
+    parser.add_argument("--scale-entries", action=argparse.BooleanOptionalAction, default=ClusterConfig.scale_entries)
+    parser.add_argument("--agree-on", default=ClusterConfig.agree_on, choices=("drift", "updates"))
+    parser.add_argument("--confirm-pairs", action=argparse.BooleanOptionalAction, default=ClusterConfig.confirm_pairs)
     parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
@@ -145,14 +166,40 @@ def main() -> None:
     parser.add_argument("--fedavg", action=argparse.BooleanOptionalAction, default=True, help="run the baseline")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
     parser.add_argument("--out", default=None, help="write every run's record to this JSON file")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="write the per-row summary and one figure per row to benchmarks/results/cluster_recovery-<date>.json",
+    )
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        default=None,
+        help="summarise the runs of earlier --out files (comma-separated) instead of running any",
+    )
+    parser.add_argument(
+        "--figure-command",
+        default=None,
+        help="with --from: the commands that produced those files, recorded as the figures' command",
+    )
     args = parser.parse_args()
+    start_load = load()
+    if args.sources:
+        rows = []
+        for path in args.sources.split(","):
+            with open(path) as stream:
+                rows.extend(json.load(stream))
+        report(rows, args, start_load, 0.0)
+        return
     grid = itertools.product(
+        args.dataset.split(","),
         args.kinds.split(","),
         [int(x) for x in args.groups.split(",")],
         [int(x) for x in args.leaves_per_group.split(",")],
         [int(x) for x in args.seeds.split(",")],
     )
-    tasks = [(*cell, args) for cell in grid]
+    # The largest cells first, so the pool does not end on one long run.
+    tasks = sorted(((*cell, args) for cell in grid), key=lambda t: -t[2] * t[3])
     print(
         f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
         f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}, "
@@ -163,28 +210,111 @@ def main() -> None:
     started = time.time()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         rows = []
-        header = "| kind | groups | leaves/group | seed | ARI | exact from round | cluster acc | FedAvg acc | ratio |"
-        print(header + "\n|" + " --- |" * 9, flush=True)
-        for row in pool.imap(run_one, tasks):
+        header = (
+            "| dataset | kind | groups | leaves/group | seed | ARI | exact from round | cluster acc | FedAvg acc "
+            "| ratio |"
+        )
+        print(header + "\n|" + " --- |" * 10, flush=True)
+        for row in pool.imap_unordered(run_one, tasks):
             rows.append(row)
             exact = row.get("exact_from_round") or "-"
             ari = f"{row['ari']:.2f}" if row["ari"] is not None else "-"
             print(
-                f"| {row['kind']} | {row['groups']} | {row['leaves_per_group']} | {row['seed']} | {ari} "
+                f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
+                f"| {row['seed']} | {ari} "
                 f"| {exact} | {row['cluster_accuracy']:.3f} | {row['fedavg_accuracy']:.3f} "
                 f"| {row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f} |",
                 flush=True,
             )
-    for kind in args.kinds.split(","):
-        mine = [r for r in rows if r["kind"] == kind]
-        exact = sum(r["ari"] == 1.0 for r in mine) if args.cluster else "-"
-        acc = sum(r["cluster_accuracy"] for r in mine) / len(mine)
-        base = sum(r["fedavg_accuracy"] for r in mine) / len(mine)
-        print(f"{kind}: ARI = 1 in {exact}/{len(mine)} runs; mean leaf accuracy {acc:.3f} vs FedAvg {base:.3f}")
-    print(f"wall {time.time() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
+    report(rows, args, start_load, time.time() - started)
+
+
+def report(rows: list[dict], args: argparse.Namespace, start_load: str, wall: float) -> None:
+    """Print the per-row summary; with ``--out`` write the runs, with ``--json`` the summary and its figures."""
+    summary = summarise(rows, args.rounds)
+    print(
+        f"\n| dataset | kind | groups | leaves/group | ARI = 1 by round {args.rounds} | mean exact round "
+        "| per-leaf acc | FedAvg acc | failures |\n|" + " --- |" * 9
+    )
+    for row in summary:
+        print(
+            f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
+            f"| {row['exact']}/{row['runs']} | {_fmt(row['mean_exact_round'], 1)} "
+            f"| {_fmt(row['cluster_accuracy'], 3)} | {_fmt(row['fedavg_accuracy'], 3)} "
+            f"| {', '.join(row['failures']) or '-'} |"
+        )
+    print(f"wall {wall:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if args.out:
         with open(args.out, "w") as stream:
             json.dump(rows, stream, indent=1)
+    if args.json:
+        where = machine(start_load)
+        today = time.strftime("%Y-%m-%d")
+        command = args.figure_command or invocation()
+        figures = [
+            figure(
+                f"cluster recovery {row['dataset']} {row['kind']} {row['groups']}x{row['leaves_per_group']}",
+                f"ARI = 1 by round {args.rounds} in {row['exact']}/{row['runs']} runs, mean round "
+                f"{_fmt(row['mean_exact_round'], 1)}; per-leaf accuracy {_fmt(row['cluster_accuracy'], 3)} vs "
+                f"FedAvg {_fmt(row['fedavg_accuracy'], 3)}"
+                + (f"; failures: {', '.join(row['failures'])}" if row["failures"] else ""),
+                f"ARI = 1 in >= 95% of runs within {args.rounds} rounds; per-leaf accuracy clearly above FedAvg",
+                command,
+                today,
+                where,
+            )
+            for row in summary
+        ]
+        payload = {
+            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "figure_command")},
+            "wall_s": round(wall, 1),
+            "rows": summary,
+            "runs": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
+        }
+        print(f"wrote {write_results('cluster_recovery', payload, figures)}")
+
+
+def exact_by(row: dict, rounds: int) -> bool:
+    """Whether a run's partition was exact at its last round and had been from round ``rounds`` or earlier."""
+    return row.get("ari") == 1.0 and row.get("exact_from_round") is not None and row["exact_from_round"] <= rounds
+
+
+def summarise(rows: list[dict], rounds: int) -> list[dict]:
+    """One entry per (dataset, kind, groups, leaves per group): runs, runs exact by ``rounds``, the mean round
+    from which they were exact, mean per-leaf accuracy of the cluster strategy and of FedAvg, and the failed runs
+    (``seed N: ARI x``)."""
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cells.setdefault((row["dataset"], row["kind"], row["groups"], row["leaves_per_group"]), []).append(row)
+    out = []
+    for (dataset, kind, groups, per_group), mine in sorted(cells.items()):
+        mine = sorted(mine, key=lambda r: r["seed"])
+        good = [r for r in mine if exact_by(r, rounds)]
+        failures = [f"seed {r['seed']}: ARI {_fmt(r.get('ari'), 2)}" for r in mine if not exact_by(r, rounds)]
+        out.append(
+            {
+                "dataset": dataset,
+                "kind": kind,
+                "groups": groups,
+                "leaves_per_group": per_group,
+                "runs": len(mine),
+                "exact": len(good),
+                "mean_exact_round": _mean([r["exact_from_round"] for r in good]),
+                "cluster_accuracy": _mean([r["cluster_accuracy"] for r in mine]),
+                "fedavg_accuracy": _mean([r["fedavg_accuracy"] for r in mine]),
+                "failures": failures,
+            }
+        )
+    return out
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None and v == v]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

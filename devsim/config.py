@@ -700,6 +700,27 @@ class ClusterConfig(SimulationConfig):
             "silhouette in --confirm-rounds consecutive rounds; unset: never"
         ),
     )
+    scale_entries: bool = field(
+        default=True,
+        metadata=_help(
+            "centred cosines: scale each model entry by its spread across leaves first, so every entry counts "
+            "by its number of values, not the size of its values"
+        ),
+    )
+    agree_on: str = field(
+        default="updates",
+        metadata=_help(
+            "one of drift, updates: unset --tau, drift sources, all leaves join at once when every pair's "
+            "absolute cosine of this exceeds 0.5 (drift holds the shrink all leaves share, so it always does)"
+        ),
+    )
+    confirm_pairs: bool = field(
+        default=True,
+        metadata=_help(
+            "also join the pairs of leaves proposed together in each of the last --confirm-rounds rounds "
+            "(a leaf that changes sides holds back only itself)"
+        ),
+    )
 
     def validate(self, population: bool = True) -> ClusterConfig:
         super().validate(population)
@@ -707,6 +728,7 @@ class ClusterConfig(SimulationConfig):
         if not (math.isfinite(self.min_silhouette) and 0.0 <= self.min_silhouette < 1.0):
             raise ConfigError("min_silhouette", f"{self.min_silhouette} is outside the allowed range [0, 1)")
         _check_min("confirm_rounds", self.confirm_rounds, 1)
+        _check_choice("agree_on", self.agree_on, ("drift", "updates"))
         if self.resplit_silhouette is not None and not (
             math.isfinite(self.resplit_silhouette) and 0.0 <= self.resplit_silhouette < 1.0
         ):

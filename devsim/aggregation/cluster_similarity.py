@@ -83,6 +83,42 @@ def leaf_vector(
     return _vector(source, model, update, last_layer_keys, reference)
 
 
+def entry_sizes(source: str, model: Weights, update: LeafUpdate, *, last_layer_keys: Sequence[str]) -> list[int]:
+    """Sizes of the model entries that make up ``source``'s vector (:func:`leaf_vector`, :func:`update_vector`,
+    also ``model_updates``), in the order they are concatenated; they sum to the vector's length."""
+    if source in LAST_LAYER_SOURCES:
+        keys = list(last_layer_keys)
+    elif source.startswith("model_"):
+        keys = [k for k in model if k in update.delta_sum]
+    else:
+        keys = [key for block in layer_blocks([k for k in model if k in update.delta_sum]) for key in block]
+    return [int(np.asarray(update.delta_sum[key]).size) for key in keys]
+
+
+def scale_entries(vectors: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """``vectors`` ``(L, D)`` with each entry's columns (consecutive blocks of ``sizes``) divided by that entry's
+    spread across the rows: the root mean square of the block after subtracting the rows' mean.
+
+    After this every entry that differs between leaves weighs by its number of values, not by the size of its
+    values: a bias of 10 values whose drift varies a lot between leaves no longer outweighs a layer of 48,000
+    weights whose drift varies less per value. Blocks equal in every row are left as they are (their centred
+    cosine contribution is 0 anyway). Centred cosines of the result are unchanged by the mean (it is removed
+    first), so this only sets how much each entry counts.
+    """
+    x = np.array(vectors, dtype=np.float64, copy=True)
+    if sum(sizes) != x.shape[1]:
+        raise ValueError(f"entry sizes sum to {sum(sizes)}, but the vectors have {x.shape[1]} values")
+    start = 0
+    for size in sizes:
+        block = x[:, start : start + size]
+        spread = float(np.sqrt(np.mean((block - block.mean(axis=0, keepdims=True)) ** 2))) if block.size else 0.0
+        # A spread at rounding level (rows equal up to float error) is not a difference worth scaling up.
+        if spread > 1e-9 * float(np.max(np.abs(block), initial=0.0)):
+            x[:, start : start + size] = block / spread
+        start += size
+    return x
+
+
 def _vector(
     source: str,
     model: Weights,

@@ -47,6 +47,9 @@ class ClusterServer(SyncServer):
             centre=config.centre_similarity,
             confirm_rounds=config.confirm_rounds,
             resplit_silhouette=config.resplit_silhouette,
+            scale_entries=config.scale_entries,
+            agree_on=config.agree_on,
+            confirm_pairs=config.confirm_pairs,
         )
         self.current: dict[str, Weights] = {leaf: self.weights for leaf in self.leaves}
 
