@@ -1,0 +1,121 @@
+"""Where the digits demo's start-up goes, with and without this project's start-up cuts, measured side by side.
+
+    .venv/bin/python benchmarks/startup.py [--runs 4] [--baseline-tree DIR] [--json]
+
+Runs the digits demo (``jobs/pt_job_fedavg.py --dataset digits``) ``--runs`` times per arm, the arms in turn
+(A B A B ...), each arm in its own temporary workspace after one uncounted warm-up run (which writes the
+workspace's shared digits file, as a user's first run does). Arms:
+
+- ``project``: this checkout with its defaults;
+- ``nvflare-waits``: this checkout with ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its
+  one-second polls (and NVFlare's streaming and glibc defaults);
+- ``baseline`` (with ``--baseline-tree DIR``): the same job script from another checkout (``git worktree add DIR
+  <commit>``), run with this checkout's virtual environment.
+
+Prints, per arm, the medians of the stages in results.json ``startup`` (command -> server process, server
+process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, and each
+arm's command -> first round against ``project``'s. ``--json`` writes ``benchmarks/results/startup-<date>.json``
+with the figure of benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.figures import REPO, figure, invocation, load, machine, write_results  # noqa: E402
+
+PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]
+STAGES = (
+    "command_to_server_process",
+    "server_process_to_run",
+    "run_to_ready",
+    "command_to_first_round",
+    "last_round_to_exit",
+)
+FIGURE = "digits demo start-up: command -> first round / last round -> exit"
+TARGET = "<= 8 s / <= 2 s"
+RUN_TIMEOUT_S = 300.0
+
+
+def run_once(tree: str, workspace: str, env: dict[str, str]) -> dict[str, float]:
+    """One demo run from ``tree`` in ``workspace``: its start-up stages (seconds) and its wall ``command_s``."""
+    output = os.path.join(workspace, "run")
+    cmd = [PYTHON, *JOB, "--workspace", workspace, "--output-dir", output]
+    env = {**env, "DEVSIM_COMMAND_STARTED": repr(time.time())}
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr}")
+    with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
+        seconds = json.load(stream)["startup"]["seconds"]
+    return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall}
+
+
+def arms(baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
+    """Arm name -> (checkout to run the job from, environment)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("DEVSIM_RUNTIME_ENV_DEFAULTS", "DEVSIM_DIGITS_FILE")}
+    chosen = {"project": (REPO, base), "nvflare-waits": (REPO, {**base, "DEVSIM_RUNTIME_ENV_DEFAULTS": "0"})}
+    if baseline_tree:
+        chosen["baseline"] = (os.path.abspath(baseline_tree), base)
+    return chosen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=4, help="counted runs per arm (default 4)")
+    parser.add_argument("--baseline-tree", help="another checkout whose job script is a third arm")
+    parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup-<date>.json")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs: must be >= 1, got {args.runs}")
+    if args.baseline_tree and not os.path.isfile(os.path.join(args.baseline_tree, JOB[0])):
+        parser.error(f"--baseline-tree: {args.baseline_tree} has no {JOB[0]}")
+    load_at_start = load()
+    chosen = arms(args.baseline_tree)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
+    with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
+        workspaces = {name: os.path.join(root, name) for name in chosen}
+        for name, (tree, env) in chosen.items():
+            run_once(tree, workspaces[name], env)  # warm-up: writes the workspace's shared digits file
+        for index in range(args.runs):
+            for name, (tree, env) in chosen.items():
+                samples[name].append(run_once(tree, workspaces[name], env))
+                first = samples[name][-1]["command_to_first_round"]
+                print(f"run {index + 1}/{args.runs} {name}: {first:.1f} s to the first round", flush=True)
+    medians = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+    print(f"\n{'arm':<14}" + "".join(f"{k:>27}" for k in (*STAGES, "command_s")))
+    for name, row in medians.items():
+        print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in (*STAGES, "command_s")))
+    project = medians["project"]["command_to_first_round"]
+    for name, row in medians.items():
+        if name != "project":
+            print(f"command -> first round: project / {name} = {project / row['command_to_first_round']:.2f}x")
+    if args.json:
+        where = machine(load_at_start)
+        p = medians["project"]
+        others = "; ".join(
+            f"{name}: {row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
+            for name, row in medians.items()
+            if name != "project"
+        )
+        first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
+        value = f"{first:.1f} s / {exit_s:.1f} s (median of {args.runs}; {others})"
+        figures = [figure(FIGURE, value, TARGET, invocation(), time.strftime("%Y-%m-%d"), where)]
+        payload = {"runs": args.runs, "job": JOB, "samples": samples, "medians": medians}
+        print(f"wrote {write_results('startup', payload, figures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
