@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from devsim.aggregation.cluster import ClusterAggregation  # noqa: E402
+from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster_threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
 from devsim.training.cluster_sim import initial_weights, simulate_clusters  # noqa: E402
@@ -69,19 +69,7 @@ def run_one(task: tuple) -> dict:
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
-    strategy = ClusterAggregation(
-        tau=config.tau,
-        similarity_on=config.similarity_on,
-        last_layer_keys=keys,
-        reference=reference,
-        min_silhouette=config.min_silhouette,
-        centre=config.centre_similarity,
-        confirm_rounds=config.confirm_rounds,
-        resplit_silhouette=config.resplit_silhouette,
-        scale_entries=config.scale_entries,
-        agree_on=config.agree_on,
-        confirm_pairs=config.confirm_pairs,
-    )
+    strategy = ClusterAggregation(last_layer_keys=keys, reference=reference, **config_settings(config))
     clustered = simulate_clusters(config, strategy) if args.cluster else None
     cluster_seconds = time.time() - started
     fedavg = None

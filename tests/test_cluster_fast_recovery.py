@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from devsim.aggregation.base import LeafUpdate
-from devsim.aggregation.cluster import ClusterAggregation
+from devsim.aggregation.cluster import ClusterAggregation, config_settings
 from devsim.aggregation.cluster_similarity import entry_sizes, scale_entries
 from devsim.aggregation.cluster_threshold import adjusted_rand_index
 from devsim.config import ClusterConfig, ConfigError
@@ -175,19 +175,7 @@ def test_two_groups_of_two_are_exact_within_seven_rounds(kind: str) -> None:
         data_seed=1,
     ).validate()
     reference, keys = initial_weights(config)
-    strategy = ClusterAggregation(
-        tau=config.tau,
-        similarity_on=config.similarity_on,
-        last_layer_keys=keys,
-        reference=reference,
-        min_silhouette=config.min_silhouette,
-        centre=config.centre_similarity,
-        confirm_rounds=config.confirm_rounds,
-        resplit_silhouette=config.resplit_silhouette,
-        scale_entries=config.scale_entries,
-        agree_on=config.agree_on,
-        confirm_pairs=config.confirm_pairs,
-    )
+    strategy = ClusterAggregation(last_layer_keys=keys, reference=reference, **config_settings(config))
     result = simulate_clusters(config, strategy)
     aris = [adjusted_rand_index(result.true_groups, r["labels"]) for r in result.rounds]
     assert aris[-2:] == [1.0, 1.0], [r["labels"] for r in result.rounds]

@@ -80,9 +80,12 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from devsim.config import ClusterConfig
 
 from devsim.aggregation.base import LeafUpdate, Weights
 from devsim.aggregation.cluster_similarity import (
@@ -307,6 +310,22 @@ class ClusterResult:
     similarity_summary: dict[str, float | None] = field(default_factory=dict)
     pending: int = 0
     resplit: list[dict[str, Any]] = field(default_factory=list)
+
+
+def config_settings(config: ClusterConfig) -> dict[str, Any]:
+    """The :class:`ClusterAggregation` arguments a :class:`~devsim.config.ClusterConfig` sets (its similarity,
+    gate, confirmation and re-split fields), for the job, the recovery benchmark and the tests alike."""
+    return {
+        "tau": config.tau,
+        "similarity_on": config.similarity_on,
+        "min_silhouette": config.min_silhouette,
+        "centre": config.centre_similarity,
+        "confirm_rounds": config.confirm_rounds,
+        "resplit_silhouette": config.resplit_silhouette,
+        "scale_entries": config.scale_entries,
+        "agree_on": config.agree_on,
+        "confirm_pairs": config.confirm_pairs,
+    }
 
 
 class ClusterAggregation:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from devsim.aggregation import LeafUpdate
-from devsim.aggregation.cluster import ClusterAggregation
+from devsim.aggregation.cluster import ClusterAggregation, config_settings
 from devsim.config import ClusterConfig
 from devsim.models import last_layer_names
 from devsim.observe.checkpoint import weights_to_tensors
@@ -36,20 +36,12 @@ class ClusterServer(SyncServer):
     def setup_strategy(self, config: ClusterConfig) -> None:
         keys = last_layer_names(self.task.build_model())
         self.strategy = ClusterAggregation(
-            tau=config.tau,
-            similarity_on=config.similarity_on,
             last_layer_keys=keys,
             threshold_method="silhouette",
             global_lr=config.global_lr,
             gate_margin=config.gate_margin,
             reference=self.weights,
-            min_silhouette=config.min_silhouette,
-            centre=config.centre_similarity,
-            confirm_rounds=config.confirm_rounds,
-            resplit_silhouette=config.resplit_silhouette,
-            scale_entries=config.scale_entries,
-            agree_on=config.agree_on,
-            confirm_pairs=config.confirm_pairs,
+            **config_settings(config),
         )
         self.current: dict[str, Weights] = {leaf: self.weights for leaf in self.leaves}
 
