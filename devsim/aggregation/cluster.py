@@ -588,8 +588,7 @@ class ClusterAggregation:
                 # leaf stays alone; the split is judged on centred drift, agreement on absolute cosines.
                 fallback, agree = "alone", similarity if agreement is None else agreement
                 if centred:
-                    scaled = scale_entries(vectors, self._sizes) if self.scale_entries else vectors
-                    compared = cosine_similarity_centred(scaled)
+                    compared = self._centred_similarity(vectors)
             if self._apart:
                 # Pairs a re-split separated: their drifts still hold the history they shared.
                 compared = self._keep_apart(order, compared, -1.0 if centred else 0.0)
@@ -673,16 +672,8 @@ class ClusterAggregation:
                 if len(group) < 3:
                     continue
                 names = tuple(members[i] for i in group)
-                vectors = np.stack(
-                    [
-                        update_vector(
-                            self.similarity_on, models[leaf], by_leaf[leaf], last_layer_keys=self.last_layer_keys
-                        )
-                        for leaf in names
-                    ]
-                )
-                scaled = scale_entries(vectors, self._sizes) if self.scale_entries else vectors
-                compared = cosine_similarity_centred(scaled)
+                vectors = np.stack([self._update(models[leaf], by_leaf[leaf]) for leaf in names])
+                compared = self._centred_similarity(vectors)
                 # The best split whatever its silhouette (bar -1), so the record shows how close it came.
                 candidate = components_above(compared, silhouette_threshold(compared, -1.0))
                 best = silhouette(compared, candidate)
@@ -808,6 +799,11 @@ class ClusterAggregation:
         if leaf in self._previous_labels:
             return ("kept", self._previous_labels[leaf])
         return ("alone", leaf)
+
+    def _centred_similarity(self, vectors: np.ndarray) -> np.ndarray:
+        """Centred cosines of ``vectors`` ``(L, D)``, each model entry scaled by its spread first with
+        ``scale_entries`` (the partition and the re-split compare alike)."""
+        return cosine_similarity_centred(scale_entries(vectors, self._sizes) if self.scale_entries else vectors)
 
     def _update(self, model: Weights, update: LeafUpdate) -> np.ndarray:
         """The update counterpart of the compared vector for one leaf (what a re-split compares)."""
