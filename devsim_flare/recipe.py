@@ -43,6 +43,9 @@ class DevsimRecipe(CollabRecipe):
     """
 
     task_file: str | None = None
+    app_params: dict | None = None
+    """Top-level values written into the server's and every leaf's app config (NVFlare reads its config vars there
+    first, so they hold in the simulator, POC and production alike): see :func:`tensor_transfer_params`."""
     carried_checkpoint: str | None = None
     """A checkpoint.pt the server app carries in ``custom/devsim_resume/`` (a job resubmitted to continue from it)."""
 
@@ -52,6 +55,10 @@ class DevsimRecipe(CollabRecipe):
         job = super().finalize()
         job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         targets = self.configured_sites() or [ALL_SITES]
+        if self.app_params:
+            job.to_server(dict(self.app_params))
+            for target in targets:
+                job.to(dict(self.app_params), target)
         sources = package_sources()
         if self.task_file:
             sources.append((self.task_file, SHIPPED_FOLDER))
@@ -110,7 +117,21 @@ def build_recipe(
         max_call_threads_for_client=4,
     )
     recipe.task_file = source_file(config.task) if config.task else None
+    recipe.app_params = tensor_transfer_params(config.tensor_transfer)
     return recipe
+
+
+def tensor_transfer_params(mode: str) -> dict:
+    """App config values for ``--tensor-transfer`` (already resolved from ``auto``, see
+    :func:`devsim.tasks.fit.tensor_transfer_for`).
+
+    NVFlare's NumPy decomposer sends every array by reference: the message carries an id and the receiver then
+    downloads the arrays from the sender in 2 MiB chunks, a second exchange on every call. ``np_download_chunk_size``
+    0 makes it put the arrays inside the message instead. Measured with a bare Collab echo in the simulator (2-core
+    CPU): a call with 8 floats each way 16 -> 3.2 ms, with 62k floats 24 -> 5.4 ms, and the server's CPU per call
+    11 -> 2.3 ms. ``download`` (and ``auto``, unresolved) leave NVFlare's default.
+    """
+    return {"np_download_chunk_size": 0} if mode == "inline" else {}
 
 
 LOG_LEVELS = ("WARNING", "INFO", "DEBUG")

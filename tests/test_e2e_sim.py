@@ -97,6 +97,8 @@ def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     assert (job_dir / "meta.json").is_file(), proc.stdout
     server_config = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
     assert server_config["server"]["task_request_interval"] == TASK_REQUEST_INTERVAL < 2  # NVFlare's default: 2 s
+    client_config = json.loads((job_dir / "app" / "config" / "config_fed_client.json").read_text())
+    assert server_config["np_download_chunk_size"] == client_config["np_download_chunk_size"] == 0  # inline arrays
     sim = subprocess.run(
         [
             os.path.join(os.path.dirname(sys.executable), "nvflare"),

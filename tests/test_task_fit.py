@@ -137,3 +137,30 @@ def test_iid_shards_for_a_task_without_class_ids(tasks):
     assert part.labels is None and part.device_indices(3).shape == (8,)
     with pytest.raises(ValueError, match="class labels"):
         part.device_label_histogram(0)
+
+
+LARGE_MODEL = IMAGES.replace("nn.Linear(4 * 6 * 6, 10)", "nn.Linear(4 * 6 * 6, 10), nn.Linear(10, 60000)")
+
+
+def test_tensor_transfer_auto_follows_the_model_size(tasks, tmp_path):
+    """Small models travel inline in NVFlare's messages; one over 2 MiB of float32 state keeps NVFlare's download,
+    with a note; an explicit choice is kept whatever the size."""
+    images = tasks["images"]
+    assert images.probe.model_bytes == 4 * (4 * 1 * 3 * 3 + 4 + 4 * 6 * 6 * 10 + 10)
+    config, notes = fit_config(SimulationConfig(samples_per_device=10), images)
+    assert config.tensor_transfer == "inline" and notes == []
+    large = load_task({"task": write_task(tmp_path, LARGE_MODEL, "large.py")})
+    assert large.probe.model_bytes > 2 * 2**20
+    config, notes = fit_config(SimulationConfig(samples_per_device=10), large)
+    assert config.tensor_transfer == "download" and "--tensor-transfer inline" in notes[-1]
+    kept, _ = fit_config(SimulationConfig(samples_per_device=10, tensor_transfer="inline"), large)
+    assert kept.tensor_transfer == "inline"
+
+
+def test_tensor_transfer_values():
+    from devsim_flare.recipe import tensor_transfer_params
+
+    assert tensor_transfer_params("inline") == {"np_download_chunk_size": 0}  # arrays inside the message
+    assert tensor_transfer_params("download") == {}  # NVFlare's default
+    with pytest.raises(ConfigError, match="--tensor-transfer.*auto, inline, download"):
+        SimulationConfig(tensor_transfer="stream").validate()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from devsim.codec import float_state_keys
 from devsim.tasks.contract import (
     OPTIONAL_DATA_KEYS,
     REQUIRED_DATA_KEYS,
@@ -186,11 +187,13 @@ def checked_arrays(hooks: TaskHooks, values: Any) -> TaskArrays:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the probe learnt: classification (1-D class ids and ``(batch, C)`` outputs) and ``C``."""
+    """What the probe learnt: classification (1-D class ids and ``(batch, C)`` outputs) and ``C``; and the bytes of
+    the model's floating-point state as float32 (what one copy of the model weighs on the wire)."""
 
     classification: bool
     num_classes: int | None
     output_shape: tuple[int, ...]
+    model_bytes: int = 0
 
 
 def build_model(hooks: TaskHooks, **kwargs: Any) -> nn.Module:
@@ -262,7 +265,9 @@ def probe_model(
     _check_metrics(hooks, metrics, outputs.detach(), y, classification)
     if hooks.augment is not None:
         _check_augment(hooks, inputs)
-    return ProbeResult(classification, num_classes, tuple(outputs.shape[1:]))
+    state = model.state_dict()
+    model_bytes = 4 * sum(state[name].numel() for name in float_state_keys(model))
+    return ProbeResult(classification, num_classes, tuple(outputs.shape[1:]), model_bytes)
 
 
 def _check_loss(hooks: TaskHooks, model: nn.Module, loss: Callable | None, outputs, targets) -> None:

@@ -3,9 +3,9 @@
 The flags are validated on their own by :class:`~devsim.config.SimulationConfig`; what depends on the task is
 settled here, in the launching process, once the task has loaded: ``--partition auto`` becomes ``natural`` or
 ``dirichlet``; a natural partition sets ``--devices-per-leaf`` (owners / leaves) and ``--samples-per-device``
-(the mean owner's shard, for the simulated clock's work); flags that need class ids, image inputs or a task
-hook are refused with the flag named. The result travels to every process, which therefore agrees on the
-population without loading anything first.
+(the mean owner's shard, for the simulated clock's work); ``--tensor-transfer auto`` follows the model's size;
+flags that need class ids, image inputs or a task hook are refused with the flag named. The result travels to
+every process, which therefore agrees on the population without loading anything first.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from devsim.config import ClusterConfig, ConfigError, FedReviveConfig, SimulationConfig
+from devsim.config import INLINE_TENSOR_MAX_BYTES, ClusterConfig, ConfigError, FedReviveConfig, SimulationConfig
 from devsim.data.groups import input_transform_groups
 from devsim.tasks.shards import resolved_partition, task_partitioner
 from devsim.tasks.task import Task
@@ -77,9 +77,23 @@ def fit_config(config: SimulationConfig, task: Task) -> tuple[SimulationConfig, 
             raise ConfigError("similarity_on", f"{config.similarity_on} with {where}: {error}") from error
     if isinstance(config, FedReviveConfig):
         _check_fedrevive(config, task, where)
+    if config.tensor_transfer == "auto":
+        changes["tensor_transfer"] = tensor_transfer_for(task.probe.model_bytes)
+        if changes["tensor_transfer"] == "download":
+            notes.append(
+                f"tensor transfer: download (the model's float32 state is {task.probe.model_bytes / 2**20:.1f} MiB, "
+                f"over the {INLINE_TENSOR_MAX_BYTES / 2**20:g} MiB that travel inline; --tensor-transfer inline "
+                "overrides)"
+            )
     fitted = dataclasses.replace(config, **changes)
     fitted.validate()
     return fitted, notes
+
+
+def tensor_transfer_for(model_bytes: int) -> str:
+    """``--tensor-transfer auto`` for a model of ``model_bytes`` bytes of float32 state: inline up to
+    :data:`devsim.config.INLINE_TENSOR_MAX_BYTES`, download above."""
+    return "inline" if model_bytes <= INLINE_TENSOR_MAX_BYTES else "download"
 
 
 def _check_groups(config: SimulationConfig, task: Task, where: str) -> None:

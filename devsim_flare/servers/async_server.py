@@ -49,9 +49,10 @@ from devsim_flare.servers.base import central_evaluator, start_run
 
 Weights = dict[str, np.ndarray]
 
-MAX_CALL_MODEL_BYTES = 64 * 2**20
-"""Gathered jobs are sent before a call to a leaf would carry more than this many bytes of base models (a ResNet-18
-at 45 MB: one version per call; the 62k-parameter CNN: up to 268 versions)."""
+MAX_CALL_MODEL_BYTES = {"download": 64 * 2**20, "inline": 16 * 2**20}
+"""Gathered jobs are sent before a call to a leaf would carry more than this many bytes of base models, by
+``--tensor-transfer`` (download: a ResNet-18 at 45 MB, one version per call, the 62k-parameter CNN up to 268 versions;
+inline, where the whole call is one message: the CNN up to 67 versions)."""
 
 
 class AsyncRunError(RuntimeError):
@@ -130,7 +131,12 @@ class AsyncServer:
         self.calls = LeafCalls(call_timeout=config.round_timeout)
         self._waiting: dict[JobKey, dict] = {}
         self.gather = JobGatherer(
-            config.dispatch_batch_size(), max(1, MAX_CALL_MODEL_BYTES // max(self.model_bytes, 1))
+            config.dispatch_batch_size(),
+            max(
+                1,
+                MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])
+                // max(self.model_bytes, 1),
+            ),
         )
         self._failed_jobs: set[JobKey] = set()
         self._in_flight: set[JobKey] = set()
