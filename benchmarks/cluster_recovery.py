@@ -18,6 +18,8 @@ The full grid (issue #33: both kinds x 2-4 groups x 2-3 leaves per group x 5 see
     .venv/bin/python benchmarks/cluster_recovery.py --dataset synthetic --jobs 3 --out /tmp/syn.json
     .venv/bin/python benchmarks/cluster_recovery.py --dataset digits --jobs 3 --out /tmp/dig.json
     .venv/bin/python benchmarks/cluster_recovery.py --from /tmp/syn.json,/tmp/dig.json --json
+    # a new cluster rule on the same data: FedAvg (half the time) taken from an earlier --json file
+    .venv/bin/python benchmarks/cluster_recovery.py --fedavg-from benchmarks/results/cluster_recovery-<date>.json --json
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def run_one(task: tuple) -> dict:
         scale_entries=args.scale_entries,
         agree_on=args.agree_on,
         confirm_pairs=args.confirm_pairs,
+        pair_window=args.pair_window,
+        pair_companion=args.pair_companion,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
@@ -73,7 +77,10 @@ def run_one(task: tuple) -> dict:
     clustered = simulate_clusters(config, strategy) if args.cluster else None
     cluster_seconds = time.time() - started
     fedavg = None
-    if args.fedavg:
+    reused = getattr(args, "fedavg_runs", {}).get((dataset, kind, groups, per_group, seed))
+    if args.fedavg and reused is not None:
+        fedavg = argparse.Namespace(leaf_accuracy=[reused] * leaves)
+    elif args.fedavg:
         baseline = ClusterAggregation(tau=-1.0, similarity_on="last_layer_updates", last_layer_keys=keys)
         fedavg = simulate_clusters(config, baseline)
     if clustered is None:
@@ -143,6 +150,18 @@ def main() -> None:
     parser.add_argument("--agree-on", default=ClusterConfig.agree_on, choices=("drift", "updates"))
     parser.add_argument("--confirm-pairs", action=argparse.BooleanOptionalAction, default=ClusterConfig.confirm_pairs)
     parser.add_argument(
+        "--pair-window",
+        type=_int_or_none,
+        default=ClusterConfig.pair_window,
+        help="pairs join when together in --confirm-rounds of this many last proposals; 'none': in each of them",
+    )
+    parser.add_argument(
+        "--pair-companion",
+        type=_int_or_none,
+        default=ClusterConfig.pair_companion,
+        help="when pairs join, pairs together in each of this many last proposals join along; 'none': never",
+    )
+    parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -153,6 +172,12 @@ def main() -> None:
     )
     parser.add_argument("--fedavg", action=argparse.BooleanOptionalAction, default=True, help="run the baseline")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
+    parser.add_argument(
+        "--fedavg-from",
+        default=None,
+        help="take the FedAvg baseline of each run from this earlier --json results file (same data, devices and "
+        "rounds: FedAvg does not depend on the cluster rule) instead of training it again",
+    )
     parser.add_argument("--out", default=None, help="write every run's record to this JSON file")
     parser.add_argument(
         "--json",
@@ -179,6 +204,8 @@ def main() -> None:
                 rows.extend(json.load(stream))
         report(rows, args, start_load, 0.0)
         return
+    if args.fedavg_from:
+        args.fedavg_runs = _fedavg_runs(args.fedavg_from, args)
     grid = itertools.product(
         args.dataset.split(","),
         args.kinds.split(","),
@@ -254,7 +281,9 @@ def report(rows: list[dict], args: argparse.Namespace, start_load: str, wall: fl
             for row in summary
         ]
         payload = {
-            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "figure_command")},
+            "settings": {
+                k: v for k, v in vars(args).items() if k not in ("json", "out", "figure_command", "fedavg_runs")
+            },
             "wall_s": round(wall, 1),
             "rows": summary,
             "runs": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
@@ -294,6 +323,27 @@ def summarise(rows: list[dict], rounds: int) -> list[dict]:
             }
         )
     return out
+
+
+def _int_or_none(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
+def _fedavg_runs(path: str, args: argparse.Namespace) -> dict[tuple, float]:
+    """FedAvg per-leaf accuracy of every run of an earlier results file, keyed by (dataset, kind, groups, leaves
+    per group, seed); ValueError when that file's data, devices or rounds differ from ``args``."""
+    with open(path) as stream:
+        earlier = json.load(stream)
+    for name in ("rounds", "devices_per_leaf", "devices_per_round", "batched"):
+        if earlier["settings"].get(name) != getattr(args, name):
+            raise ValueError(
+                f"--fedavg-from {path}: its {name} is {earlier['settings'].get(name)!r}, not {getattr(args, name)!r}"
+            )
+    return {
+        (r["dataset"], r["kind"], r["groups"], r["leaves_per_group"], r["seed"]): r["fedavg_accuracy"]
+        for r in earlier["runs"]
+        if r.get("fedavg_accuracy") == r.get("fedavg_accuracy")
+    }
 
 
 def _mean(values: list) -> float | None:

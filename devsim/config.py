@@ -736,6 +736,21 @@ class ClusterConfig(SimulationConfig):
             "(a leaf that changes sides holds back only itself)"
         ),
     )
+    pair_window: int | None = field(
+        default=5,
+        metadata=_help(
+            "--confirm-pairs: join a pair proposed together in --confirm-rounds of the last this many rounds, "
+            "counted across joins of other leaves (>= --confirm-rounds); unset: in each of the last --confirm-rounds"
+        ),
+    )
+    pair_companion: int | None = field(
+        default=2,
+        metadata=_help(
+            "--confirm-pairs: a lone leaf proposed with every member of a cluster that grows by pair votes in each "
+            "of the last this many rounds joins it too (left alone, its group's shared model holds it apart); "
+            "unset: never"
+        ),
+    )
 
     def validate(self, population: bool = True) -> ClusterConfig:
         super().validate(population)
@@ -744,6 +759,13 @@ class ClusterConfig(SimulationConfig):
             raise ConfigError("min_silhouette", f"{self.min_silhouette} is outside the allowed range [0, 1)")
         _check_min("confirm_rounds", self.confirm_rounds, 1)
         _check_choice("agree_on", self.agree_on, ("drift", "updates"))
+        if self.pair_window is not None and self.pair_window < self.confirm_rounds:
+            raise ConfigError(
+                "pair_window",
+                f"{self.pair_window} is below --confirm-rounds ({self.confirm_rounds}); allowed: unset or an int >= it",
+            )
+        if self.pair_companion is not None:
+            _check_min("pair_companion", self.pair_companion, 1)
         if self.resplit_silhouette is not None and not (
             math.isfinite(self.resplit_silhouette) and 0.0 <= self.resplit_silhouette < 1.0
         ):
