@@ -142,6 +142,14 @@ class SimulationConfig:
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
     round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
+    server_threads: int | None = field(
+        default=None,
+        metadata=_help(
+            "PyTorch threads of the server process (its evaluations, FedRevive's synthesis and distillation); "
+            "unset: 1 where the server shares the machine with the leaves (--env sim, poc), PyTorch's default "
+            "on a deployment"
+        ),
+    )
     tensor_transfer: str = field(
         default="auto",
         metadata=_help(
@@ -326,6 +334,8 @@ class SimulationConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("group_kind", self.group_kind, GROUP_KINDS)
         _check_choice("tensor_transfer", self.tensor_transfer, TENSOR_TRANSFERS)
+        if self.server_threads is not None:
+            _check_min("server_threads", self.server_threads, 1)
         if not 1 <= self.hidden_groups <= self.num_leaf_nodes:
             raise ConfigError(
                 "hidden_groups",

@@ -171,3 +171,17 @@ def test_optional_numeric_flags_can_be_unset():
     parser = build_parser("t", AsyncConfig())
     config = config_from_args(parser, parser.parse_args(["--max-versions", "none", "--max-sim-time", "3"]))
     assert config.max_versions is None and config.max_sim_time == 3.0
+
+
+def test_server_threads_default_to_one_beside_the_leaves():
+    """A server sharing the machine with its leaves (sim, poc) runs PyTorch on one thread unless told otherwise; on a
+    deployment PyTorch keeps its default; 0 threads is refused with the flag named."""
+    from devsim_flare.cli import SHARED_HOST_SERVER_THREADS, with_server_threads
+
+    assert SHARED_HOST_SERVER_THREADS == 1
+    assert with_server_threads(SimulationConfig(), "sim").server_threads == 1
+    assert with_server_threads(SimulationConfig(), "poc").server_threads == 1
+    assert with_server_threads(SimulationConfig(), "prod").server_threads is None
+    assert with_server_threads(SimulationConfig(server_threads=2), "sim").server_threads == 2
+    with pytest.raises(ConfigError, match="--server-threads"):
+        SimulationConfig(server_threads=0).validate()

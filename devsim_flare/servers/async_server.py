@@ -49,10 +49,10 @@ from devsim_flare.servers.base import central_evaluator, start_run
 
 Weights = dict[str, np.ndarray]
 
-MAX_CALL_MODEL_BYTES = {"download": 64 * 2**20, "inline": 16 * 2**20}
+MAX_CALL_MODEL_BYTES = {"download": 64 * 2**20, "inline": 4 * 2**20}
 """Gathered jobs are sent before a call to a leaf would carry more than this many bytes of base models, by
 ``--tensor-transfer`` (download: a ResNet-18 at 45 MB, one version per call, the 62k-parameter CNN up to 268 versions;
-inline, where the whole call is one message: the CNN up to 67 versions)."""
+inline, where the whole call is one message: the CNN up to 16 versions)."""
 
 
 class AsyncRunError(RuntimeError):

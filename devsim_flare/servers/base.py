@@ -20,8 +20,9 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
     """Shared start of every server's run: validated config, connected leaves, initial model and weights.
 
     Sets ``server.config``, ``server.task``, ``server.leaves``, ``server.model`` and ``server.weights``; returns the
-    output folder and the compute device. Pins glibc's mmap threshold for this (server) process unless
-    the runtime defaults are switched off (:mod:`devsim.resources.allocator`).
+    output folder and the compute device. Sets PyTorch's threads (``--server-threads``). Pins glibc's mmap
+    threshold for this (server) process unless the runtime defaults are switched off
+    (:mod:`devsim.resources.allocator`).
     """
     from devsim.codec import model_to_numpy
     from devsim.resources.allocator import pin_mmap_threshold
@@ -32,6 +33,8 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
         pin_mmap_threshold()
 
     server.config = server.config_cls.from_dict(server.settings)
+    if server.config.server_threads:
+        torch.set_num_threads(server.config.server_threads)
     server.task = task_from_settings(server.settings)
     server.leaves = connected_leaves(server.config)
     device = default_torch_device()
