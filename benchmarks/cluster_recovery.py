@@ -77,7 +77,7 @@ def run_one(task: tuple) -> dict:
     clustered = simulate_clusters(config, strategy) if args.cluster else None
     cluster_seconds = time.time() - started
     fedavg = None
-    reused = getattr(args, "fedavg_runs", {}).get((dataset, kind, groups, per_group, seed))
+    reused = args.fedavg_runs.get((dataset, kind, groups, per_group, seed))
     if args.fedavg and reused is not None:
         fedavg = argparse.Namespace(leaf_accuracy=[reused] * leaves)
     elif args.fedavg:
@@ -204,8 +204,7 @@ def main() -> None:
                 rows.extend(json.load(stream))
         report(rows, args, start_load, 0.0)
         return
-    if args.fedavg_from:
-        args.fedavg_runs = _fedavg_runs(args.fedavg_from, args)
+    args.fedavg_runs = _fedavg_runs(args.fedavg_from, args) if args.fedavg_from else {}
     grid = itertools.product(
         args.dataset.split(","),
         args.kinds.split(","),

@@ -811,25 +811,24 @@ class ClusterAggregation:
         if self.confirm_pairs and len(self._history) >= self.confirm_rounds:
             # Linked: together in force, or together in confirm_rounds of the last `window` proposals (without
             # pair_window: in every one of the last confirm_rounds).
-            rows = [[label for _, label in entry] for entry in self._history]
-            votes = np.sum([np.equal.outer(row, row) for row in rows], axis=0)
-            together = (votes >= self.confirm_rounds) | np.equal.outer(current, current)
+            pairs = [np.equal.outer(row, row) for row in ([label for _, label in entry] for entry in self._history)]
+            together = (np.sum(pairs, axis=0) >= self.confirm_rounds) | np.equal.outer(current, current)
             joined = components_above(together.astype(np.float64), 0.5)
             if self.pair_companion is not None and not np.array_equal(joined, current):
-                joined = self._companions(current, joined, rows[-self.pair_companion :])
+                joined = self._companions(current, joined, np.all(pairs[-self.pair_companion :], axis=0))
             if not np.array_equal(joined, current):
                 self._took_effect()
                 return joined
         return current
 
     @staticmethod
-    def _companions(current: np.ndarray, joined: np.ndarray, rows: list[list[int]]) -> np.ndarray:
+    def _companions(current: np.ndarray, joined: np.ndarray, recent: np.ndarray) -> np.ndarray:
         """``joined`` (the clusters after this round's pair votes) with each leaf that is alone in ``current`` and
         in ``joined`` added to the one cluster that grew by votes this round and that it was proposed together
-        with, every member, in each of ``rows`` (the last ``pair_companion`` proposals); a leaf that qualifies
-        for two such clusters, or for none, stays alone. Only a cluster that grows draws companions: once its
-        members share a model, a leaf left alone is held apart by it (module docstring)."""
-        recent = np.all([np.equal.outer(row, row) for row in rows], axis=0)
+        with, every member, in each of the last ``pair_companion`` proposals (``recent``, (L, L) bool: the pairs
+        together in all of them); a leaf that qualifies for two such clusters, or for none, stays alone. Only a
+        cluster that grows draws companions: once its members share a model, a leaf left alone is held apart by
+        it (module docstring)."""
         sizes = np.bincount(joined)
         before = {tuple(np.flatnonzero(current == label)) for label in set(current.tolist())}
         grown = [label for label in range(sizes.size) if tuple(np.flatnonzero(joined == label)) not in before]

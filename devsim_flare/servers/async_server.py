@@ -130,14 +130,9 @@ class AsyncServer:
         self.snapshots = SnapshotStore()
         self.calls = LeafCalls(call_timeout=config.round_timeout)
         self._waiting: dict[JobKey, dict] = {}
-        self.gather = JobGatherer(
-            config.dispatch_batch_size(),
-            max(
-                1,
-                MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])
-                // max(self.model_bytes, 1),
-            ),
-        )
+        # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit
+        call_bytes = MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])
+        self.gather = JobGatherer(config.dispatch_batch_size(), max(1, call_bytes // max(self.model_bytes, 1)))
         self._failed_jobs: set[JobKey] = set()
         self._in_flight: set[JobKey] = set()
         """Jobs sent to a leaf whose call has not come back (at most ``--concurrency`` plus wrong guesses)."""
