@@ -19,6 +19,11 @@ the evaluations' own time taken out (FedAvg evaluates every round, FedBuff every
 trains the same number of device updates (each device's 10 SGD steps) in one process, best of 1 thread and every
 core; "wall per update / tight loop" below 1 means the simulator trains an update faster than one loop can.
 
+Where the time goes: each row also prints the CPU milliseconds per update of the server process and of the leaf
+processes over the same windows (``server_cpu_seconds`` / ``leaf_cpu_seconds`` in each record's timing, see
+``devsim/observe/cpu.py``), the device updates per leaf call (the size of the batched groups a leaf trains) and
+how busy the machine's cores were (both processes' CPU over wall x cores).
+
     .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
     .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
 
@@ -80,25 +85,44 @@ def settings(updates: int, leaves: int, devices_per_leaf: int) -> dict[str, tupl
     return rows
 
 
-def steady_rate(records: list[dict], asynchronous: bool) -> dict:
-    """Updates/s over the windows after the first, evaluation time taken out; and the mean parts per update."""
+def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
+    """Updates/s over the windows after the first, evaluation time taken out; the mean parts per update; CPU
+    milliseconds per update of the server process and of the leaf processes (evaluation included); device
+    updates per leaf call; and how busy the machine's cores were over those windows."""
     windows = [r for r in records if "timing" in r][1:]
     if asynchronous:
         timed = [r for r in records if "timing" in r]
         updates = timed[-1]["accepted_updates"] - timed[0]["accepted_updates"]
+        calls = sum(float(r["timing"]["info"].get("calls", 0.0)) for r in windows)
     else:
         updates = sum(int(r["answered_devices"]) for r in windows)
+        calls = float(leaves * len(windows))
     evaluation = sum(float(r["timing"]["parts"].get("evaluation", 0.0)) for r in windows)
-    wall = sum(float(r["timing"]["wall"]) for r in windows) - evaluation
+    whole = sum(float(r["timing"]["wall"]) for r in windows)
+    wall = whole - evaluation
     parts: dict[str, float] = {}
     for record in windows:
         for name, value in record["timing"]["parts"].items():
             if name != "evaluation":
                 parts[name] = parts.get(name, 0.0) + float(value) / max(updates, 1)
-    return {"updates": updates, "wall": wall, "updates_per_s": updates / wall, "parts_per_update": parts}
+    cpu_seconds = {
+        side: sum(float(r["timing"]["info"].get(f"{side}_cpu_seconds", 0.0)) for r in windows)
+        for side in ("server", "leaf")
+    }
+    cpu = {side: 1000.0 * seconds / max(updates, 1) for side, seconds in cpu_seconds.items()}
+    busy = sum(cpu_seconds.values()) / max(whole * (os.cpu_count() or 1), 1e-9)
+    return {
+        "updates": updates,
+        "wall": wall,
+        "updates_per_s": updates / wall,
+        "parts_per_update": parts,
+        "cpu_ms_per_update": cpu,
+        "updates_per_leaf_call": updates / max(calls, 1.0),
+        "cores_busy": busy,
+    }
 
 
-def run_setting(script: str, flags: list[str], common: list[str], timeout: float) -> dict:
+def run_setting(script: str, flags: list[str], common: list[str], timeout: float, leaves: int) -> dict:
     """One job run: steady rate, final accuracy, whole-command wall."""
     with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
         out = os.path.join(workdir, "run")
@@ -109,7 +133,7 @@ def run_setting(script: str, flags: list[str], common: list[str], timeout: float
             raise RuntimeError(f"{script} failed ({rc}):\n{tail}")
         with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
             results = json.load(stream)
-    rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py")
+    rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py", leaves=leaves)
     return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": wall}
 
 
@@ -146,12 +170,14 @@ def main() -> None:
         for name, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
             if chosen and name not in chosen:
                 continue
-            measured[name] = run_setting(script, flags, common, args.timeout)
+            measured[name] = run_setting(script, flags, common, args.timeout, args.leaves)
             row = measured[name]
             print(
                 f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
                 f"{row['wall']:.2f} s), wall per update / tight loop {1 / row['updates_per_s'] / loop_per_update:.3f}, "
-                f"final accuracy {row['final_accuracy']:.4f}, command {row['command_wall']:.1f} s",
+                f"final accuracy {row['final_accuracy']:.4f}, command {row['command_wall']:.1f} s; CPU ms per update "
+                f"server {row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f}, "
+                f"{row['updates_per_leaf_call']:.1f} updates per leaf call, cores busy {row['cores_busy']:.0%}",
                 flush=True,
             )
         base = measured.get("fedavg")

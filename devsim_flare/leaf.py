@@ -21,6 +21,7 @@ from devsim.codec import weights_norm
 from devsim.compression import CodecSpec, UplinkCompressor
 from devsim.config import device_batch_value
 from devsim.data.groups import leaf_group
+from devsim.observe.cpu import LEAF_CPU_KEY, leaf_cpu_now
 from devsim.observe.startup import process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
@@ -154,6 +155,7 @@ class LeafNode:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
+        payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
         return payload
 
     @collab.publish
@@ -190,6 +192,7 @@ class LeafNode:
         payload["version"] = int(version)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
+        payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
         return payload
 
     @collab.final

@@ -112,6 +112,9 @@ def test_gathered_and_guessed_dispatch_keeps_the_run(fedbuff_run, tmp_path):
     calls = [r["timing"]["info"]["calls"] for r in gathered["rounds"] if "timing" in r]
     calls_at_once = [r["timing"]["info"]["calls"] for r in at_once["rounds"] if "timing" in r]
     assert sum(calls) < sum(calls_at_once) / 2, (calls, calls_at_once)
+    later = [r["timing"]["info"] for r in gathered["rounds"] if "timing" in r][1:]
+    assert sum(info["leaf_cpu_seconds"] for info in later) > 0, later
+    assert all(info["server_cpu_seconds"] > 0 for info in later), later
 
 
 def test_a_leaf_lost_at_a_version_gives_the_same_run_on_any_timing(fedbuff_run, tmp_path):

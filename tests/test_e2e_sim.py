@@ -32,6 +32,8 @@ def test_sim_run_learns_and_prints_rounds(sim_run):
     assert accuracies[-1] > accuracies[0]
     assert proc.stdout.count("round ") >= 6 and "final accuracy" in proc.stdout
     assert results["summary"]["final_model"].endswith("final_model.pt")
+    later = [r["timing"]["info"] for r in results["rounds"][1:]]
+    assert all(info["leaf_cpu_seconds"] > 0 and info["server_cpu_seconds"] > 0 for info in later), later
 
 
 def test_same_seed_gives_identical_final_weights(sim_run, tmp_path):

@@ -51,6 +51,7 @@ concurrency (busy seconds / blocked seconds) are reported in ``info``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -274,6 +275,11 @@ class WindowTiming:
             "concurrency": busy_total / self._wait if self._wait > 0.0 else 0.0,
         }
         return RoundTiming(float(end) - self.start, measured, None, info)
+
+
+def with_info(timing: RoundTiming, values: Mapping[str, float]) -> RoundTiming:
+    """``timing`` with ``values`` added to its ``info`` (informational, not part of the seconds' sum)."""
+    return dataclasses.replace(timing, info={**timing.info, **{k: float(v) for k, v in values.items()}})
 
 
 def summarize(timings: Sequence[RoundTiming], unit: str = "round", tolerance: float = SKEW_TOLERANCE_S) -> str:

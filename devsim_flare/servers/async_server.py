@@ -30,12 +30,13 @@ from devsim.codec import load_numpy_into_model
 from devsim.compression import CodecSpec, decode_row, payload_bytes, row_of
 from devsim.config import AsyncConfig
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
+from devsim.observe.cpu import CpuLedger
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
 from devsim.observe.progress import BoundEta, ProgressLine, format_duration, format_metrics
 from devsim.observe.results import RunRecorder
 from devsim.observe.startup import StartupClock
-from devsim.observe.timing import RoundTiming, WindowTiming, summarize
+from devsim.observe.timing import RoundTiming, WindowTiming, summarize, with_info
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
 from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import DropoutModel
@@ -183,6 +184,7 @@ class AsyncServer:
         if config.max_sim_time:  # from where a resumed run's simulated time stands
             self._sim_time_eta = BoundEta(config.max_sim_time, self.scheduler.now, time.time() - run_started)
         collector = PeriodicCollector().start()
+        self.cpu = CpuLedger()
         startup.mark("server_ready")
         startup.mark("first_round_started")
         try:
@@ -222,7 +224,7 @@ class AsyncServer:
                     evaluation = self.evaluate()
                     window.add("evaluation", time.time() - eval_started)
                     traffic = self._traffic_fields()
-                    timing = with_bytes(window.close(time.time()), traffic["bytes"])
+                    timing = with_info(with_bytes(window.close(time.time()), traffic["bytes"]), self.cpu.close())
                     timings.append(timing)
                     record = {
                         "version": self.scheduler.version,
@@ -463,6 +465,7 @@ class AsyncServer:
                 continue
             payload = outcome.result
             self._count_reply(outcome.leaf, payload)
+            self.cpu.leaf_reply(outcome.leaf, payload["timing"])
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)
             for row, job in enumerate(keys):
                 if job in self.gather.stale:

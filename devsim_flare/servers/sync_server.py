@@ -26,12 +26,13 @@ from devsim.compression import CodecSpec, round_payload_bytes
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
+from devsim.observe.cpu import CpuLedger
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation
 from devsim.observe.progress import ProgressLine, format_metrics
 from devsim.observe.results import RunRecorder
 from devsim.observe.startup import StartupClock
-from devsim.observe.timing import RoundTiming, ServerStamps, summarize
+from devsim.observe.timing import RoundTiming, ServerStamps, summarize, with_info
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
 from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
@@ -159,6 +160,7 @@ class SyncServer:
             flush=True,
         )
         collector = PeriodicCollector().start()
+        cpu = CpuLedger()
         startup.mark("server_ready")
         try:
             for round_num in range(start_round, config.num_rounds):
@@ -200,7 +202,9 @@ class SyncServer:
                     ServerStamps(round_started, dispatched, results_in, aggregated, round_ended),
                     {leaf: payload["timing"] for leaf, payload in payloads.items()},
                 )
-                timing = with_bytes(timing, record["bytes"])
+                for leaf, payload in payloads.items():
+                    cpu.leaf_reply(leaf, payload["timing"])
+                timing = with_info(with_bytes(timing, record["bytes"]), cpu.close())
                 timings.append(timing)
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
