@@ -195,6 +195,17 @@ class LeafNode:
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
         return payload
 
+    @collab.publish
+    def uplink_state(self) -> dict:
+        """This leaf's uplink state (error-feedback residuals, top-k momentum) for the server's checkpoint."""
+        return self._runner.uplink.state()
+
+    @collab.publish
+    def load_uplink_state(self, state: dict) -> bool:
+        """Restore :meth:`uplink_state` from a checkpoint (``--resume``); True when done."""
+        self._runner.uplink.load_state(state)
+        return True
+
     @collab.final
     def stop(self) -> None:
         if self._runner is not None:

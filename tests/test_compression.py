@@ -532,3 +532,36 @@ def test_leaf_momentum_values_are_checked_naming_the_field():
         with pytest.raises(ConfigError) as info:
             config.validate()
         assert str(info.value).startswith("--topk-momentum") and message in str(info.value)
+
+
+def test_uplink_state_round_trip_continues_residuals_and_momentum_exactly():
+    """A leaf's uplink state (residuals with their stamps, eviction count, velocity) restored into a fresh
+    uplink gives the same received updates and reported sums as the uplink it was taken from."""
+    spec = CodecSpec("topk", topk_fraction=0.25, topk_momentum=0.5)
+    generator = torch.Generator().manual_seed(0)
+    updates = [[torch.randn(4, 3, generator=generator), torch.randn(5, generator=generator)] for _ in range(6)]
+    original = UplinkCompressor(spec, residual_capacity=2)
+    for device, update in enumerate(updates[:3]):
+        original.transmit(device, 1, update, UplinkStats())
+    original.sweep(1)
+    original.fold_aggregate([torch.ones(4, 3), torch.ones(5)], 2.0)
+    restored = UplinkCompressor(spec, residual_capacity=2)
+    restored.load_state(original.state())
+    assert restored.residual_counts() == original.residual_counts() == {"residuals_held": 2, "residual_evictions": 1}
+    for device, update in zip([1, 2, 0], updates[3:], strict=True):
+        sent = original.transmit(device, 2, [t.clone() for t in update], UplinkStats())
+        again = restored.transmit(device, 2, [t.clone() for t in update], UplinkStats())
+        assert all(torch.equal(a, b) for a, b in zip(sent, again, strict=True))
+    sums = [torch.full((4, 3), 0.5), torch.full((5,), -1.0)]
+    folded = original.fold_aggregate(sums, 3.0)
+    assert all(torch.equal(a, b) for a, b in zip(folded, restored.fold_aggregate(sums, 3.0), strict=True))
+
+
+def test_uplink_state_is_refused_by_an_uplink_with_other_settings():
+    state = UplinkCompressor(CodecSpec("topk")).state()
+    with pytest.raises(ValueError, match="error feedback"):
+        UplinkCompressor(CodecSpec("int8")).load_state(state)
+    assert not UplinkCompressor(CodecSpec("int8")).stateful and UplinkCompressor(CodecSpec("topk")).stateful
+    empty = ResidualStore(3, 5)
+    empty.load_state(ResidualStore(3, 5).state())
+    assert len(empty) == 0

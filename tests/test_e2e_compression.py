@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 from tests.conftest import find_results, refused_job, run_job
 
@@ -84,3 +85,24 @@ def test_bad_codec_flags_are_refused_naming_the_flag(tmp_path):
     ):
         stderr = refused_job("pt_job_fedavg.py", [*flags, "--workspace", str(tmp_path / "ws")], tmp_path)
         assert name in stderr
+
+
+@pytest.mark.slow
+def test_sync_topk_stop_and_resume_keeps_residuals_and_momentum(tmp_path):
+    """The leaves' error-feedback residuals and top-k momentum are part of the checkpoint: a top-k run stopped
+    after round 2 and resumed ends with the same final weights as the uninterrupted run, bit for bit."""
+    args = [*SYNC_RUN, "--num-rounds", "4", "--update-codec", "topk", "--topk-fraction", "0.05"]
+    args += ["--topk-momentum", "0.3", "--device-batch", "8"]
+    run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "a")], tmp_path)
+    uninterrupted = torch.load(find_results(tmp_path / "a" / "runs")["summary"]["final_model"])
+    run_dir = tmp_path / "run"
+    common = ["--workspace", str(tmp_path / "b")]
+    run_job("pt_job_fedavg.py", [*args, *common, "--output-dir", str(run_dir), "--stop-after-round", "2"], tmp_path)
+    resumed = run_job("pt_job_fedavg.py", ["--resume", str(run_dir), *common], tmp_path)
+    assert "leaf state of 2 leaves restored" in resumed.stdout, resumed.stdout[-2000:]
+    weights = torch.load(run_dir / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], weights[key]), (
+            key,
+            float((uninterrupted[key] - weights[key]).abs().max()),
+        )

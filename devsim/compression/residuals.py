@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
 
@@ -85,3 +86,29 @@ class ResidualStore:
             removed = len(stale) + max(overflow, 0)
             self.evicted += removed
             return removed
+
+    def state(self) -> dict:
+        """The residuals as plain arrays, for a checkpoint: ``devices`` and ``stamps`` (int64, (n,)), ``values``
+        (float32, (n, size); (0, 0) when empty) and ``evicted``; :meth:`load_state` restores them."""
+        with self._lock:
+            items = sorted(self._entries.items())
+            values = [v.numpy() for _, (_, v) in items]
+            return {
+                "devices": np.array([d for d, _ in items], dtype=np.int64),
+                "stamps": np.array([t for _, (t, _) in items], dtype=np.int64),
+                "values": np.stack(values) if values else np.zeros((0, 0), dtype=np.float32),
+                "evicted": int(self.evicted),
+            }
+
+    def load_state(self, state: dict) -> None:
+        """Replace the store's residuals by those of :meth:`state` (bounds are this store's own)."""
+        values = np.asarray(state["values"], dtype=np.float32)
+        devices, stamps = np.asarray(state["devices"]), np.asarray(state["stamps"])
+        if not len(devices) == len(stamps) == (len(values) if values.size else 0):
+            raise ValueError(f"residual state: {len(devices)} devices, {len(stamps)} stamps, {len(values)} rows")
+        with self._lock:
+            self._entries = {
+                int(d): (int(t), torch.from_numpy(values[i].copy()))
+                for i, (d, t) in enumerate(zip(devices, stamps, strict=True))
+            }
+            self.evicted = int(state["evicted"])

@@ -16,8 +16,11 @@ FetchSGD's error accumulation at the aggregator needs a linear sketch of each wh
 (the leaf never sees what a device left out; the device's residual keeps it), and on a float32 leaf -> server
 hop nothing is left to accumulate, so momentum is the part of it that applies. It adds no uplink bytes; with
 two or more leaves that all report every round it is close to the server's momentum on the global mean (exact
-when the leaves' weights keep their proportions). The velocity lives in the leaf's memory and is not
-checkpointed: a resumed run starts it from zero.
+when the leaves' weights keep their proportions).
+
+Residuals and velocity live in the leaf's memory; :meth:`UplinkCompressor.state` and
+:meth:`UplinkCompressor.load_state` carry them through a synchronous run's checkpoint (the server asks each leaf
+for them when it saves one and hands them back on ``--resume``), so a resumed top-k run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -184,9 +187,31 @@ class UplinkCompressor:
         if self._velocity is None:
             self._velocity = mean
         else:
+            if self._velocity[0].device != mean[0].device:  # restored from a checkpoint on the CPU
+                self._velocity = [v.to(mean[0].device) for v in self._velocity]
             torch._foreach_mul_(self._velocity, self.momentum)
             torch._foreach_add_(self._velocity, mean)
         return [v * float(total_weight) for v in self._velocity]
+
+    @property
+    def stateful(self) -> bool:
+        """Whether this uplink keeps state between rounds (error-feedback residuals or a momentum velocity)."""
+        return self.residuals is not None or bool(self.momentum)
+
+    def state(self) -> dict:
+        """Residuals (:meth:`ResidualStore.state`) and the momentum velocity (float32 arrays, one per entry; empty
+        before the first fold) as plain arrays, for a checkpoint."""
+        velocity = [] if self._velocity is None else [v.detach().cpu().numpy() for v in self._velocity]
+        return {"residuals": self.residuals.state() if self.residuals is not None else None, "velocity": velocity}
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state` (from a leaf with the same codec settings)."""
+        if (state.get("residuals") is None) != (self.residuals is None):
+            raise ValueError("uplink state and codec settings disagree on error feedback")
+        if self.residuals is not None:
+            self.residuals.load_state(state["residuals"])
+        velocity = state.get("velocity") or []
+        self._velocity = [torch.from_numpy(np.array(v, dtype=np.float32)) for v in velocity] or None
 
     def sweep(self, stamp: int) -> None:
         """Apply the residual store's age and capacity bounds (see :class:`ResidualStore`)."""

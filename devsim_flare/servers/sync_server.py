@@ -22,7 +22,7 @@ from devsim.aggregation import FedAvg, LeafUpdate
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule
 from devsim.codec import load_numpy_into_model, weights_norm
-from devsim.compression import CodecSpec, round_payload_bytes
+from devsim.compression import CodecSpec, UplinkCompressor, round_payload_bytes
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
@@ -263,13 +263,41 @@ class SyncServer:
                 "config": self.config.to_dict(),
                 "sim_time": self.sim_time,
                 "participation": self.participation.state(),
+                "leaf_uplink": self._leaf_uplink_states(),
             },
         )
+
+    def _leaf_uplink_states(self) -> dict[str, dict]:
+        """Each live leaf's uplink state (error-feedback residuals, top-k momentum) when the codec keeps any."""
+        if not UplinkCompressor(codec_spec(self.config)).stateful:
+            return {}
+        states = {}
+        for leaf in self.leaves:
+            if leaf not in self.dead_leaves:
+                for _, state in collab.get_clients([leaf])(timeout=self.config.round_timeout).uplink_state():
+                    states[leaf] = state
+        missing = sorted(set(self.leaves) - self.dead_leaves - set(states))
+        if missing:
+            print(f"[server] no uplink state from {', '.join(missing)}: a resumed run starts theirs afresh", flush=True)
+        return states
+
+    def _restore_leaf_uplinks(self, states: dict[str, dict]) -> None:
+        """Hand each leaf the uplink state a checkpoint kept for it (``--resume``)."""
+        restored = 0
+        for leaf, state in sorted(states.items()):
+            if leaf in self.leaves:
+                for _, done in collab.get_clients([leaf])(timeout=self.config.round_timeout).load_uplink_state(
+                    state=state
+                ):
+                    restored += int(bool(done))
+        if states:
+            print(f"[server] leaf state of {restored} leaves restored (residuals, momentum)", flush=True)
 
     def _resume(self, config: SimulationConfig, recorder: RunRecorder) -> int:
         state = load_checkpoint(config.resume_from)
         self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["weights"].items()}
         self.load_strategy_state(state["strategy"])
+        self._restore_leaf_uplinks(state.get("leaf_uplink", {}))
         recorder.data["rounds"] = list(state["records"])
         if "participation" in state:
             self.sim_time = float(state["sim_time"])
