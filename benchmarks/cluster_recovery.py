@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
+from devsim.aggregation.cluster import LONE_PULL, ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster_threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
 from devsim.training.cluster_sim import initial_weights, simulate_clusters  # noqa: E402
@@ -70,6 +70,7 @@ def run_one(task: tuple) -> dict:
         confirm_pairs=args.confirm_pairs,
         pair_window=args.pair_window,
         pair_companion=args.pair_companion,
+        lone_pull=args.lone_pull,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
@@ -114,7 +115,7 @@ def run_one(task: tuple) -> dict:
         "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
         "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
         "rounds": [
-            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit")}
+            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")}
             for r in clustered.rounds
         ],
         "margin": last.get("margin"),
@@ -160,6 +161,13 @@ def main() -> None:
         type=_int_or_none,
         default=ClusterConfig.pair_companion,
         help="when pairs join, pairs together in each of this many last proposals join along; 'none': never",
+    )
+    parser.add_argument(
+        "--lone-pull",
+        type=lambda text: None if text.lower() == "none" else float(text),
+        default=LONE_PULL,
+        help="a leaf alone joins the cluster its update prefers over every other cluster by a cosine above this "
+        "in --confirm-rounds consecutive rounds; 'none': never",
     )
     parser.add_argument(
         "--batched",
@@ -217,7 +225,7 @@ def main() -> None:
     print(
         f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
         f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}, "
-        f"re-split {args.resplit_silhouette}; "
+        f"re-split {args.resplit_silhouette}, lone pull {args.lone_pull}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )

@@ -761,6 +761,13 @@ class ClusterConfig(SimulationConfig):
             "unset: never"
         ),
     )
+    lone_pull: float | None = field(
+        default=0.25,
+        metadata=_help(
+            "a leaf alone joins the cluster its update prefers over every other cluster in force by a cosine above "
+            "this (and pulls towards above 0.15) in --confirm-rounds consecutive rounds; unset: never"
+        ),
+    )
 
     def validate(self, population: bool = True) -> ClusterConfig:
         super().validate(population)
@@ -780,6 +787,8 @@ class ClusterConfig(SimulationConfig):
             math.isfinite(self.resplit_silhouette) and 0.0 <= self.resplit_silhouette < 1.0
         ):
             raise ConfigError("resplit_silhouette", f"{self.resplit_silhouette} is outside the allowed range [0, 1)")
+        if self.lone_pull is not None and not (math.isfinite(self.lone_pull) and 0.0 <= self.lone_pull < 1.0):
+            raise ConfigError("lone_pull", f"{self.lone_pull} is outside the allowed range [0, 1)")
         if self.tau is not None and not (math.isfinite(self.tau) and 0.0 <= self.tau <= 1.0):
             raise ConfigError("tau", f"{self.tau} is outside the allowed range [0, 1]")
         if self.gate_margin is not None and not math.isfinite(self.gate_margin):

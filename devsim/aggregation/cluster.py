@@ -82,6 +82,24 @@ none wrong in any round); the job turns both on, the constructor keeps them off:
   and 6, alone from 7 to 10). Only growing clusters draw companions: letting any pair of the last 2 proposals
   join with them linked two pairs of lone leaves of different groups at round 3 (input 3x2, seed 0).
 
+One more for issue #33's last failure (synthetic input 2x3 seed 1: site-6 alone at round 10; its model was nearer
+the other group's cluster than its own at rounds 5-8, in drift and, at rounds 6-8, in its outputs on a probe batch of
+smooth noise, so no similarity of models can place it); the job turns it on, the constructor keeps it off:
+
+* ``lone_pull``: drift says where a model has been, an update where its leaf's data pull it. A leaf alone (its own
+  model, alone in force and in this round's partition) is compared with the clusters in force (2 or more members
+  that trained from one shared model, at least 2 such clusters) on its update: its *pull* towards a cluster is the
+  cosine of its update with the step from its model to the cluster's model, and its *preference* for a cluster K
+  over another J the cosine of its update with the step from J's model to K's (which cancels what both clusters
+  learnt alike). When its pull towards K exceeds :data:`JOIN_PULL` and its preference for K over every other
+  cluster exceeds ``lone_pull``, in ``confirm_rounds`` consecutive rounds (K's members unchanged), it joins K at
+  once: it takes K's label and the model K's members produced this round, without contributing to it (as a part
+  that a re-split sends to another cluster). Measured (docs/benchmark_history.md): site-6's preference for its
+  group's cluster was 0.15, 0.14, 0.34, 0.46, 0.45, 0.35 at rounds 5-10 (pull 0.20-0.38, towards the other
+  cluster -0.17 to -0.24 from round 7), so it joins at round 9; in the other 119 runs of the grid no lone leaf had a
+  target in any round. Replayed on their trajectories without the rule (and without the condition on this round's
+  partition), single rounds reached the bars (preference up to 0.30, pull 0.22: input 4x3 seed 4), never 2 in a row.
+
 Threshold convention: a pair is linked when ``similarity > tau`` (strict), matching "pairs above
 tau". With ``tau = 1`` no two leaves are ever linked; with ``tau = 0`` every pair that is not
 exactly orthogonal is linked (zero vectors stay alone, their similarity to others is 0).
@@ -135,6 +153,13 @@ JOIN_PULL: float = 0.15
 (:meth:`ClusterAggregation._pull`). Measured on synthetic data (docs/benchmark_history.md, cluster recovery): the leaf
 of another group inside the one wrong cluster pulled 0.23-0.28 towards its group's cluster (rounds 10-12); single
 members of correct clusters -0.10 to 0.12 (3 runs of 6-9 leaves, every round from the first merge on)."""
+
+LONE_PULL: float = 0.25
+"""The cluster job's ``lone_pull``: a leaf alone joins a cluster in force when its update prefers that cluster's model
+over every other cluster's by a cosine above this (and pulls towards it above :data:`JOIN_PULL`) in ``confirm_rounds``
+consecutive rounds. Measured on the issue-#33 grid (docs/benchmark_history.md): the lone leaf of its one failure
+preferred its group's cluster by 0.34-0.46 at rounds 7-10; elsewhere single rounds reached up to 0.30, never 2 in a
+row."""
 
 __all__ = [
     "SIMILARITY_SOURCES",
@@ -314,6 +339,12 @@ class ClusterResult:
             one) and ``split`` (True when it took effect this round); a split that took effect adds, per
             part, ``pull`` (the highest pull towards another cluster of this round, None without one) and
             ``joined`` (the members of the cluster the part joined, or None).
+        lone: With ``lone_pull`` set, one entry per leaf alone that was compared with 2 or more clusters in force
+            this round, in leaf order: ``leaf``, ``clusters`` (the clusters' members, lists of names), ``pull``
+            (its pull towards each, same order), ``target`` (the members of the cluster it prefers over every other
+            by more than ``lone_pull`` with a pull above :data:`JOIN_PULL`, or None), ``preference`` (the lowest
+            preference for ``target`` over another cluster; None without a target), ``rounds`` (consecutive rounds
+            with this target, this one included; 0 without) and ``joined`` (True when it joined this round).
     """
 
     leaf_models: dict[str, Weights]
@@ -327,6 +358,7 @@ class ClusterResult:
     similarity_summary: dict[str, float | None] = field(default_factory=dict)
     pending: int = 0
     resplit: list[dict[str, Any]] = field(default_factory=list)
+    lone: list[dict[str, Any]] = field(default_factory=list)
 
 
 def config_settings(config: ClusterConfig) -> dict[str, Any]:
@@ -345,6 +377,7 @@ def config_settings(config: ClusterConfig) -> dict[str, Any]:
         # Both refine pair confirmation; without it they are left out.
         "pair_window": config.pair_window if config.confirm_pairs else None,
         "pair_companion": config.pair_companion if config.confirm_pairs else None,
+        "lone_pull": config.lone_pull,
     }
 
 
@@ -371,10 +404,12 @@ class ClusterAggregation:
     ``min_silhouette`` is the bar of the automatic threshold; ``centre`` (drift sources, automatic
     threshold), ``confirm_rounds`` and ``resplit_silhouette`` (every source but ``layer_updates``),
     ``scale_entries``, ``agree_on`` (one of :data:`AGREE_SOURCES`), ``confirm_pairs``, ``pair_window`` (None, or
-    an int >= ``confirm_rounds``) and ``pair_companion`` (None, or an int >= 1; both need ``confirm_pairs``) are
-    described in the module docstring. The constructor keeps the earlier behaviour by default (0.4, no centring,
+    an int >= ``confirm_rounds``), ``pair_companion`` (None, or an int >= 1; both need ``confirm_pairs``) and
+    ``lone_pull`` (None, or a number in [-1, 1); every source but ``layer_updates``) are described in the module
+    docstring. The constructor keeps the earlier behaviour by default (0.4, no centring,
     at once, no re-split, unscaled, agreement on drift, whole partitions confirmed, pairs together in every one
-    of the last ``confirm_rounds`` proposals, no companions); the cluster job passes ``ClusterConfig``'s values.
+    of the last ``confirm_rounds`` proposals, no companions, lone leaves never joined by their pull); the cluster
+    job passes ``ClusterConfig``'s values.
     """
 
     name = "cluster"
@@ -399,6 +434,7 @@ class ClusterAggregation:
         confirm_pairs: bool = False,
         pair_window: int | None = None,
         pair_companion: int | None = None,
+        lone_pull: float | None = None,
     ):
         if tau is not None and not math.isfinite(float(tau)):
             raise ValueError(f"tau must be finite or None, got {tau!r}")
@@ -461,6 +497,12 @@ class ClusterAggregation:
         self.pair_companion = None if pair_companion is None else int(pair_companion)
         if (self.pair_window is not None or self.pair_companion is not None) and not self.confirm_pairs:
             raise ValueError("pair_window and pair_companion need confirm_pairs=True")
+        if lone_pull is not None and (
+            isinstance(lone_pull, bool) or not (math.isfinite(float(lone_pull)) and -1.0 <= float(lone_pull) < 1.0)
+        ):
+            raise ValueError(f"lone_pull must lie in [-1, 1) or be None, got {lone_pull!r}")
+        self.lone_pull = None if lone_pull is None else float(lone_pull)
+        self._lone_pending: dict[str, tuple[tuple[str, ...], int]] = {}
         self._history: list[tuple[tuple[str, int], ...]] = []
         self._sizes: list[int] = []
         self._split_pending: dict[tuple[str, ...], tuple[tuple[int, ...], int]] = {}
@@ -516,6 +558,10 @@ class ClusterAggregation:
         adopters: set[str] = set()
         if self.resplit_silhouette is not None and self.similarity_on not in SPLIT_SOURCES:
             round_labels, checks, adopters = self._resplit(order, models, by_leaf, round_labels)
+        lone: list[dict[str, Any]] = []
+        if self.lone_pull is not None and self.similarity_on not in SPLIT_SOURCES:
+            round_labels, lone, joined = self._lone_joins(order, models, by_leaf, round_labels)
+            adopters |= joined
 
         new_models: dict[str, Weights] = dict(leaf_models)
         gated: list[str] = []
@@ -554,6 +600,7 @@ class ClusterAggregation:
             similarity_summary=split_summary(compared, round_labels, thresholds) if order else {},
             pending=pending,
             resplit=checks,
+            lone=lone,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -563,7 +610,8 @@ class ClusterAggregation:
         "rounds": int}``); with ``confirm_pairs``, the last proposals, up to ``pair_window`` or ``confirm_rounds`` of
         them (``"history": [{leaf: int}, ...]``); with
         ``resplit_silhouette``, the pairs kept apart (``"apart": [[a, b], ...]``) and the splits awaiting
-        confirmation (``"split_pending": [{"members", "labels", "rounds"}, ...]``)."""
+        confirmation (``"split_pending": [{"members", "labels", "rounds"}, ...]``); with ``lone_pull``, the
+        lone leaves on their way to a cluster (``"lone_pending": [{"leaf", "target", "rounds"}, ...]``)."""
         state: dict[str, Any] = {"previous_labels": dict(self._previous_labels)}
         if self._pair_similarity:
             state["pair_similarity"] = [[a, b, value] for (a, b), value in sorted(self._pair_similarity.items())]
@@ -573,6 +621,11 @@ class ClusterAggregation:
             state["apart"] = [[a, b] for a, b in sorted(self._apart)]
         if self._history:
             state["history"] = [dict(entry) for entry in self._history]
+        if self._lone_pending:
+            state["lone_pending"] = [
+                {"leaf": leaf, "target": list(target), "rounds": rounds}
+                for leaf, (target, rounds) in sorted(self._lone_pending.items())
+            ]
         if self._split_pending:
             state["split_pending"] = [
                 {"members": list(members), "labels": list(labels), "rounds": rounds}
@@ -600,6 +653,10 @@ class ClusterAggregation:
         self._split_pending = {
             tuple(str(m) for m in entry["members"]): (tuple(int(x) for x in entry["labels"]), int(entry["rounds"]))
             for entry in state.get("split_pending", [])
+        }
+        self._lone_pending = {
+            str(entry["leaf"]): (tuple(str(m) for m in entry["target"]), int(entry["rounds"]))
+            for entry in state.get("lone_pending", [])
         }
 
     def _partition(
@@ -759,6 +816,94 @@ class ClusterAggregation:
                             adopters.add(leaf)
         self._split_pending = pending
         return canonical_labels(ids), checks, adopters
+
+    def _lone_joins(
+        self,
+        order: list[str],
+        models: Mapping[str, Weights],
+        by_leaf: Mapping[str, LeafUpdate],
+        labels: np.ndarray,
+    ) -> tuple[np.ndarray, list[dict[str, Any]], set[str]]:
+        """``labels`` of ``order`` with the lone leaves that join a cluster this round added to it (``lone_pull``,
+        module docstring), the records (``ClusterResult.lone``) and the leaves that joined (adopters: they take
+        the cluster's model without contributing to it).
+
+        A leaf is alone when no other leaf of ``order`` trained from its model, shared its label last round or
+        shares it in ``labels``; a cluster in force is a set of 2 or more leaves that trained from one model and
+        share one label in ``labels`` with no other leaf (a cluster this round's partition left as it was).
+        """
+        assert self.lone_pull is not None
+        index = {leaf: i for i, leaf in enumerate(order)}
+        ids = labels.tolist()
+        sizes = {label: ids.count(label) for label in set(ids)}
+        clusters: list[list[str]] = []
+        lone: list[str] = []
+        for group in _same_model_groups(order, models):
+            names = [order[i] for i in group]
+            label = ids[group[0]]
+            if len(group) >= 2 and all(ids[i] == label for i in group) and sizes[label] == len(group):
+                clusters.append(names)
+            elif len(group) == 1 and sizes[label] == 1 and self._alone_in_force(names[0], order):
+                lone.append(names[0])
+        records: list[dict[str, Any]] = []
+        pending: dict[str, tuple[tuple[str, ...], int]] = {}
+        joined: set[str] = set()
+        if len(clusters) < 2:
+            self._lone_pending = pending
+            return labels, records, joined
+        for leaf in sorted(lone):
+            update = self._update(models[leaf], by_leaf[leaf])
+            pulls = [self._step_cosine(update, models[leaf], models[leaf], models[k[0]]) for k in clusters]
+            target, preference = None, None
+            for n, cluster in enumerate(clusters):
+                if pulls[n] <= JOIN_PULL or any((leaf, m) in self._apart or (m, leaf) in self._apart for m in cluster):
+                    continue
+                lowest = min(
+                    self._step_cosine(update, models[leaf], models[other[0]], models[cluster[0]])
+                    for other in clusters
+                    if other is not cluster
+                )
+                if lowest > self.lone_pull + 1e-12:
+                    target, preference = tuple(cluster), lowest
+            count = 0
+            if target is not None:
+                earlier = self._lone_pending.get(leaf)
+                count = earlier[1] + 1 if earlier is not None and earlier[0] == target else 1
+                if count < self.confirm_rounds:
+                    pending[leaf] = (target, count)
+                else:
+                    ids[index[leaf]] = ids[index[target[0]]]
+                    joined.add(leaf)
+            records.append(
+                {
+                    "leaf": leaf,
+                    "clusters": [list(c) for c in clusters],
+                    "pull": pulls,
+                    "target": None if target is None else list(target),
+                    "preference": preference,
+                    "rounds": count,
+                    "joined": leaf in joined,
+                }
+            )
+        self._lone_pending = pending
+        return (canonical_labels(ids) if joined else labels), records, joined
+
+    def _alone_in_force(self, leaf: str, order: list[str]) -> bool:
+        """Whether no other leaf of ``order`` shared ``leaf``'s label last round (a leaf never labelled: alone)."""
+        if leaf not in self._previous_labels:
+            return True
+        label = self._previous_labels[leaf]
+        return not any(self._previous_labels.get(other) == label for other in order if other != leaf)
+
+    def _step_cosine(self, update: np.ndarray, model: Weights, start: Weights, end: Weights) -> float:
+        """Cosine of ``update`` (a leaf's update vector, from ``model``) with the step from ``start`` to ``end`` on the
+        same entries: > 0 when the leaf's data pull its model that way."""
+        step = {k: np.asarray(end[k], np.float64) - np.asarray(start[k], np.float64) for k in model}
+        towards = update_vector(
+            self.similarity_on, model, LeafUpdate("", step, 1.0, 0), last_layer_keys=self.last_layer_keys
+        )
+        pair = np.stack([update, towards])
+        return float(_signed_cosine(pair, np.linalg.norm(pair, axis=1)[:, None] > 0, absolute=False)[0, 1])
 
     def _previous_labels_members(self, leaf: str, order: list[str]) -> list[str]:
         """The leaves of ``order`` that shared ``leaf``'s label last round (its cluster in force)."""

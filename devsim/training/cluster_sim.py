@@ -51,7 +51,8 @@ class ClusterSimResult:
         leaf_accuracy: Final accuracy in [0, 1] of each leaf's model on its group's view of the test set.
         rounds: One dict per round: ``round`` (1-based), ``num_clusters``, ``labels`` (list, ``leaf_order``),
             ``pending`` (rounds an unconfirmed proposal has been made, see ``ClusterResult.pending``),
-            ``resplit`` (the clusters checked on their updates, ``ClusterResult.resplit``) and the
+            ``resplit`` (the clusters checked on their updates, ``ClusterResult.resplit``), ``lone`` (the lone
+            leaves compared with the clusters in force, ``ClusterResult.lone``) and the
             strategy's ``similarity_summary`` when it has one.
     """
 
@@ -134,6 +135,7 @@ def simulate_clusters(
             "labels": [int(result.labels[leaf]) for leaf in leaves],
             "pending": int(result.pending),
             "resplit": result.resplit,
+            "lone": result.lone,
         }
         record.update(result.similarity_summary)
         records.append(record)
