@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from devsim.aggregation.cluster import LONE_PULL, ClusterAggregation, config_settings  # noqa: E402
+from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster_threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
 from devsim.training.cluster_sim import initial_weights, simulate_clusters  # noqa: E402
@@ -164,8 +164,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--lone-pull",
-        type=lambda text: None if text.lower() == "none" else float(text),
-        default=LONE_PULL,
+        type=_float_or_none,
+        default=ClusterConfig.lone_pull,
         help="a leaf alone joins the cluster its update prefers over every other cluster by a cosine above this "
         "in --confirm-rounds consecutive rounds; 'none': never",
     )
@@ -334,6 +334,10 @@ def summarise(rows: list[dict], rounds: int) -> list[dict]:
 
 def _int_or_none(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
+
+
+def _float_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
 
 
 def _fedavg_runs(path: str, args: argparse.Namespace) -> dict[tuple, float]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from devsim.aggregation.base import LeafUpdate
-from devsim.aggregation.cluster import JOIN_PULL, LONE_PULL, ClusterAggregation, ClusterResult, config_settings
+from devsim.aggregation.cluster import JOIN_PULL, ClusterAggregation, ClusterResult, config_settings
 from devsim.config import ClusterConfig
 
 KEY = "w.weight"
@@ -18,7 +18,9 @@ TOWARDS_M0 = [0.1, -0.1, 0.0, 0.0]
 BOTH = [0.1, 0.1, -0.1, 0.0]  # towards m0 and m1 alike (pull 0.82 to each), preference 0
 
 
-def _strategy(lone_pull: float | None = LONE_PULL, labels: dict[str, int] = IN_FORCE) -> ClusterAggregation:
+def _strategy(
+    lone_pull: float | None = ClusterConfig.lone_pull, labels: dict[str, int] = IN_FORCE
+) -> ClusterAggregation:
     strategy = ClusterAggregation(
         tau=None,
         similarity_on="model_drift",
@@ -115,5 +117,5 @@ def test_checks_and_the_job_default() -> None:
             _strategy(lone_pull=bad)
     plain = ClusterAggregation(tau=None, similarity_on="model_drift", last_layer_keys=[KEY], reference=ZERO)
     assert plain.lone_pull is None
-    assert config_settings(ClusterConfig().validate())["lone_pull"] == LONE_PULL == 0.25
+    assert config_settings(ClusterConfig().validate())["lone_pull"] == ClusterConfig.lone_pull == 0.25
     assert isinstance(ClusterResult({}, {}, np.zeros((0, 0)), [], 0, 0).lone, list)

@@ -154,13 +154,6 @@ JOIN_PULL: float = 0.15
 of another group inside the one wrong cluster pulled 0.23-0.28 towards its group's cluster (rounds 10-12); single
 members of correct clusters -0.10 to 0.12 (3 runs of 6-9 leaves, every round from the first merge on)."""
 
-LONE_PULL: float = 0.25
-"""The cluster job's ``lone_pull``: a leaf alone joins a cluster in force when its update prefers that cluster's model
-over every other cluster's by a cosine above this (and pulls towards it above :data:`JOIN_PULL`) in ``confirm_rounds``
-consecutive rounds. Measured on the issue-#33 grid (docs/benchmark_history.md): the lone leaf of its one failure
-preferred its group's cluster by 0.34-0.46 at rounds 7-10; elsewhere single rounds reached up to 0.30, never 2 in a
-row."""
-
 __all__ = [
     "SIMILARITY_SOURCES",
     "THRESHOLD_METHODS",

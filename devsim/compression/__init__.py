@@ -9,7 +9,7 @@ May import `devsim.config`; nothing else of the project.
 from devsim.compression.codecs import CODECS, CodecSpec, Encoded, decode, encode, payload_bytes, round_payload_bytes
 from devsim.compression.forwarding import decode_row, row_of, split_rows, stack_rows
 from devsim.compression.residuals import ResidualStore
-from devsim.compression.uplink import UplinkCompressor, UplinkStats
+from devsim.compression.uplink import UplinkCompressor, UplinkStats, keeps_state
 
 __all__ = [
     "CODECS",
@@ -21,6 +21,7 @@ __all__ = [
     "decode",
     "decode_row",
     "encode",
+    "keeps_state",
     "payload_bytes",
     "round_payload_bytes",
     "row_of",

@@ -64,6 +64,12 @@ class UplinkStats:
         }
 
 
+def keeps_state(spec: CodecSpec) -> bool:
+    """Whether an uplink with this codec keeps state between rounds: ``topk``'s error-feedback residuals (and its
+    optional momentum velocity); the other codecs keep none."""
+    return spec.name == "topk"
+
+
 class UplinkCompressor:
     """Applies one codec to every device update a leaf receives; thread-safe (one per leaf)."""
 
@@ -75,7 +81,7 @@ class UplinkCompressor:
         residual_max_bytes: int | None = None,
     ):
         self.spec = spec
-        self.error_feedback = spec.name == "topk"
+        self.error_feedback = keeps_state(spec)
         self.momentum = float(spec.topk_momentum) if spec.name == "topk" else 0.0
         self._velocity: list[torch.Tensor] | None = None
         self.residuals = (
@@ -195,8 +201,8 @@ class UplinkCompressor:
 
     @property
     def stateful(self) -> bool:
-        """Whether this uplink keeps state between rounds (error-feedback residuals or a momentum velocity)."""
-        return self.residuals is not None or bool(self.momentum)
+        """Whether this uplink keeps state between rounds (:func:`keeps_state`)."""
+        return keeps_state(self.spec)
 
     def state(self) -> dict:
         """Residuals (:meth:`ResidualStore.state`) and the momentum velocity (float32 arrays, one per entry; empty

@@ -22,7 +22,7 @@ from devsim.aggregation import FedAvg, LeafUpdate
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule
 from devsim.codec import load_numpy_into_model, weights_norm
-from devsim.compression import CodecSpec, UplinkCompressor, round_payload_bytes
+from devsim.compression import CodecSpec, keeps_state, round_payload_bytes
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
 from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
@@ -269,7 +269,7 @@ class SyncServer:
 
     def _leaf_uplink_states(self) -> dict[str, dict]:
         """Each live leaf's uplink state (error-feedback residuals, top-k momentum) when the codec keeps any."""
-        if not UplinkCompressor(codec_spec(self.config)).stateful:
+        if not keeps_state(codec_spec(self.config)):
             return {}
         states = {}
         for leaf in self.leaves:
