@@ -98,7 +98,10 @@ def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
     trains on all three leaves with the simulator's results."""
     tmp_path, workspace = running_deployment
     rounds_wanted = 100
-    flags = ["--dataset", "digits", "--num-rounds", str(rounds_wanted), "--round-timeout", "5", "--seed", "5"]
+    # 6 local epochs at lr 0.01: a round without site-3 lasts about 0.5 s instead of 0.1 s, so the rounds left
+    # after the kill outlast the restart of site-3 (10-20 s); with 1 epoch the run could end before site-3 was back
+    flags = ["--dataset", "digits", "--num-rounds", str(rounds_wanted), "--local-epochs", "6", "--lr", "0.01"]
+    flags += ["--round-timeout", "5", "--seed", "5"]
     cmd = [sys.executable, SCRIPT, "run", "--workspace", str(workspace), "fedavg", "--timeout", "400", "--", *flags]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -121,7 +124,9 @@ def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
     output = "".join(lines)
     assert proc.returncode == 0, output[-4000:]
     assert "without site-3 (not answering)" in output, output[-3000:]
-    [resumed] = re.findall(r"site-3 answers again .* from its checkpoint after round (\d+) in a new job", output)
+    resumed_after = re.findall(r"site-3 answers again .* from its checkpoint after round (\d+) in a new job", output)
+    assert len(resumed_after) == 1, output[-4000:]
+    [resumed] = resumed_after
     assert output.count("submitted job ") == 2, output[-3000:]
     results = find_results(workspace / "results" / sorted(d for d in os.listdir(workspace / "results"))[-1])
     rounds = results["rounds"]
