@@ -266,6 +266,7 @@ class AsyncServer:
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
         finally:
+            self.calls.close()
             collector.stop()
             metrics.close()
             arrivals.close()

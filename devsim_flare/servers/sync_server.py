@@ -225,6 +225,7 @@ class SyncServer:
                     print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
                     return
         finally:
+            calls.close()
             collector.stop()
             metrics.close()
         if timings:
