@@ -43,11 +43,15 @@ def test_good_update_is_accepted():
     assert validator.median_norm is not None and validator.median_norm > 0
 
 
-def test_nan_and_inf_are_counted_and_named():
+@pytest.mark.parametrize(
+    "limits", [{}, {"max_norm": 1e30, "max_norm_factor": 3.0}], ids=["no norm limit", "norm limited"]
+)
+def test_nan_and_inf_are_counted_and_named(limits):
+    """Without a norm limit a finiteness pass finds them; with one, the non-finite sum of squares does."""
     value = np.zeros((4, 3, 3, 3), dtype=np.float32)
     value.flat[:3] = np.nan
     value.flat[5] = np.inf
-    result = UpdateValidator(REFERENCE).check_delta(with_entry("conv1.weight", value), "site-1")
+    result = UpdateValidator(REFERENCE, **limits).check_delta(with_entry("conv1.weight", value), "site-1")
     assert_rejected(result, "non_finite", "conv1.weight", "3 NaN", "1 inf")
     assert result.source == "site-1"
 

@@ -146,6 +146,7 @@ class AsyncServer:
         self.validator = UpdateValidator(
             self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
         )
+        self._base_norms: dict[int, float] = {}
         self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         if self.population_model is not None:
             self.failures[SESSION_END] = 0
@@ -437,16 +438,24 @@ class AsyncServer:
         fault = self.faults.any_fault(job.job_id, job.device_id)
         if fault is not None:
             result["delta"] = FaultInjector.corrupt(result["delta"], fault)
-        base = self.snapshots.get(job.base_version)
-        self.validator.max_norm = self.config.update_norm_limit(
-            float(np.sqrt(sum(float(np.vdot(v, v)) for v in base.values())))
-        )
+        self.validator.max_norm = self.config.update_norm_limit(self._base_norm(job.base_version))
         rejection = self.validator.check_job_result(result["delta"], result["num_samples"], f"device {job.device_id}")
         if rejection is not None:
             self.failures["rejected"] += 1
             print(f"[server] version {self.scheduler.version}: {rejection}", flush=True)
             return None
         return result
+
+    def _base_norm(self, version: int) -> float:
+        """L2 norm of the model of ``version`` (held in the snapshots), computed once per version: about B
+        arrivals share a base. Norms of versions no longer held are dropped when a new one is computed."""
+        norm = self._base_norms.get(version)
+        if norm is None:
+            base = self.snapshots.get(version)
+            norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in base.values())))
+            self._base_norms = {v: n for v, n in self._base_norms.items() if v in self.snapshots}
+            self._base_norms[version] = norm
+        return norm
 
     def _wait_for(self, key: JobKey, window: WindowTiming) -> dict | None:
         """The result of the job ``key`` names, taking finished calls (in host order) until it is among them;
