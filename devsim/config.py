@@ -31,6 +31,7 @@ DATASET_CLASSES = {"synthetic": 10, "digits": 10, "cifar10": 10, "cifar100": 100
 UPDATE_CODECS = ("none", "fp16", "int8", "topk")
 TOPK_VALUE_TYPES = ("float32", "float16", "int8")
 TENSOR_TRANSFERS = ("auto", "inline", "download")
+SHARED_MEMORY_MODES = ("auto", "on", "off")
 INLINE_TENSOR_MAX_BYTES = 2 * 2**20
 """``--tensor-transfer auto`` sends tensors inline for models whose float32 state is at most this many bytes (NVFlare's
 own download chunk size). Measured (benchmarks/collab_echo_memory.py, 2-core CPU): inline is 1.7x faster at 4 MB
@@ -156,6 +157,15 @@ class SimulationConfig:
             "how model arrays travel in NVFlare's messages: inline (inside the message, one exchange: a 62k-parameter "
             "call takes 5 ms instead of 24), download (NVFlare's default: the receiver fetches them from the sender "
             "in 2 MiB chunks, less memory for large models) or auto (inline for models up to 2 MiB of float32 state)"
+        ),
+    )
+    shared_memory: str = field(
+        default="auto",
+        metadata=_help(
+            "the model arrays of leaf calls and replies go through files in /dev/shm and only their names through "
+            "NVFlare (on: the server and its leaves must share one host), inside NVFlare's "
+            "messages (off), or auto (on for --env sim where /dev/shm is writable, off elsewhere); results are the "
+            "same bit for bit"
         ),
     )
     device_dropout: float = field(
@@ -334,6 +344,7 @@ class SimulationConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("group_kind", self.group_kind, GROUP_KINDS)
         _check_choice("tensor_transfer", self.tensor_transfer, TENSOR_TRANSFERS)
+        _check_choice("shared_memory", self.shared_memory, SHARED_MEMORY_MODES)
         if self.server_threads is not None:
             _check_min("server_threads", self.server_threads, 1)
         if not 1 <= self.hidden_groups <= self.num_leaf_nodes:

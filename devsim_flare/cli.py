@@ -37,6 +37,22 @@ def with_server_threads(config: SimulationConfig, env: str) -> SimulationConfig:
     return config
 
 
+def with_shared_memory(config: SimulationConfig, env: str, simulated_here: bool) -> SimulationConfig:
+    """``config`` with ``--shared-memory`` resolved to ``on`` or ``off``: ``auto`` is on for a simulation run by
+    this command (``--env sim``, not exported) where ``/dev/shm`` is writable. Raises ConfigError for ``on`` where
+    the leaves may be on other hosts (``--env prod``) or where this host has no writable ``/dev/shm``."""
+    from devsim.shared_arrays import SHARED_MEMORY_ROOT, shared_memory_root
+
+    mode, available = config.shared_memory, shared_memory_root() is not None
+    if mode == "on" and env == "prod":
+        raise ConfigError("shared_memory", "'on' needs the server and its leaves on one host; with --env prod: off")
+    if mode == "on" and not available:
+        raise ConfigError("shared_memory", f"'on' needs a writable {SHARED_MEMORY_ROOT}; allowed here: off, auto")
+    if mode == "auto":
+        mode = "on" if simulated_here and available else "off"
+    return dataclasses.replace(config, shared_memory=mode)
+
+
 def int_or_word(text: str) -> int | str:
     """An integer when ``text`` is all digits, else the word itself (fields typed ``int | str``)."""
     return int(text) if text.isdigit() else text
@@ -277,6 +293,10 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
     simulated_here = args.env == "sim" and not export_requested()
+    try:
+        config = with_shared_memory(config, args.env, simulated_here)
+    except ConfigError as error:
+        parser.error(str(error))
     if simulated_here:
         share_digits(config, args.workspace)  # first, so this process too reads the shared file, not scikit-learn
     prepare_data(parser, config)

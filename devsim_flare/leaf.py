@@ -29,6 +29,7 @@ from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
 from devsim.resources.workers import plan_workers
+from devsim.shared_arrays import DESCRIPTOR_KEY, all_float32, put_arrays, take_arrays
 from devsim.training.leaf_runner import LeafRoundRunner
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
@@ -142,9 +143,20 @@ class LeafNode:
         return leaf_group(leaves.index(collab.site_name), groups)
 
     @collab.publish
-    def train_round(self, round_num: int, weights: dict, assignments: dict) -> dict:
-        """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``."""
+    def train_round(
+        self,
+        round_num: int,
+        weights: dict,
+        assignments: dict,
+        exchange_folder: str | None = None,
+        shared_weights: dict | None = None,
+    ) -> dict:
+        """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``; with
+        ``exchange_folder`` the weights and the float32 ``delta_sum`` travel as files of it (see
+        :meth:`train_jobs`)."""
         received_at = time.time()
+        if exchange_folder is not None and shared_weights is not None:
+            weights = take_arrays(exchange_folder, shared_weights)
         self._collector.maybe_collect()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
@@ -153,6 +165,8 @@ class LeafNode:
         wire_fault = self._faults.wire_fault(round_num, self._leaf_index)
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
+        if exchange_folder is not None and all_float32(payload.get("delta_sum")):  # else inline, as it is
+            payload[DESCRIPTOR_KEY] = put_arrays(exchange_folder, payload.pop("delta_sum"))
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
@@ -169,15 +183,23 @@ class LeafNode:
         with_histograms: bool = False,
         job_bases: np.ndarray | None = None,
         base_versions: np.ndarray | None = None,
+        exchange_folder: str | None = None,
+        shared_weights: dict | None = None,
     ) -> dict:
         """Train asynchronous device jobs that all start from global ``version`` (``weights``), or, with
         ``job_bases``, from several versions: ``weights`` then stacks the ``base_versions`` models per entry,
         (V, *shape), and job ``i`` starts from row ``job_bases[i]``.
 
+        With ``exchange_folder`` (``--shared-memory on``: server and leaf on one host) ``weights`` is empty and
+        ``shared_weights`` describes the file of that folder holding them, and the float32 deltas go back the same
+        way (:mod:`devsim.shared_arrays`).
+
         Returns each job's own delta (stacked per model entry) with its metrics; see
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
         """
         received_at = time.time()
+        if exchange_folder is not None and shared_weights is not None:
+            weights = take_arrays(exchange_folder, shared_weights)
         self._collector.maybe_collect()
         payload = self._runner.run_jobs(
             weights,
@@ -190,6 +212,8 @@ class LeafNode:
             base_versions=None if base_versions is None else np.asarray(base_versions).tolist(),
         )
         payload["version"] = int(version)
+        if exchange_folder is not None and "deltas" in payload:
+            payload[DESCRIPTOR_KEY] = put_arrays(exchange_folder, payload.pop("deltas"))
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -47,6 +48,23 @@ def test_same_seed_gives_same_arrivals_and_weights(fedbuff_run, tmp_path):
     second = torch.load(find_results(tmp_path / "ws" / "runs")["summary"]["final_model"])
     for key in first:
         assert torch.equal(first[key], second[key]), key
+
+
+def test_arrays_through_shared_memory_or_messages_give_the_same_run(fedbuff_run, tmp_path):
+    """The default in the simulator (model arrays through /dev/shm files) against NVFlare's messages: the same
+    arrivals and bit for bit the same final model; no exchange folder is left behind."""
+    from devsim.shared_arrays import FOLDER_PREFIX, SHARED_MEMORY_ROOT, shared_memory_root
+
+    default = find_results(fedbuff_run / "ws" / "runs")
+    assert default["config"]["shared_memory"] == ("on" if shared_memory_root() else "off")
+    run_job("pt_job_fedbuff.py", [*ASYNC_RUN, "--shared-memory", "off", "--workspace", str(tmp_path / "ws")], tmp_path)
+    messages = find_results(tmp_path / "ws" / "runs")
+    assert messages["config"]["shared_memory"] == "off"
+    assert _arrivals(tmp_path) == _arrivals(fedbuff_run)
+    first, second = torch.load(default["summary"]["final_model"]), torch.load(messages["summary"]["final_model"])
+    assert all(torch.equal(first[key], second[key]) for key in first)
+    if shared_memory_root():
+        assert [n for n in os.listdir(SHARED_MEMORY_ROOT) if n.startswith(f"{FOLDER_PREFIX}")] == []
 
 
 def test_fedrevive_run_completes_with_kd_engaged(tmp_path):

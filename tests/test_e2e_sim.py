@@ -37,9 +37,13 @@ def test_sim_run_learns_and_prints_rounds(sim_run):
 
 
 def test_same_seed_gives_identical_final_weights(sim_run, tmp_path):
+    """Also across transports: the first run passed its model arrays through /dev/shm files (the simulator's
+    default where /dev/shm is writable), this one inside NVFlare's messages."""
     first_tmp, _ = sim_run
-    run_job("pt_job_fedavg.py", [*SMALL_RUN, "--workspace", str(tmp_path / "ws")], tmp_path)
-    first = torch.load(find_results(first_tmp / "ws" / "runs")["summary"]["final_model"])
+    run_job("pt_job_fedavg.py", [*SMALL_RUN, "--shared-memory", "off", "--workspace", str(tmp_path / "ws")], tmp_path)
+    first_results = find_results(first_tmp / "ws" / "runs")
+    assert first_results["config"]["shared_memory"] == ("on" if os.access("/dev/shm", os.W_OK) else "off")
+    first = torch.load(first_results["summary"]["final_model"])
     second = torch.load(find_results(tmp_path / "ws" / "runs")["summary"]["final_model"])
     assert first.keys() == second.keys()
     for key in first:

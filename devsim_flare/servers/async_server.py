@@ -43,6 +43,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
+from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -130,6 +131,7 @@ class AsyncServer:
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
         self.calls = LeafCalls(call_timeout=config.round_timeout)
+        self.exchange = SharedFolder.create() if config.shared_memory == "on" else None
         self._waiting: dict[JobKey, dict] = {}
         # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit
         call_bytes = MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])
@@ -268,6 +270,8 @@ class AsyncServer:
             self._drain()
         finally:
             self.calls.close()
+            if self.exchange is not None:
+                self.exchange.remove()
             collector.stop()
             metrics.close()
             arrivals.close()
@@ -321,12 +325,21 @@ class AsyncServer:
         self.traffic.add("server_to_leaf", self.model_bytes * len(versions))
         self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
         self._in_flight.update(job_key(j) for j in jobs)
+        weights = {k: _stacked([base[k] for base in bases]) for k in bases[0]}
+        if self.exchange is not None:
+            arrays = {
+                "weights": {},
+                "exchange_folder": self.exchange.path,
+                "shared_weights": self.exchange.put(weights),
+            }
+        else:
+            arrays = {"weights": weights}
         self.calls.submit(
             leaf,
             "train_jobs",
             tag=(time.time(), tuple(job_key(j) for j in jobs)),
             version=versions[-1],
-            weights={k: _stacked([base[k] for base in bases]) for k in bases[0]},
+            **arrays,
             job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
             device_ids=np.array([j.device_id for j in jobs], dtype=np.int64),
             train_seeds=np.array([j.train_seed for j in jobs], dtype=np.int64),
@@ -474,6 +487,14 @@ class AsyncServer:
                 self._lose_leaf(outcome.leaf, outcome.error, keys)
                 continue
             payload = outcome.result
+            if DESCRIPTOR_KEY in payload:
+                try:
+                    if self.exchange is None:
+                        raise ValueError("a shared_file reply, but this run has no exchange folder")
+                    payload["deltas"] = self.exchange.take(payload.pop(DESCRIPTOR_KEY))
+                except (ValueError, OSError) as error:
+                    self._lose_leaf(outcome.leaf, error, keys)
+                    continue
             self._count_reply(outcome.leaf, payload)
             self.cpu.leaf_reply(outcome.leaf, payload["timing"])
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)

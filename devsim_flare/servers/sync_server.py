@@ -38,6 +38,7 @@ from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
+from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -139,6 +140,7 @@ class SyncServer:
             sim_clock.now = float(recorder.data["rounds"][-1].get("simulated_time", 0.0))
             traffic.load_totals(recorder.data["rounds"][-1].get("bytes_total", {}))
         calls = LeafCalls(call_timeout=config.round_timeout)
+        self.exchange = SharedFolder.create() if config.shared_memory == "on" else None
         self.dead_leaves: set[str] = set()
         self.validator = UpdateValidator(
             self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
@@ -226,6 +228,8 @@ class SyncServer:
                     return
         finally:
             calls.close()
+            if self.exchange is not None:
+                self.exchange.remove()
             collector.stop()
             metrics.close()
         if timings:
@@ -361,26 +365,40 @@ class SyncServer:
         min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
         return accepted
 
+    def _shared_delta_taken(self, payload):
+        """``payload`` with its ``delta_sum`` read back from the exchange folder when the leaf sent it there.
+
+        Raises:
+            ValueError, OSError: the descriptor does not name a readable file of this run's folder.
+        """
+        if not (isinstance(payload, dict) and DESCRIPTOR_KEY in payload):
+            return payload
+        if self.exchange is None:
+            raise ValueError("a shared_file reply, but this run has no exchange folder")
+        payload["delta_sum"] = self.exchange.take(payload.pop(DESCRIPTOR_KEY))
+        return payload
+
     def _call_leaves(
         self, calls: LeafCalls, round_num: int, models: dict[str, Weights], assignments: dict[str, np.ndarray]
     ) -> dict[str, dict]:
         for leaf, device_ids in assignments.items():
-            calls.submit(
-                leaf,
-                "train_round",
-                tag=(round_num, leaf),
-                round_num=round_num,
-                weights=models[leaf],
-                assignments={leaf: device_ids},
-            )
+            arrays: dict = {"weights": models[leaf]}
+            if self.exchange is not None:  # the model goes in a file; the leaf sends its delta sum back the same way
+                shared = self.exchange.put(models[leaf])
+                arrays = {"weights": {}, "exchange_folder": self.exchange.path, "shared_weights": shared}
+            tag = (round_num, leaf)
+            calls.submit(leaf, "train_round", tag=tag, round_num=round_num, assignments={leaf: device_ids}, **arrays)
         payloads, errors = {}, {}
         try:
             while calls.pending:
                 outcome = calls.next()
                 if outcome.error is not None:
                     errors[outcome.leaf] = outcome.error
-                else:
-                    payloads[outcome.leaf] = outcome.result
+                    continue
+                try:
+                    payloads[outcome.leaf] = self._shared_delta_taken(outcome.result)
+                except (ValueError, OSError) as error:
+                    errors[outcome.leaf] = error
         except LeafCallError as error:
             for leaf in assignments:
                 if leaf not in payloads and leaf not in errors:

@@ -1,0 +1,167 @@
+"""Model arrays handed between the server and its leaves through files in shared memory (``/dev/shm``) when they
+run on one host, so that only a short descriptor crosses NVFlare's messaging.
+
+An asynchronous leaf call returns every device job's delta (one model of float32 per job): at the CNN's 62k
+parameters and 5 jobs a call that is 1.24 MB a reply, which NVFlare serialises, streams and decodes in Python
+threads on both sides. Written into a tmpfs file and read back, the same bytes cost two memory copies. Nothing
+about the run changes: the arrays arrive bit for bit as they were sent.
+
+The server owns one folder per run (:meth:`SharedFolder.create`, mode 0700, named with its process id) and
+removes it when the run ends, with any file no one took (a reply to a call the run stopped waiting for); a folder
+left by a server that was killed is removed by the next one (its process id is gone). Each file is taken (read
+and unlinked) by its one reader. A descriptor from a leaf is checked before its file is read: the path must be a
+file of this folder, the entries float32 and their sizes must add up to the file's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+
+import numpy as np
+
+SHARED_MEMORY_ROOT = "/dev/shm"
+FOLDER_PREFIX = "devsim-exchange-"
+DESCRIPTOR_KEY = "shared_file"
+"""The key under which a descriptor replaces the arrays it stands for in a payload."""
+_FILE_NAME = re.compile(r"^[0-9a-f]{32}\.bin$")
+_ALIGN = 64
+"""Bytes each entry starts on in a file (so every entry's view is aligned for its dtype)."""
+_DTYPES = {np.dtype(np.float32).str}
+
+
+def shared_memory_root() -> str | None:
+    """The shared-memory folder when this host has a writable one, else None."""
+    root = SHARED_MEMORY_ROOT
+    return root if os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK) else None
+
+
+class SharedFolder:
+    """One run's exchange folder; ``path`` is what the leaves are told to write into and read from."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+
+    @classmethod
+    def create(cls, root: str | None = None) -> SharedFolder:
+        """A new folder under ``root`` (default :data:`SHARED_MEMORY_ROOT`) after removing folders of servers that
+        are gone. Raises OSError when it cannot be made."""
+        root = root or SHARED_MEMORY_ROOT
+        remove_orphans(root)
+        return cls(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=root))
+
+    def put(self, arrays: Mapping[str, np.ndarray]) -> dict:
+        """Write ``arrays`` (float32, any shapes) into one new file of this folder; its descriptor."""
+        return put_arrays(self.path, arrays)
+
+    def take(self, descriptor: Mapping) -> dict[str, np.ndarray]:
+        """The arrays of a descriptor from :meth:`put` or :func:`put_arrays` into this folder, read and unlinked.
+
+        Raises:
+            ValueError: the descriptor names no file of this folder, or its entries do not match the file.
+        """
+        return take_arrays(self.path, descriptor)
+
+    def remove(self) -> None:
+        """Remove the folder with every file still in it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def all_float32(arrays) -> bool:
+    """Whether ``arrays`` is a non-empty mapping of float32 NumPy arrays (what :func:`put_arrays` takes)."""
+    return (
+        isinstance(arrays, Mapping)
+        and bool(arrays)
+        and all(isinstance(v, np.ndarray) and v.dtype.str in _DTYPES for v in arrays.values())
+    )
+
+
+def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
+    """Write ``arrays`` into a new file of ``folder`` (each entry at a 64-byte boundary); its descriptor:
+    ``{"path", "entries": [[key, dtype, shape, offset], ...]}``. Raises ValueError for a non-float32 array."""
+    entries, offset = [], 0
+    for key, value in arrays.items():
+        if not isinstance(value, np.ndarray) or value.dtype.str not in _DTYPES:
+            kind = getattr(value, "dtype", type(value).__name__)
+            raise ValueError(f"shared arrays must be float32 NumPy arrays; {key} is {kind}")
+        entries.append([str(key), value.dtype.str, [int(n) for n in value.shape], offset])
+        offset += -(-value.nbytes // _ALIGN) * _ALIGN
+    path = os.path.join(folder, f"{uuid.uuid4().hex}.bin")
+    with open(path, "xb") as stream:
+        for (_, _, _, start), value in zip(entries, arrays.values(), strict=True):
+            if value.size:
+                stream.seek(start)
+                stream.write(memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"))
+        stream.truncate(offset)
+    return {"path": path, "entries": entries}
+
+
+def take_arrays(folder: str, descriptor: Mapping) -> dict[str, np.ndarray]:
+    """Read and unlink the file of ``descriptor`` (see :func:`put_arrays`), which must lie in ``folder``."""
+    path = _checked_path(folder, descriptor.get("path") if isinstance(descriptor, Mapping) else None)
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    arrays = {}
+    for entry in _checked_entries(descriptor.get("entries"), raw.nbytes):
+        key, dtype, shape, offset = entry
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        arrays[key] = raw[offset : offset + size].view(dtype).reshape(shape)
+    return arrays
+
+
+def remove_orphans(root: str) -> list[str]:
+    """Remove exchange folders under ``root`` whose server process is gone; their paths."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            match = re.match(rf"^{FOLDER_PREFIX}(\d+)-", name)
+            if match and not _alive(int(match.group(1))):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(os.path.join(root, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _checked_path(folder: str, path) -> str:
+    if not isinstance(path, str) or os.path.dirname(path) != folder or not _FILE_NAME.match(os.path.basename(path)):
+        raise ValueError(f"shared_file.path: {path!r} is not a file of the run's exchange folder {folder}")
+    return path
+
+
+def _checked_entries(entries, file_bytes: int) -> list[tuple[str, str, tuple[int, ...], int]]:
+    if not isinstance(entries, list):
+        raise ValueError("shared_file.entries: expected a list of [key, dtype, shape, offset]")
+    checked, end = [], 0
+    for entry in entries:
+        if not (isinstance(entry, list | tuple) and len(entry) == 4):
+            raise ValueError(f"shared_file.entries: {entry!r} is not [key, dtype, shape, offset]")
+        key, dtype, shape, offset = entry
+        if not isinstance(key, str):
+            raise ValueError(f"shared_file.entries: key {key!r} is not a string")
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
+            raise ValueError(f"shared_file.entries: dtype {dtype!r} of {key!r}; allowed: {sorted(_DTYPES)}")
+        if not (isinstance(shape, list | tuple) and all(isinstance(n, int) and n >= 0 for n in shape)):
+            raise ValueError(f"shared_file.entries: shape {shape!r} of {key!r} is not a list of sizes >= 0")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if not (isinstance(offset, int) and offset >= end and offset % _ALIGN == 0 and offset + size <= file_bytes):
+            raise ValueError(f"shared_file.entries: {key!r} at offset {offset!r} does not fit the file's {file_bytes}")
+        checked.append((str(key), dtype, tuple(shape), offset))
+        end = offset + size
+    return checked

@@ -1,0 +1,124 @@
+"""Arrays through files in a shared-memory folder (``--shared-memory``): bit-for-bit round trips, files taken once,
+descriptors from a leaf checked before anything is read or unlinked, folders of dead servers removed, and the
+flag resolved per environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from devsim.config import ConfigError, SimulationConfig
+from devsim.shared_arrays import FOLDER_PREFIX, SharedFolder, all_float32, put_arrays, remove_orphans, take_arrays
+
+
+def sample_arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "conv.weight": rng.standard_normal((4, 3, 5, 5)).astype(np.float32),
+        "conv.bias": np.array([np.nan, np.inf, -0.0, 1e-45], dtype=np.float32),
+        "scalar": np.array(3.5, dtype=np.float32),
+        "empty": np.zeros((0, 7), dtype=np.float32),
+        "fc.weight": rng.standard_normal((10, 13)).astype(np.float32)[:, ::2],  # not contiguous
+    }
+
+
+def test_arrays_come_back_bit_for_bit_and_the_file_is_taken_once(tmp_path):
+    folder = SharedFolder.create(str(tmp_path))
+    sent = sample_arrays()
+    descriptor = folder.put(sent)
+    assert os.listdir(folder.path) == [os.path.basename(descriptor["path"])]
+    received = folder.take(descriptor)
+    assert list(received) == list(sent)
+    for key, value in sent.items():
+        assert received[key].shape == value.shape and received[key].dtype == np.float32
+        assert received[key].tobytes() == np.ascontiguousarray(value).tobytes(), key
+    assert os.listdir(folder.path) == []
+    with pytest.raises(FileNotFoundError):
+        folder.take(descriptor)
+    folder.remove()
+    assert not os.path.exists(folder.path)
+
+
+def test_only_float32_is_put():
+    assert all_float32({"a": np.zeros(3, np.float32)})
+    assert not all_float32({"a": np.zeros(3, np.float64)}) and not all_float32({}) and not all_float32(None)
+    with pytest.raises(ValueError, match="float32"):
+        put_arrays("/nonexistent", {"a": np.zeros(3, np.int64)})
+
+
+def test_a_path_outside_the_folder_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "shm").mkdir()
+    folder = SharedFolder.create(str(tmp_path / "shm"))
+    outside = tmp_path / "0123456789abcdef0123456789abcdef.bin"
+    outside.write_bytes(b"\0" * 64)
+    for path in [str(outside), "/etc/passwd", os.path.join(folder.path, "..", outside.name), None, 7]:
+        with pytest.raises(ValueError, match="shared_file.path"):
+            folder.take({"path": path, "entries": []})
+    assert outside.exists()
+
+
+@pytest.mark.parametrize(
+    ("entries", "fragment"),
+    [
+        ("x", "expected a list"),
+        ([["a", "<f8", [2], 0]], "dtype"),
+        ([["a", "<f4", [-1], 0]], "shape"),
+        ([["a", "<f4", [1000], 0]], "does not fit"),
+        ([["a", "<f4", [2], 3]], "does not fit"),
+        ([["a", "<f4", [2], 0], ["b", "<f4", [2], 0]], "does not fit"),
+        ([["a", "<f4"]], "is not [key, dtype, shape, offset]"),
+    ],
+)
+def test_entries_that_do_not_match_the_file_are_refused(tmp_path, entries, fragment):
+    folder = SharedFolder.create(str(tmp_path))
+    descriptor = folder.put({"a": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="shared_file.entries") as error:
+        take_arrays(folder.path, {"path": descriptor["path"], "entries": entries})
+    assert fragment in str(error.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.recursive(st.none() | st.integers() | st.text(max_size=5), lambda inner: st.lists(inner, max_size=4)))
+def test_any_descriptor_entries_give_arrays_or_a_value_error(tmp_path_factory, entries):
+    folder = SharedFolder.create(str(tmp_path_factory.mktemp("fuzz")))
+    descriptor = folder.put({"a": np.ones(3, np.float32)})
+    try:
+        arrays = take_arrays(folder.path, {"path": descriptor["path"], "entries": entries})
+    except ValueError:
+        return
+    assert all(isinstance(value, np.ndarray) for value in arrays.values())
+
+
+def test_folders_of_servers_that_are_gone_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"{FOLDER_PREFIX}{int(dead.stdout)}-abc"
+    orphan.mkdir()
+    (orphan / "0123456789abcdef0123456789abcdef.bin").write_bytes(b"x")
+    mine = SharedFolder.create(str(tmp_path))
+    assert not orphan.exists() and os.path.isdir(mine.path)
+    assert remove_orphans(str(tmp_path)) == []
+    mine.remove()
+
+
+def test_the_flag_is_on_only_where_server_and_leaves_share_the_host(monkeypatch):
+    from devsim_flare import cli
+
+    monkeypatch.setattr("devsim.shared_arrays.shared_memory_root", lambda: "/dev/shm")
+    auto = SimulationConfig()
+    assert cli.with_shared_memory(auto, "sim", simulated_here=True).shared_memory == "on"
+    assert cli.with_shared_memory(auto, "sim", simulated_here=False).shared_memory == "off"  # exported job folder
+    assert cli.with_shared_memory(auto, "poc", simulated_here=False).shared_memory == "off"
+    on = SimulationConfig(shared_memory="on")
+    assert cli.with_shared_memory(on, "poc", simulated_here=False).shared_memory == "on"
+    with pytest.raises(ConfigError, match="--shared-memory: 'on' needs the server and its leaves on one host"):
+        cli.with_shared_memory(on, "prod", simulated_here=False)
+    monkeypatch.setattr("devsim.shared_arrays.shared_memory_root", lambda: None)
+    assert cli.with_shared_memory(auto, "sim", simulated_here=True).shared_memory == "off"
+    with pytest.raises(ConfigError, match="needs a writable /dev/shm"):
+        cli.with_shared_memory(on, "sim", simulated_here=True)
