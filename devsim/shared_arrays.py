@@ -81,6 +81,27 @@ def all_float32(arrays) -> bool:
     )
 
 
+def shared_or_inline(folder: str | None, arrays) -> dict | None:
+    """The descriptor of ``arrays`` written into ``folder``, or None when they should travel inside the message:
+    no folder, not all float32 (e.g. an update a fault made float64), or the write failed (``/dev/shm`` full: a
+    container's is often 64 MB). The first failure in a process is printed once."""
+    global _failure_reported
+    if folder is None or not all_float32(arrays):
+        return None
+    try:
+        return put_arrays(folder, arrays)
+    except OSError as error:
+        if not _failure_reported:
+            _failure_reported = True
+            print(
+                f"[shared memory] {error}; model arrays that cannot be written go inside NVFlare's messages", flush=True
+            )
+        return None
+
+
+_failure_reported = False
+
+
 def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
     """Write ``arrays`` into a new file of ``folder`` (each entry at a 64-byte boundary); its descriptor:
     ``{"path", "entries": [[key, dtype, shape, offset], ...]}``. Raises ValueError for a non-float32 array."""
@@ -92,12 +113,17 @@ def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
         entries.append([str(key), value.dtype.str, [int(n) for n in value.shape], offset])
         offset += -(-value.nbytes // _ALIGN) * _ALIGN
     path = os.path.join(folder, f"{uuid.uuid4().hex}.bin")
-    with open(path, "xb") as stream:
-        for (_, _, _, start), value in zip(entries, arrays.values(), strict=True):
-            if value.size:
-                stream.seek(start)
-                stream.write(memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"))
-        stream.truncate(offset)
+    try:
+        with open(path, "xb") as stream:
+            for (_, _, _, start), value in zip(entries, arrays.values(), strict=True):
+                if value.size:
+                    stream.seek(start)
+                    stream.write(memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"))
+            stream.truncate(offset)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # no half-written file stays behind
+        raise
     return {"path": path, "entries": entries}
 
 

@@ -29,7 +29,7 @@ from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
 from devsim.resources.workers import plan_workers
-from devsim.shared_arrays import DESCRIPTOR_KEY, all_float32, put_arrays, take_arrays
+from devsim.shared_arrays import DESCRIPTOR_KEY, shared_or_inline, take_arrays
 from devsim.training.leaf_runner import LeafRoundRunner
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
@@ -165,8 +165,10 @@ class LeafNode:
         wire_fault = self._faults.wire_fault(round_num, self._leaf_index)
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
-        if exchange_folder is not None and all_float32(payload.get("delta_sum")):  # else inline, as it is
-            payload[DESCRIPTOR_KEY] = put_arrays(exchange_folder, payload.pop("delta_sum"))
+        shared = shared_or_inline(exchange_folder, payload.get("delta_sum"))  # None: inline, as it is
+        if shared is not None:
+            payload[DESCRIPTOR_KEY] = shared
+            del payload["delta_sum"]
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
@@ -212,8 +214,10 @@ class LeafNode:
             base_versions=None if base_versions is None else np.asarray(base_versions).tolist(),
         )
         payload["version"] = int(version)
-        if exchange_folder is not None and "deltas" in payload:
-            payload[DESCRIPTOR_KEY] = put_arrays(exchange_folder, payload.pop("deltas"))
+        shared = shared_or_inline(exchange_folder, payload.get("deltas"))
+        if shared is not None:
+            payload[DESCRIPTOR_KEY] = shared
+            del payload["deltas"]
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()

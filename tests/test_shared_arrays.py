@@ -122,3 +122,29 @@ def test_the_flag_is_on_only_where_server_and_leaves_share_the_host(monkeypatch)
     assert cli.with_shared_memory(auto, "sim", simulated_here=True).shared_memory == "off"
     with pytest.raises(ConfigError, match="needs a writable /dev/shm"):
         cli.with_shared_memory(on, "sim", simulated_here=True)
+
+
+def test_a_full_shared_memory_sends_the_arrays_inline_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    """A write that fails (ENOSPC: a container's /dev/shm is often 64 MB) leaves no file; the caller sends inline."""
+    import devsim.shared_arrays as shared_arrays
+
+    folder = SharedFolder.create(str(tmp_path))
+    arrays = {"a": np.ones(100, np.float32), "b": np.ones(100, np.float32)}
+    assert shared_arrays.shared_or_inline(None, arrays) is None
+    assert shared_arrays.shared_or_inline(folder.path, {"a": np.ones(3)}) is None  # float64: inline as it is
+    writes = []
+    real = np.ascontiguousarray
+
+    def second_write_fails(value):
+        writes.append(1)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        return real(value)
+
+    monkeypatch.setattr(shared_arrays, "_failure_reported", False)
+    monkeypatch.setattr(shared_arrays.np, "ascontiguousarray", second_write_fails)
+    assert shared_arrays.shared_or_inline(folder.path, arrays) is None
+    assert shared_arrays.shared_or_inline(folder.path, arrays) is not None  # the third write succeeds again
+    printed = capsys.readouterr().out
+    assert printed.count("No space left on device") == 1 and "inside NVFlare's messages" in printed
+    assert len(os.listdir(folder.path)) == 1

@@ -43,7 +43,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder
+from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder, shared_or_inline
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -326,14 +326,14 @@ class AsyncServer:
         self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
         self._in_flight.update(job_key(j) for j in jobs)
         weights = {k: _stacked([base[k] for base in bases]) for k in bases[0]}
-        if self.exchange is not None:
+        arrays: dict = {"weights": weights}
+        if self.exchange is not None:  # the bases in a file if they can be; the leaf sends its deltas the same way
+            shared = shared_or_inline(self.exchange.path, weights)
             arrays = {
-                "weights": {},
                 "exchange_folder": self.exchange.path,
-                "shared_weights": self.exchange.put(weights),
+                "weights": {} if shared else weights,
+                "shared_weights": shared,
             }
-        else:
-            arrays = {"weights": weights}
         self.calls.submit(
             leaf,
             "train_jobs",

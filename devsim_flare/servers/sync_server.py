@@ -38,7 +38,7 @@ from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder
+from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder, shared_or_inline
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -383,9 +383,10 @@ class SyncServer:
     ) -> dict[str, dict]:
         for leaf, device_ids in assignments.items():
             arrays: dict = {"weights": models[leaf]}
-            if self.exchange is not None:  # the model goes in a file; the leaf sends its delta sum back the same way
-                shared = self.exchange.put(models[leaf])
-                arrays = {"weights": {}, "exchange_folder": self.exchange.path, "shared_weights": shared}
+            if self.exchange is not None:  # the model in a file if it can; the leaf sends its delta sum the same way
+                shared = shared_or_inline(self.exchange.path, models[leaf])
+                weights = {} if shared else models[leaf]
+                arrays = {"weights": weights, "exchange_folder": self.exchange.path, "shared_weights": shared}
             tag = (round_num, leaf)
             calls.submit(leaf, "train_round", tag=tag, round_num=round_num, assignments={leaf: device_ids}, **arrays)
         payloads, errors = {}, {}
