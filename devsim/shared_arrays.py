@@ -72,6 +72,18 @@ class SharedFolder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def open_exchange(mode: str) -> SharedFolder | None:
+    """The run's exchange folder for ``--shared-memory`` ``mode`` (resolved: ``on`` or ``off``); None when off, or
+    when the folder cannot be made (printed: the run's arrays then go inside NVFlare's messages)."""
+    if mode != "on":
+        return None
+    try:
+        return SharedFolder.create()
+    except OSError as error:
+        print(f"[shared memory] no exchange folder ({error}); model arrays go inside NVFlare's messages", flush=True)
+        return None
+
+
 def all_float32(arrays) -> bool:
     """Whether ``arrays`` is a non-empty mapping of float32 NumPy arrays (what :func:`put_arrays` takes)."""
     return (

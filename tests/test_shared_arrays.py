@@ -148,3 +148,16 @@ def test_a_full_shared_memory_sends_the_arrays_inline_and_leaves_no_partial_file
     printed = capsys.readouterr().out
     assert printed.count("No space left on device") == 1 and "inside NVFlare's messages" in printed
     assert len(os.listdir(folder.path)) == 1
+
+
+def test_no_exchange_folder_when_off_or_when_it_cannot_be_made(monkeypatch, capsys):
+    import devsim.shared_arrays as shared_arrays
+
+    assert shared_arrays.open_exchange("off") is None
+
+    def cannot(root=None):
+        raise PermissionError(13, "Permission denied", "/dev/shm")
+
+    monkeypatch.setattr(shared_arrays.SharedFolder, "create", cannot)
+    assert shared_arrays.open_exchange("on") is None
+    assert "no exchange folder" in capsys.readouterr().out

@@ -43,7 +43,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder, shared_or_inline
+from devsim.shared_arrays import DESCRIPTOR_KEY, open_exchange, shared_or_inline
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -131,7 +131,7 @@ class AsyncServer:
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
         self.calls = LeafCalls(call_timeout=config.round_timeout)
-        self.exchange = SharedFolder.create() if config.shared_memory == "on" else None
+        self.exchange = open_exchange(config.shared_memory)
         self._waiting: dict[JobKey, dict] = {}
         # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit
         call_bytes = MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])

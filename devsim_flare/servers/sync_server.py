@@ -38,7 +38,7 @@ from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, SharedFolder, shared_or_inline
+from devsim.shared_arrays import DESCRIPTOR_KEY, open_exchange, shared_or_inline
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -140,7 +140,7 @@ class SyncServer:
             sim_clock.now = float(recorder.data["rounds"][-1].get("simulated_time", 0.0))
             traffic.load_totals(recorder.data["rounds"][-1].get("bytes_total", {}))
         calls = LeafCalls(call_timeout=config.round_timeout)
-        self.exchange = SharedFolder.create() if config.shared_memory == "on" else None
+        self.exchange = open_exchange(config.shared_memory)
         self.dead_leaves: set[str] = set()
         self.validator = UpdateValidator(
             self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
