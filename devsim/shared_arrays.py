@@ -10,7 +10,8 @@ The server owns one folder per run (:meth:`SharedFolder.create`, mode 0700, name
 removes it when the run ends, with any file no one took (a reply to a call the run stopped waiting for); a folder
 left by a server that was killed is removed by the next one (its process id is gone). Each file is taken (read
 and unlinked) by its one reader. A descriptor from a leaf is checked before its file is read: the path must be a
-file of this folder, the entries float32 and their sizes must add up to the file's.
+file of this folder, the entries float32 and their sizes must add up to the file's. Arrays that cannot be
+written (no folder, a full ``/dev/shm``) travel inside the message as before (:func:`shared_or_inline`).
 """
 
 from __future__ import annotations

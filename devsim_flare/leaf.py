@@ -192,9 +192,9 @@ class LeafNode:
         ``job_bases``, from several versions: ``weights`` then stacks the ``base_versions`` models per entry,
         (V, *shape), and job ``i`` starts from row ``job_bases[i]``.
 
-        With ``exchange_folder`` (``--shared-memory on``: server and leaf on one host) ``weights`` is empty and
-        ``shared_weights`` describes the file of that folder holding them, and the float32 deltas go back the same
-        way (:mod:`devsim.shared_arrays`).
+        With ``exchange_folder`` (``--shared-memory on``: server and leaf on one host) ``shared_weights``, when
+        given, describes the file of that folder holding the weights (``weights`` is then empty), and the float32
+        deltas go back the same way unless the file cannot be written (:mod:`devsim.shared_arrays`).
 
         Returns each job's own delta (stacked per model entry) with its metrics; see
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
