@@ -8,9 +8,8 @@ import pytest
 from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import JOIN_PULL, ClusterAggregation, ClusterResult, config_settings
 from devsim.config import ClusterConfig
+from tests.cluster_drift import KEY, ZERO, drift_strategy
 
-KEY = "w.weight"
-ZERO = {KEY: np.zeros(4, np.float32)}
 # In force: a-c share m0, d-e share m1, f alone (its drift on an axis of its own, so the drifts keep it alone).
 IN_FORCE = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 2}
 TOWARDS_M1 = [-0.1, 0.1, 0.0, 0.0]  # from mf: towards m1 (pull 0.5), away from m0 (-0.5); prefers m1 by 1.0
@@ -21,18 +20,7 @@ BOTH = [0.1, 0.1, -0.1, 0.0]  # towards m0 and m1 alike (pull 0.82 to each), pre
 def _strategy(
     lone_pull: float | None = ClusterConfig.lone_pull, labels: dict[str, int] = IN_FORCE
 ) -> ClusterAggregation:
-    strategy = ClusterAggregation(
-        tau=None,
-        similarity_on="model_drift",
-        last_layer_keys=[KEY],
-        reference=ZERO,
-        min_silhouette=0.25,
-        centre=True,
-        confirm_rounds=3,
-        lone_pull=lone_pull,
-    )
-    strategy.load_state_dict({"previous_labels": dict(labels)})
-    return strategy
+    return drift_strategy(labels, confirm_rounds=3, lone_pull=lone_pull)
 
 
 def _start(labels: dict[str, int] = IN_FORCE) -> dict[str, dict[str, np.ndarray]]:

@@ -9,9 +9,8 @@ from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation, ClusterResult
 from devsim.aggregation.cluster_similarity import update_vector
 from devsim.config import ClusterConfig, ConfigError
+from tests.cluster_drift import KEY, drift_strategy
 
-KEY = "w.weight"
-ZERO = {KEY: np.zeros(4, np.float32)}
 # Two clusters in force: a wrong one (d belongs with e and f) and a correct pair.
 WRONG = {"a": 0, "b": 0, "c": 0, "d": 0, "e": 1, "f": 1}
 
@@ -21,18 +20,7 @@ def _model(values: list[float]) -> dict[str, np.ndarray]:
 
 
 def _strategy(resplit: float | None = 0.2, confirm: int = 2, labels: dict[str, int] = WRONG) -> ClusterAggregation:
-    strategy = ClusterAggregation(
-        tau=None,
-        similarity_on="model_drift",
-        last_layer_keys=[KEY],
-        reference=ZERO,
-        min_silhouette=0.25,
-        centre=True,
-        confirm_rounds=confirm,
-        resplit_silhouette=resplit,
-    )
-    strategy.load_state_dict({"previous_labels": dict(labels)})
-    return strategy
+    return drift_strategy(labels, confirm_rounds=confirm, resplit_silhouette=resplit)
 
 
 def _start() -> dict[str, dict[str, np.ndarray]]:
