@@ -56,17 +56,18 @@ class SharedFolder:
         remove_orphans(root)
         return cls(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=root))
 
-    def put(self, arrays: Mapping[str, np.ndarray]) -> dict:
-        """Write ``arrays`` (float32, any shapes) into one new file of this folder; its descriptor."""
-        return put_arrays(self.path, arrays)
-
     def take(self, descriptor: Mapping) -> dict[str, np.ndarray]:
-        """The arrays of a descriptor from :meth:`put` or :func:`put_arrays` into this folder, read and unlinked.
+        """The arrays of a descriptor from :func:`put_arrays` into this folder, read and unlinked.
 
         Raises:
             ValueError: the descriptor names no file of this folder, or its entries do not match the file.
         """
         return take_arrays(self.path, descriptor)
+
+    def discard(self, descriptor: Mapping) -> None:
+        """Unlink the file of one of this server's own descriptors (one several leaves read, ``keep``)."""
+        with contextlib.suppress(OSError):
+            os.unlink(_checked_path(self.path, descriptor.get("path")))
 
     def remove(self) -> None:
         """Remove the folder with every file still in it."""
@@ -85,6 +86,43 @@ def open_exchange(mode: str) -> SharedFolder | None:
         return None
 
 
+def weights_for_call(weights: Mapping, folder: str | None, shared: dict | None) -> dict:
+    """Keyword arguments of a leaf method carrying ``weights``: inline without an exchange ``folder``, else the
+    folder and ``shared`` (the descriptor of ``weights``, or None when they could not be written: then inline)."""
+    if folder is None:
+        return {"weights": weights}
+    return {"exchange_folder": folder, "weights": {} if shared else weights, "shared_weights": shared}
+
+
+def received_weights(weights: dict, folder: str | None, shared: Mapping | None) -> dict:
+    """On the leaf: the weights a :func:`weights_for_call` call carried."""
+    if folder is None or shared is None:
+        return weights
+    return take_arrays(folder, shared, unlink=not shared.get("keep", False))
+
+
+def reply_in_file(payload: dict, key: str, folder: str | None) -> None:
+    """On the leaf: move the float32 arrays of ``payload[key]`` into a file of ``folder`` (their descriptor under
+    :data:`DESCRIPTOR_KEY`) when it can be written; else they stay inline."""
+    shared = shared_or_inline(folder, payload.get(key))
+    if shared is not None:
+        payload[DESCRIPTOR_KEY] = shared
+        del payload[key]
+
+
+def reply_arrays_taken(payload, key: str, exchange: SharedFolder | None) -> None:
+    """On the server: put back ``payload[key]`` from the file a leaf's :func:`reply_in_file` wrote.
+
+    Raises:
+        ValueError, OSError: the descriptor names no readable file of this run's folder, or the run has none.
+    """
+    if not (isinstance(payload, dict) and DESCRIPTOR_KEY in payload):
+        return
+    if exchange is None:
+        raise ValueError("a shared_file reply, but this run has no exchange folder")
+    payload[key] = exchange.take(payload.pop(DESCRIPTOR_KEY))
+
+
 def all_float32(arrays) -> bool:
     """Whether ``arrays`` is a non-empty mapping of float32 NumPy arrays (what :func:`put_arrays` takes)."""
     return (
@@ -94,15 +132,16 @@ def all_float32(arrays) -> bool:
     )
 
 
-def shared_or_inline(folder: str | None, arrays) -> dict | None:
+def shared_or_inline(folder: str | None, arrays, keep: bool = False) -> dict | None:
     """The descriptor of ``arrays`` written into ``folder``, or None when they should travel inside the message:
     no folder, not all float32 (e.g. an update a fault made float64), or the write failed (``/dev/shm`` full: a
-    container's is often 64 MB). The first failure in a process is printed once."""
+    container's is often 64 MB). The first failure in a process is printed once. With ``keep`` its readers leave
+    the file in place (several leaves read it; the writer discards it)."""
     global _failure_reported
     if folder is None or not all_float32(arrays):
         return None
     try:
-        return put_arrays(folder, arrays)
+        return {**put_arrays(folder, arrays), "keep": True} if keep else put_arrays(folder, arrays)
     except OSError as error:
         if not _failure_reported:
             _failure_reported = True
@@ -140,14 +179,16 @@ def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
     return {"path": path, "entries": entries}
 
 
-def take_arrays(folder: str, descriptor: Mapping) -> dict[str, np.ndarray]:
-    """Read and unlink the file of ``descriptor`` (see :func:`put_arrays`), which must lie in ``folder``."""
+def take_arrays(folder: str, descriptor: Mapping, unlink: bool = True) -> dict[str, np.ndarray]:
+    """Read (and with ``unlink`` remove) the file of ``descriptor`` (see :func:`put_arrays`), which must lie in
+    ``folder``."""
     path = _checked_path(folder, descriptor.get("path") if isinstance(descriptor, Mapping) else None)
     try:
         raw = np.fromfile(path, dtype=np.uint8)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     arrays = {}
     for entry in _checked_entries(descriptor.get("entries"), raw.nbytes):
         key, dtype, shape, offset = entry

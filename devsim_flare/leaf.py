@@ -29,7 +29,7 @@ from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
 from devsim.resources.workers import plan_workers
-from devsim.shared_arrays import DESCRIPTOR_KEY, shared_or_inline, take_arrays
+from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
@@ -155,8 +155,7 @@ class LeafNode:
         ``exchange_folder`` the weights and the float32 ``delta_sum`` travel as files of it (see
         :meth:`train_jobs`)."""
         received_at = time.time()
-        if exchange_folder is not None and shared_weights is not None:
-            weights = take_arrays(exchange_folder, shared_weights)
+        weights = received_weights(weights, exchange_folder, shared_weights)
         self._collector.maybe_collect()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
@@ -165,10 +164,7 @@ class LeafNode:
         wire_fault = self._faults.wire_fault(round_num, self._leaf_index)
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
-        shared = shared_or_inline(exchange_folder, payload.get("delta_sum"))  # None: inline, as it is
-        if shared is not None:
-            payload[DESCRIPTOR_KEY] = shared
-            del payload["delta_sum"]
+        reply_in_file(payload, "delta_sum", exchange_folder)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
@@ -200,8 +196,7 @@ class LeafNode:
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
         """
         received_at = time.time()
-        if exchange_folder is not None and shared_weights is not None:
-            weights = take_arrays(exchange_folder, shared_weights)
+        weights = received_weights(weights, exchange_folder, shared_weights)
         self._collector.maybe_collect()
         payload = self._runner.run_jobs(
             weights,
@@ -214,10 +209,7 @@ class LeafNode:
             base_versions=None if base_versions is None else np.asarray(base_versions).tolist(),
         )
         payload["version"] = int(version)
-        shared = shared_or_inline(exchange_folder, payload.get("deltas"))
-        if shared is not None:
-            payload[DESCRIPTOR_KEY] = shared
-            del payload["deltas"]
+        reply_in_file(payload, "deltas", exchange_folder)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()

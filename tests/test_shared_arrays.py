@@ -31,7 +31,7 @@ def sample_arrays() -> dict[str, np.ndarray]:
 def test_arrays_come_back_bit_for_bit_and_the_file_is_taken_once(tmp_path):
     folder = SharedFolder.create(str(tmp_path))
     sent = sample_arrays()
-    descriptor = folder.put(sent)
+    descriptor = put_arrays(folder.path, sent)
     assert os.listdir(folder.path) == [os.path.basename(descriptor["path"])]
     received = folder.take(descriptor)
     assert list(received) == list(sent)
@@ -77,7 +77,7 @@ def test_a_path_outside_the_folder_is_refused_and_left_alone(tmp_path):
 )
 def test_entries_that_do_not_match_the_file_are_refused(tmp_path, entries, fragment):
     folder = SharedFolder.create(str(tmp_path))
-    descriptor = folder.put({"a": np.ones(2, np.float32)})
+    descriptor = put_arrays(folder.path, {"a": np.ones(2, np.float32)})
     with pytest.raises(ValueError, match="shared_file.entries") as error:
         take_arrays(folder.path, {"path": descriptor["path"], "entries": entries})
     assert fragment in str(error.value)
@@ -87,7 +87,7 @@ def test_entries_that_do_not_match_the_file_are_refused(tmp_path, entries, fragm
 @given(entries=st.recursive(st.none() | st.integers() | st.text(max_size=5), lambda inner: st.lists(inner, max_size=4)))
 def test_any_descriptor_entries_give_arrays_or_a_value_error(tmp_path_factory, entries):
     folder = SharedFolder.create(str(tmp_path_factory.mktemp("fuzz")))
-    descriptor = folder.put({"a": np.ones(3, np.float32)})
+    descriptor = put_arrays(folder.path, {"a": np.ones(3, np.float32)})
     try:
         arrays = take_arrays(folder.path, {"path": descriptor["path"], "entries": entries})
     except ValueError:
@@ -161,3 +161,40 @@ def test_no_exchange_folder_when_off_or_when_it_cannot_be_made(monkeypatch, caps
     monkeypatch.setattr(shared_arrays.SharedFolder, "create", cannot)
     assert shared_arrays.open_exchange("on") is None
     assert "no exchange folder" in capsys.readouterr().out
+
+
+def test_a_call_and_its_reply_through_the_folder(tmp_path):
+    """The server's model for several leaves is written once (``keep``) and discarded by the server; each leaf's
+    reply file is taken by the server; without a folder, or with an unwritten model, the arrays go inline."""
+    from devsim.shared_arrays import (
+        DESCRIPTOR_KEY,
+        received_weights,
+        reply_arrays_taken,
+        reply_in_file,
+        shared_or_inline,
+        weights_for_call,
+    )
+
+    folder = SharedFolder.create(str(tmp_path))
+    model = sample_arrays()
+    assert weights_for_call(model, None, None) == {"weights": model}
+    assert weights_for_call(model, folder.path, None)["weights"] is model  # could not be written: inline
+    shared = shared_or_inline(folder.path, model, keep=True)
+    kwargs = weights_for_call(model, folder.path, shared)
+    assert kwargs["weights"] == {} and kwargs["exchange_folder"] == folder.path
+    for _ in range(2):  # two leaves read the same file
+        got = received_weights(kwargs["weights"], kwargs["exchange_folder"], kwargs["shared_weights"])
+        assert all(got[k].tobytes() == np.ascontiguousarray(v).tobytes() for k, v in model.items())
+    folder.discard(shared)
+    assert os.listdir(folder.path) == []
+
+    payload = {"delta_sum": {"a": np.arange(5, dtype=np.float32)}, "total_weight": 3.0}
+    reply_in_file(payload, "delta_sum", folder.path)
+    assert "delta_sum" not in payload and DESCRIPTOR_KEY in payload
+    with pytest.raises(ValueError, match="no exchange folder"):
+        reply_arrays_taken(dict(payload), "delta_sum", None)
+    reply_arrays_taken(payload, "delta_sum", folder)
+    assert payload["delta_sum"]["a"].tolist() == [0, 1, 2, 3, 4] and os.listdir(folder.path) == []
+    inline = {"delta_sum": {"a": np.zeros(2)}}  # float64 (a wire fault's): stays inline
+    reply_in_file(inline, "delta_sum", folder.path)
+    assert "delta_sum" in inline and DESCRIPTOR_KEY not in inline

@@ -43,7 +43,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, open_exchange, shared_or_inline
+from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -326,14 +326,8 @@ class AsyncServer:
         self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
         self._in_flight.update(job_key(j) for j in jobs)
         weights = {k: _stacked([base[k] for base in bases]) for k in bases[0]}
-        arrays: dict = {"weights": weights}
-        if self.exchange is not None:  # the bases in a file if they can be; the leaf sends its deltas the same way
-            shared = shared_or_inline(self.exchange.path, weights)
-            arrays = {
-                "exchange_folder": self.exchange.path,
-                "weights": {} if shared else weights,
-                "shared_weights": shared,
-            }
+        folder = self.exchange.path if self.exchange is not None else None  # the leaf replies the same way
+        arrays = weights_for_call(weights, folder, shared_or_inline(folder, weights))
         self.calls.submit(
             leaf,
             "train_jobs",
@@ -487,14 +481,11 @@ class AsyncServer:
                 self._lose_leaf(outcome.leaf, outcome.error, keys)
                 continue
             payload = outcome.result
-            if DESCRIPTOR_KEY in payload:
-                try:
-                    if self.exchange is None:
-                        raise ValueError("a shared_file reply, but this run has no exchange folder")
-                    payload["deltas"] = self.exchange.take(payload.pop(DESCRIPTOR_KEY))
-                except (ValueError, OSError) as error:
-                    self._lose_leaf(outcome.leaf, error, keys)
-                    continue
+            try:
+                reply_arrays_taken(payload, "deltas", self.exchange)
+            except (ValueError, OSError) as error:
+                self._lose_leaf(outcome.leaf, error, keys)
+                continue
             self._count_reply(outcome.leaf, payload)
             self.cpu.leaf_reply(outcome.leaf, payload["timing"])
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)

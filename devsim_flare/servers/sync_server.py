@@ -38,7 +38,7 @@ from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import DESCRIPTOR_KEY, open_exchange, shared_or_inline
+from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
@@ -365,28 +365,16 @@ class SyncServer:
         min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
         return accepted
 
-    def _shared_delta_taken(self, payload):
-        """``payload`` with its ``delta_sum`` read back from the exchange folder when the leaf sent it there.
-
-        Raises:
-            ValueError, OSError: the descriptor does not name a readable file of this run's folder.
-        """
-        if not (isinstance(payload, dict) and DESCRIPTOR_KEY in payload):
-            return payload
-        if self.exchange is None:
-            raise ValueError("a shared_file reply, but this run has no exchange folder")
-        payload["delta_sum"] = self.exchange.take(payload.pop(DESCRIPTOR_KEY))
-        return payload
-
     def _call_leaves(
         self, calls: LeafCalls, round_num: int, models: dict[str, Weights], assignments: dict[str, np.ndarray]
     ) -> dict[str, dict]:
+        folder = self.exchange.path if self.exchange is not None else None  # the leaves reply the same way
+        written: dict[int, dict | None] = {}  # id(model) -> its file, written once and read by each of its leaves
         for leaf, device_ids in assignments.items():
-            arrays: dict = {"weights": models[leaf]}
-            if self.exchange is not None:  # the model in a file if it can; the leaf sends its delta sum the same way
-                shared = shared_or_inline(self.exchange.path, models[leaf])
-                weights = {} if shared else models[leaf]
-                arrays = {"weights": weights, "exchange_folder": self.exchange.path, "shared_weights": shared}
+            model = models[leaf]
+            if id(model) not in written:
+                written[id(model)] = shared_or_inline(folder, model, keep=True)
+            arrays = weights_for_call(model, folder, written[id(model)])
             tag = (round_num, leaf)
             calls.submit(leaf, "train_round", tag=tag, round_num=round_num, assignments={leaf: device_ids}, **arrays)
         payloads, errors = {}, {}
@@ -397,7 +385,8 @@ class SyncServer:
                     errors[outcome.leaf] = outcome.error
                     continue
                 try:
-                    payloads[outcome.leaf] = self._shared_delta_taken(outcome.result)
+                    reply_arrays_taken(outcome.result, "delta_sum", self.exchange)
+                    payloads[outcome.leaf] = outcome.result
                 except (ValueError, OSError) as error:
                     errors[outcome.leaf] = error
         except LeafCallError as error:
@@ -405,6 +394,10 @@ class SyncServer:
                 if leaf not in payloads and leaf not in errors:
                     errors[leaf] = error
             calls.forget([(round_num, leaf) for leaf in assignments])
+        finally:
+            for shared in written.values():
+                if shared is not None:
+                    self.exchange.discard(shared)
         if errors:
             self.dead_leaves.update(errors)
             alive = len(self.leaves) - len(self.dead_leaves)
