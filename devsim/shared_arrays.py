@@ -8,8 +8,9 @@ about the run changes: the arrays arrive bit for bit as they were sent.
 
 The server owns one folder per run (:meth:`SharedFolder.create`, mode 0700, named with its process id) and
 removes it when the run ends, with any file no one took (a reply to a call the run stopped waiting for); a folder
-left by a server that was killed is removed by the next one (its process id is gone). Each file is taken (read
-and unlinked) by its one reader. A descriptor from a leaf is checked before its file is read: the path must be a
+left by a server that was killed is removed by the next one (its process id is gone). A file is taken (read
+and unlinked) by its one reader, except a synchronous round's model, which every leaf reads (``keep``) and the
+server discards after the round. A descriptor from a leaf is checked before its file is read: the path must be a
 file of this folder, the entries float32 and their sizes must add up to the file's. Arrays that cannot be
 written (no folder, a full ``/dev/shm``) travel inside the message as before (:func:`shared_or_inline`).
 """
