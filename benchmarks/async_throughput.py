@@ -22,7 +22,10 @@ core; "wall per update / tight loop" below 1 means the simulator trains an updat
 Where the time goes: each row also prints the CPU milliseconds per update of the server process and of the leaf
 processes over the same windows (``server_cpu_seconds`` / ``leaf_cpu_seconds`` in each record's timing, see
 ``devsim/observe/cpu.py``), the device updates per leaf call (the size of the batched groups a leaf trains) and
-how busy the machine's cores were (both processes' CPU over wall x cores).
+how busy the machine's cores were (both processes' CPU over wall x cores). The leaves' CPU is split further: the
+part their threads spent training devices (``leaf_train_cpu_seconds``), and the device updates per training group
+(``leaf_training_groups``: one batched computation, or one device trained alone), which sets what a device's
+training costs (the batched step has a fixed cost per step, shared by the devices of its group).
 
     .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
     .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
@@ -107,9 +110,11 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
                 parts[name] = parts.get(name, 0.0) + float(value) / max(updates, 1)
     cpu_seconds = {
         side: sum(float(r["timing"]["info"].get(f"{side}_cpu_seconds", 0.0)) for r in windows)
-        for side in ("server", "leaf")
+        for side in ("server", "leaf", "leaf_train")
     }
     cpu = {side: 1000.0 * seconds / max(updates, 1) for side, seconds in cpu_seconds.items()}
+    groups = sum(float(r["timing"]["info"].get("leaf_training_groups", 0.0)) for r in windows)
+    cpu_seconds.pop("leaf_train")
     busy = sum(cpu_seconds.values()) / max(whole * (os.cpu_count() or 1), 1e-9)
     return {
         "updates": updates,
@@ -118,6 +123,7 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
         "parts_per_update": parts,
         "cpu_ms_per_update": cpu,
         "updates_per_leaf_call": updates / max(calls, 1.0),
+        "updates_per_training_group": updates / max(groups, 1.0),
         "cores_busy": busy,
     }
 
@@ -182,8 +188,10 @@ def main() -> None:
                 f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
                 f"{row['wall']:.2f} s), wall per update / tight loop {1 / row['updates_per_s'] / loop_per_update:.3f}, "
                 f"final accuracy {row['final_accuracy']:.4f}, command {row['command_wall']:.1f} s; CPU ms per update "
-                f"server {row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f}, "
-                f"{row['updates_per_leaf_call']:.1f} updates per leaf call, cores busy {row['cores_busy']:.0%}",
+                f"server {row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f} "
+                f"(training {row['cpu_ms_per_update']['leaf_train']:.2f}), {row['updates_per_leaf_call']:.1f} "
+                "updates per leaf "
+                f"call, {row['updates_per_training_group']:.1f} per training group, cores busy {row['cores_busy']:.0%}",
                 flush=True,
             )
         base = measured.get("fedavg")

@@ -21,7 +21,7 @@ from devsim.codec import weights_norm
 from devsim.compression import CodecSpec, UplinkCompressor
 from devsim.config import device_batch_value
 from devsim.data.groups import leaf_group
-from devsim.observe.cpu import LEAF_CPU_KEY, leaf_cpu_now
+from devsim.observe.cpu import leaf_counters_now
 from devsim.observe.startup import process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
@@ -167,7 +167,7 @@ class LeafNode:
         reply_in_file(payload, "delta_sum", exchange_folder)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
-        payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
+        payload["timing"].update(leaf_counters_now())
         return payload
 
     @collab.publish
@@ -212,7 +212,7 @@ class LeafNode:
         reply_in_file(payload, "deltas", exchange_folder)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
-        payload["timing"][LEAF_CPU_KEY] = leaf_cpu_now()
+        payload["timing"].update(leaf_counters_now())
         return payload
 
     @collab.publish

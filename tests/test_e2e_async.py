@@ -133,6 +133,9 @@ def test_gathered_and_guessed_dispatch_keeps_the_run(fedbuff_run, tmp_path):
     later = [r["timing"]["info"] for r in gathered["rounds"] if "timing" in r][1:]
     assert sum(info["leaf_cpu_seconds"] for info in later) > 0, later
     assert all(info["server_cpu_seconds"] > 0 for info in later), later
+    trained = sum(info["leaf_train_cpu_seconds"] for info in later)
+    assert 0 < trained < sum(info["leaf_cpu_seconds"] for info in later), later
+    assert sum(info["leaf_training_groups"] for info in later) > 0, later
 
 
 def test_a_leaf_lost_at_a_version_gives_the_same_run_on_any_timing(fedbuff_run, tmp_path):

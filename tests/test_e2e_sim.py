@@ -34,6 +34,8 @@ def test_sim_run_learns_and_prints_rounds(sim_run):
     assert results["summary"]["final_model"].endswith("final_model.pt")
     later = [r["timing"]["info"] for r in results["rounds"][1:]]
     assert all(info["leaf_cpu_seconds"] > 0 and info["server_cpu_seconds"] > 0 for info in later), later
+    assert all(0 < info["leaf_train_cpu_seconds"] < info["leaf_cpu_seconds"] for info in later), later
+    assert all(info["leaf_training_groups"] >= 1 for info in later), later
 
 
 def test_same_seed_gives_identical_final_weights(sim_run, tmp_path):

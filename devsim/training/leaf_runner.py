@@ -22,6 +22,7 @@ import torch
 
 from devsim.codec import numpy_to_tensors, tensors_to_numpy
 from devsim.compression import CodecSpec, Encoded, UplinkCompressor, UplinkStats, split_rows, stack_rows
+from devsim.observe.cpu import TRAINING
 from devsim.population.dropout import DROPPED, SILENT, DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.training.admission import ChunkResult, RoundChecks, admit, admit_rows
@@ -280,7 +281,8 @@ class LeafRoundRunner:
             if self.device_batch > 1:
                 seeds = [s for _, s, _ in jobs]
                 start, shared = bases.for_group([b for _, _, b in jobs])
-                deltas, metrics = worker.train_devices_batched(ids, seeds, start, per_device_base=not shared)
+                with TRAINING.measure():
+                    deltas, metrics = worker.train_devices_batched(ids, seeds, start, per_device_base=not shared)
                 group = UplinkStats()
                 rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
                 received = [[t[i] for t in rows] for i in range(len(jobs))]
@@ -292,7 +294,8 @@ class LeafRoundRunner:
                 received, metrics, stats = [], [], []
                 for device_id, train_seed, base in jobs:
                     start = bases.of(base)
-                    metrics.append(worker.train_with_seed(device_id, train_seed, start))
+                    with TRAINING.measure():
+                        metrics.append(worker.train_with_seed(device_id, train_seed, start))
                     stats.append(UplinkStats())
                     update = worker.delta(start)
                     received.append(self.uplink.transmit(device_id, version, update, stats[-1], encoded))
@@ -369,12 +372,14 @@ def _train_chunk(
             group = answering[start : start + device_batch]
             ids = [d for d, _ in group]
             seeds = [worker.round_seed(d, round_num) for d in ids]
-            deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
+            with TRAINING.measure():
+                deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
             admit_rows(result, deltas, metrics, [outcome for _, outcome in group], round_num, checks)
         return result
     delta = [torch.empty_like(t) for t in global_tensors]
     for device_id, outcome in answering:
-        metrics = worker.train_device(device_id, round_num, global_tensors)
+        with TRAINING.measure():
+            metrics = worker.train_device(device_id, round_num, global_tensors)
         if outcome != DROPPED:
             worker.delta_into(delta, global_tensors)
         admit(result, delta, metrics, outcome, round_num, checks)
