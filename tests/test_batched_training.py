@@ -271,3 +271,26 @@ def test_pool_of_uint8_rows_trains_exactly_like_normalised_shards():
         assert torch.equal(a, b)
     assert [m.accuracy for m in pooled_metrics] == [m.accuracy for m in sliced_metrics]
     assert float(pooled[0].abs().max()) > 0
+
+
+def test_a_group_of_one_trains_with_the_per_device_loop_bit_for_bit():
+    """A batched leaf trains a lone device (an asynchronous call of one job, the last device of a round's chunk)
+    with the loop, which costs half the batched step's time for one device: its update is the loop's exactly."""
+    weights = model_to_numpy(build_model("cnn"))
+    plain = LeafRoundRunner(_processors(1))
+    batched = LeafRoundRunner(_processors(1), device_batch=3)
+    try:
+        job = dict(job_ids=[0], device_ids=[5], train_seeds=[21])
+        a, b = plain.run_jobs(weights, **job), batched.run_jobs(weights, **job)
+        devices = [0, 1, 2, 3]  # groups of 3 and 1
+        round_a, round_b = plain.run_round(2, weights, devices), batched.run_round(2, weights, devices)
+        lone_a = plain.run_round(3, weights, [3])
+        lone_b = batched.run_round(3, weights, [3])
+    finally:
+        plain.close()
+        batched.close()
+    for key in weights:
+        np.testing.assert_array_equal(b["deltas"][key], a["deltas"][key])
+        np.testing.assert_array_equal(lone_b.delta_sum[key], lone_a.delta_sum[key])
+        np.testing.assert_allclose(round_b.delta_sum[key], round_a.delta_sum[key], rtol=1e-4, atol=1e-4)
+    assert [m.loss for m in lone_b.device_metrics] == [m.loss for m in lone_a.device_metrics]
