@@ -211,12 +211,13 @@ def remove_orphans(root: str) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user, which refuses the signal, counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

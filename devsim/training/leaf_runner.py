@@ -107,9 +107,7 @@ class LeafRoundRunner:
 
     With ``device_batch`` > 1 a worker trains its devices ``device_batch`` at a time as one batched
     computation (``train_devices_batched``); each device's batches and result are those it would get
-    alone, up to float rounding. A group of one device (the rest of a round's devices, an asynchronous call of
-    one job) trains with the per-device loop instead: batched training of one device pays the batched step's
-    fixed costs for nothing (digits CNN, one thread: 19-21 ms against 9.5-10 ms).
+    alone, up to float rounding.
     """
 
     def __init__(self, workers: list[DeviceWorker], device_batch: int = 1, uplink: UplinkCompressor | None = None):
@@ -280,7 +278,7 @@ class LeafRoundRunner:
         version = max(bases.versions[b] for _, _, b in jobs)
         try:
             ids = [d for d, _, _ in jobs]
-            if self.device_batch > 1 and len(jobs) > 1:
+            if self.device_batch > 1:
                 seeds = [s for _, s, _ in jobs]
                 start, shared = bases.for_group([b for _, _, b in jobs])
                 with TRAINING.measure():
@@ -369,20 +367,17 @@ def _train_chunk(
             result.counts["silent"] += 1
         else:
             answering.append((device_id, outcome))
-    size = max(1, device_batch)
-    delta: list[torch.Tensor] | None = None
-    for start in range(0, len(answering), size):
-        group = answering[start : start + size]
-        if len(group) > 1:
+    if device_batch > 1:
+        for start in range(0, len(answering), device_batch):
+            group = answering[start : start + device_batch]
             ids = [d for d, _ in group]
             seeds = [worker.round_seed(d, round_num) for d in ids]
             with TRAINING.measure():
                 deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
             admit_rows(result, deltas, metrics, [outcome for _, outcome in group], round_num, checks)
-            continue
-        (device_id, outcome) = group[0]
-        if delta is None:
-            delta = [torch.empty_like(t) for t in global_tensors]
+        return result
+    delta = [torch.empty_like(t) for t in global_tensors]
+    for device_id, outcome in answering:
         with TRAINING.measure():
             metrics = worker.train_device(device_id, round_num, global_tensors)
         if outcome != DROPPED:
