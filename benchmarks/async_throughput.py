@@ -114,8 +114,7 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     }
     cpu = {side: 1000.0 * seconds / max(updates, 1) for side, seconds in cpu_seconds.items()}
     groups = sum(float(r["timing"]["info"].get("leaf_training_groups", 0.0)) for r in windows)
-    cpu_seconds.pop("leaf_train")
-    busy = sum(cpu_seconds.values()) / max(whole * (os.cpu_count() or 1), 1e-9)
+    busy = (cpu_seconds["server"] + cpu_seconds["leaf"]) / max(whole * (os.cpu_count() or 1), 1e-9)
     return {
         "updates": updates,
         "wall": wall,
