@@ -170,8 +170,7 @@ def apply_runtime_env_defaults(environ=None) -> dict[str, str]:
     The simulator and POC start every server and leaf process from this process's environment, so
     the variables set here reach all of them (glibc reads ``MALLOC_*`` when a process starts; NVFlare
     reads ``NVFLARE_<config var>`` when no comm config of the site sets that var). A variable that is
-    already set is kept; ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` turns them all off (and the server's pinned
-    mmap threshold, :func:`devsim.resources.allocator.pin_mmap_threshold`). Measured with
+    already set is kept; ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` turns them all off. Measured with
     ``benchmarks/memory_growth.py`` (2 leaves, small CNN, 2-core CPU, one run each): over 500 rounds
     the server went 320 -> 532 MB and the leaves 450 -> 540 and 447 -> 529 MB without these defaults,
     and 287 -> 334 MB and 429 -> 445 and 429 -> 446 MB with them; open files stayed flat either way.

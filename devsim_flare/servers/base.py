@@ -20,17 +20,10 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
     """Shared start of every server's run: validated config, connected leaves, initial model and weights.
 
     Sets ``server.config``, ``server.task``, ``server.leaves``, ``server.model`` and ``server.weights``; returns the
-    output folder and the compute device. Sets PyTorch's threads (``--server-threads``). Pins glibc's mmap
-    threshold for this (server) process unless the runtime defaults are switched off
-    (:mod:`devsim.resources.allocator`).
+    output folder and the compute device. Sets PyTorch's threads (``--server-threads``).
     """
     from devsim.codec import model_to_numpy
-    from devsim.resources.allocator import pin_mmap_threshold
-    from devsim_flare.recipe import runtime_defaults_enabled
     from processors.task_processor import default_torch_device
-
-    if runtime_defaults_enabled():
-        pin_mmap_threshold()
 
     server.config = server.config_cls.from_dict(server.settings)
     if server.config.server_threads:
