@@ -1,0 +1,179 @@
+"""What pinning glibc's mmap threshold costs a server's own work: the three server workloads, each timed in a fresh
+process with the threshold pinned at 128 KiB (``mallopt(M_MMAP_THRESHOLD)``, what the servers did until
+2026-11-26) and with glibc's dynamic threshold (what they do now), in turn.
+
+glibc serves a request of at least its mmap threshold with a fresh ``mmap`` and returns it on ``free``. Pinned at
+128 KiB, every array of 128 KiB or more is new memory that the kernel must fault in and zero; with the dynamic
+threshold (which rises to the size of the largest freed block, up to 32 MiB) such arrays are reused from the heap.
+
+Workloads (one torch thread, the built-in CNN, 62k parameters, whose ``fc1.weight`` is 192 KB):
+
+- ``fedbuff arrival``: what the FedBuff server does with one arrival: a decoded copy of the delta, the update
+  check, the buffer, and at every second arrival (B = 2) a new version and its snapshot; ms per arrival;
+- ``evaluation``: an :class:`~devsim.training.evaluation.Evaluator` pass over 2,000 inputs of 3x32x32 in batches of
+  500 (the synthetic task's test split); ms per evaluation;
+- ``fedrevive synthesis`` and ``fedrevive kd``: one synthesis call and one distillation with
+  ``jobs/pt_job_fedrevive.py``'s defaults (width-32 generator, 32 images, 4 teachers, 5 KD steps); ms per call.
+
+    .venv/bin/python benchmarks/server_allocator.py               # 2 alternations
+    .venv/bin/python benchmarks/server_allocator.py --json        # + benchmarks/results/server_allocator-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+
+PINNED_BYTES = 128 * 1024
+WORKLOADS = ("fedbuff arrival", "evaluation", "fedrevive synthesis", "fedrevive kd")
+
+
+def pin_threshold() -> None:
+    """Fix glibc's mmap threshold at 128 KiB for this process (``M_MMAP_THRESHOLD`` is -3)."""
+    import ctypes
+
+    if ctypes.CDLL(None).mallopt(-3, PINNED_BYTES) != 1:
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed: not glibc?")
+
+
+def per_call_ms(work, calls: int) -> float:
+    """Milliseconds per call of ``work()`` over ``calls`` calls, after 3 warm-up calls."""
+    for _ in range(3):
+        work()
+    started = time.perf_counter()
+    for _ in range(calls):
+        work()
+    return 1000.0 * (time.perf_counter() - started) / calls
+
+
+def fedbuff_arrival() -> float:
+    import numpy as np
+
+    from devsim.aggregation.fedbuff import FedBuff
+    from devsim.aggregation.update_checks import UpdateValidator
+    from devsim.codec import model_to_numpy
+    from devsim.models import build_model
+
+    weights = model_to_numpy(build_model("cnn"))
+    rng = np.random.default_rng(0)
+    deltas = [{k: rng.standard_normal(v.shape).astype(np.float32) * 1e-3 for k, v in weights.items()} for _ in range(4)]
+    buffer, validator = FedBuff(2, 1.0), UpdateValidator(weights, max_norm=None)
+    state = {"weights": weights, "arrival": 0}
+
+    def arrive() -> None:
+        delta = {k: v.copy() for k, v in deltas[state["arrival"] % 4].items()}
+        state["arrival"] += 1
+        validator.check_job_result(delta, 100, "device")
+        buffer.add(delta, 1)
+        if buffer.ready():
+            state["weights"] = buffer.apply(state["weights"])
+            state["snapshot"] = {k: v.copy() for k, v in state["weights"].items()}
+
+    return per_call_ms(arrive, 2000)
+
+
+def evaluation() -> float:
+    import torch
+
+    from devsim.models import build_model
+    from devsim.training.evaluation import Evaluator
+
+    inputs = torch.rand(2000, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    evaluator = Evaluator(inputs, torch.randint(0, 10, (2000,)), torch.device("cpu"), batch_size=500)
+    model = build_model("cnn")
+    return per_call_ms(lambda: evaluator.evaluate(model), 20)
+
+
+def fedrevive() -> tuple[float, float]:
+    import numpy as np
+
+    from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig
+    from devsim.aggregation.fedrevive.distill import distill
+    from devsim.models import build_model
+
+    dfkd = DFKDConfig(generator_width=32, synth_batch_size=32, kd_iterations=5, pool_capacity=2000)
+    config = ReviverConfig(s_max=37.5, freeze_version=0, warmup_version=0, teacher_capacity=4, dfkd=dfkd)
+    reviver = Reviver(lambda: build_model("cnn", num_classes=10, track_features=True), config, seed=0)
+    rng = np.random.default_rng(0)
+    base = {k: v.numpy().copy() for k, v in build_model("cnn", track_features=True).state_dict().items()}
+    for _ in range(4):
+        client = {k: (x + 0.01 * rng.standard_normal(x.shape)).astype(np.float32) for k, x in base.items()}
+        reviver.teachers.push(client, rng.dirichlet(np.full(10, 0.3)))
+    teachers = reviver._loaded_teachers()
+    ensemble = reviver._teacher_ensemble(teachers)
+    student = reviver._student
+    synthesis = per_call_ms(lambda: reviver.synthesizer.synthesize(teachers, student, True, ensemble), 10)
+    kd = per_call_ms(lambda: distill(base, teachers, reviver.pool, dfkd, student=student), 10)
+    return synthesis, kd
+
+
+def child(pinned: bool) -> None:
+    """Run every workload in this process and print their ms per call as JSON."""
+    if pinned:
+        pin_threshold()
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    synthesis, kd = fedrevive()
+    times = dict(zip(WORKLOADS, (fedbuff_arrival(), evaluation(), synthesis, kd), strict=True))
+    print(json.dumps(times))
+
+
+def run_child(pinned: bool) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "pinned" if pinned else "dynamic"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--alternations", type=int, default=2, help="pinned / dynamic pairs, run in turn")
+    parser.add_argument("--json", action="store_true", help="write benchmarks/results/server_allocator-<date>.json")
+    parser.add_argument("--child", choices=("pinned", "dynamic"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child == "pinned")
+        return
+    load_start, date = load(), time.strftime("%Y-%m-%d")
+    runs: dict[str, list[dict[str, float]]] = {"pinned": [], "dynamic": []}
+    for _ in range(args.alternations):
+        for arm in ("pinned", "dynamic"):
+            runs[arm].append(run_child(arm == "pinned"))
+    print(f"{machine(load_start)}; ms per call, {args.alternations} alternations (pinned 128 KiB / dynamic)")
+    ratios = {}
+    for name in WORKLOADS:
+        pinned = [r[name] for r in runs["pinned"]]
+        dynamic = [r[name] for r in runs["dynamic"]]
+        ratios[name] = sum(pinned) / sum(dynamic)
+        shown = " ".join(f"{p:.2f}/{d:.2f}" for p, d in zip(pinned, dynamic, strict=True))
+        print(f"  {name:<20} {shown}   pinned / dynamic {ratios[name]:.2f}x")
+    if args.json:
+        published = [
+            figure(
+                f"{name}: time with the threshold pinned / dynamic",
+                f"{ratio:.2f}x",
+                "servers unpinned",
+                invocation(),
+                date,
+                machine(load_start),
+            )
+            for name, ratio in ratios.items()
+        ]
+        print(f"wrote {write_results('server_allocator', {'runs': runs, 'ratios': ratios}, published)}")
+
+
+if __name__ == "__main__":
+    main()
