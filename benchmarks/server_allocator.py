@@ -13,7 +13,9 @@ Workloads (one torch thread, the built-in CNN, 62k parameters, whose ``fc1.weigh
 - ``evaluation``: an :class:`~devsim.training.evaluation.Evaluator` pass over 2,000 inputs of 3x32x32 in batches of
   500 (the synthetic task's test split); ms per evaluation;
 - ``fedrevive synthesis`` and ``fedrevive kd``: one synthesis call and one distillation with
-  ``jobs/pt_job_fedrevive.py``'s defaults (width-32 generator, 32 images, 4 teachers, 5 KD steps); ms per call.
+  ``jobs/pt_job_fedrevive.py``'s defaults (the ``fedrevive_small_cpu`` preset's width-32 generator, 32 images,
+  4 teachers, 5 KD steps), driven through ``Reviver.on_arrival`` as ``benchmarks/fedrevive_profile.py`` drives
+  it; ms per call.
 
     .venv/bin/python benchmarks/server_allocator.py               # 2 alternations
     .venv/bin/python benchmarks/server_allocator.py --json        # + benchmarks/results/server_allocator-<date>.json
@@ -94,26 +96,21 @@ def evaluation() -> float:
 
 
 def fedrevive() -> tuple[float, float]:
-    import numpy as np
+    """Milliseconds per synthesis and per distillation at ``fedrevive_small_cpu``'s DFKD settings (the job's
+    defaults), both on every arrival, read from the reviver's own counters over 20 arrivals after the gates."""
+    from benchmarks.fedrevive_profile import PRESET, drive, make_reviver
 
-    from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig
-    from devsim.aggregation.fedrevive.distill import distill
-    from devsim.models import build_model
-
-    dfkd = DFKDConfig(generator_width=32, synth_batch_size=32, kd_iterations=5, pool_capacity=2000)
-    config = ReviverConfig(s_max=37.5, freeze_version=0, warmup_version=0, teacher_capacity=4, dfkd=dfkd)
-    reviver = Reviver(lambda: build_model("cnn", num_classes=10, track_features=True), config, seed=0)
-    rng = np.random.default_rng(0)
-    base = {k: v.numpy().copy() for k, v in build_model("cnn", track_features=True).state_dict().items()}
-    for _ in range(4):
-        client = {k: (x + 0.01 * rng.standard_normal(x.shape)).astype(np.float32) for k, x in base.items()}
-        reviver.teachers.push(client, rng.dirichlet(np.full(10, 0.3)))
-    teachers = reviver._loaded_teachers()
-    ensemble = reviver._teacher_ensemble(teachers)
-    student = reviver._student
-    synthesis = per_call_ms(lambda: reviver.synthesizer.synthesize(teachers, student, True, ensemble), 10)
-    kd = per_call_ms(lambda: distill(base, teachers, reviver.pool, dfkd, student=student), 10)
-    return synthesis, kd
+    with open(PRESET, encoding="utf-8") as stream:
+        preset = json.load(stream)
+    reviver = make_reviver(preset, "synthesis", kd_interval=1, generation_interval=1)
+    start = preset["warmup_version"] + 5
+    drive(reviver, range(start), 0)
+    before = reviver.state.synth_seconds, reviver.state.synth_steps, reviver.state.kd_seconds, reviver.state.kd_runs
+    drive(reviver, range(start, start + 20), 1)
+    state = reviver.state
+    synthesis = (state.synth_seconds - before[0]) / (state.synth_steps - before[1])
+    kd = (state.kd_seconds - before[2]) / (state.kd_runs - before[3])
+    return 1000.0 * synthesis, 1000.0 * kd
 
 
 def child(pinned: bool) -> None:
