@@ -30,6 +30,11 @@ training costs (the batched step has a fixed cost per step, shared by the device
     .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
     .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
 
+``--repeats N`` runs the chosen settings N times in turn (A B C, A B C, ...), so each round's ratios compare runs made
+minutes apart: rates on this 2-core machine move by 5-15% from run to run, and a ratio of two single runs with them.
+Each row then holds the round with the median ratio to FedAvg, and ``rounds`` (every round's updates/s, ratio and
+final accuracy); the printed and published ratio is that median with the range of the rounds.
+
 ``--json`` writes the rows with the machine, load and commit to ``benchmarks/results/async_throughput-<date>.json``.
 """
 
@@ -127,6 +132,32 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     }
 
 
+def median_round(rounds: list[dict], fedavg: list[dict] | None, loop_per_update: float) -> dict:
+    """One setting's row from its rounds (``--repeats``): round ``i``'s ratio is taken against FedAvg's round ``i``
+    (None without FedAvg); the row is the round with the median ratio (the median rate without FedAvg), plus
+    ``rounds``: every round's updates/s, ratio to FedAvg, ratio to the tight loop and final accuracy."""
+    summaries = [
+        {
+            "updates_per_s": row["updates_per_s"],
+            "ratio_to_fedavg": row["updates_per_s"] / fedavg[i]["updates_per_s"] if fedavg else None,
+            "ratio_to_tight_loop": 1 / row["updates_per_s"] / loop_per_update,
+            "final_accuracy": row["final_accuracy"],
+        }
+        for i, row in enumerate(rounds)
+    ]
+    key = "ratio_to_fedavg" if fedavg else "updates_per_s"
+    middle = sorted(range(len(rounds)), key=lambda i: summaries[i][key])[(len(rounds) - 1) // 2]
+    return {**rounds[middle], **summaries[middle], "rounds": summaries}
+
+
+def spread(row: dict) -> str:
+    """`` (median of N rounds, lo-hix)`` for a row of several rounds with ratios, else ``""``."""
+    ratios = [r["ratio_to_fedavg"] for r in row.get("rounds", []) if r["ratio_to_fedavg"] is not None]
+    if len(ratios) < 2:
+        return ""
+    return f" (median of {len(ratios)} rounds, {min(ratios):.2f}-{max(ratios):.2f}x)"
+
+
 def run_setting(script: str, flags: list[str], common: list[str], timeout: float, leaves: int) -> dict:
     """One job run: steady rate, final accuracy, whole-command wall."""
     with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
@@ -155,9 +186,14 @@ def main() -> None:
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=50)
     parser.add_argument("--only", default="", help="comma-separated setting names to run (default: all)")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of the chosen settings, run in turn; rows keep the median round"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     started = time.strftime("%Y-%m-%d")
     print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
     rows = []
@@ -177,31 +213,32 @@ def main() -> None:
             torch.set_num_threads(default_threads)
         loop_per_update = loop / SYNC_SELECTED
         chosen = [n.strip() for n in args.only.split(",") if n.strip()]
-        measured = {}
-        for name, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
-            if chosen and name not in chosen:
-                continue
-            measured[name] = run_setting(script, flags, common, args.timeout, args.leaves)
-            row = measured[name]
-            print(
-                f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
-                f"{row['wall']:.2f} s), wall per update / tight loop {1 / row['updates_per_s'] / loop_per_update:.3f}, "
-                f"final accuracy {row['final_accuracy']:.4f}, command {row['command_wall']:.1f} s; CPU ms per update "
-                f"server {row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f} "
-                f"(training {row['cpu_ms_per_update']['leaf_train']:.2f}), {row['updates_per_leaf_call']:.1f} "
-                "updates per leaf "
-                f"call, {row['updates_per_training_group']:.1f} per training group, cores busy {row['cores_busy']:.0%}",
-                flush=True,
-            )
-        base = measured.get("fedavg")
+        runs: dict[str, list[dict]] = {}
+        for repeat in range(args.repeats):
+            for name, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
+                if chosen and name not in chosen:
+                    continue
+                row = run_setting(script, flags, common, args.timeout, args.leaves)
+                runs.setdefault(name, []).append(row)
+                which = f" (round {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+                print(
+                    f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
+                    f"{row['wall']:.2f} s), wall per update / tight loop "
+                    f"{1 / row['updates_per_s'] / loop_per_update:.3f}, final accuracy {row['final_accuracy']:.4f}, "
+                    f"command {row['command_wall']:.1f} s; CPU ms per update server "
+                    f"{row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f} (training "
+                    f"{row['cpu_ms_per_update']['leaf_train']:.2f}), {row['updates_per_leaf_call']:.1f} updates per "
+                    f"leaf call, {row['updates_per_training_group']:.1f} per training group, cores busy "
+                    f"{row['cores_busy']:.0%}{which}",
+                    flush=True,
+                )
+        measured = {name: median_round(rounds, runs.get("fedavg"), loop_per_update) for name, rounds in runs.items()}
         for name, row in measured.items():
-            row["ratio_to_fedavg"] = row["updates_per_s"] / base["updates_per_s"] if base else None
-            row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
             rows.append({"dataset": dataset, "setting": name, **row})
         print(f"[{dataset}] tight loop {loop_per_update * 1000:.2f} ms per device update")
         for name, row in measured.items():
-            if base and name != "fedavg":
-                print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s")
+            if row["ratio_to_fedavg"] is not None and name != "fedavg":
+                print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s{spread(row)}")
     print(f"load average at end {loadavg()}")
     if args.json:
         payload = {"load_end": loadavg(), "rows": rows}
@@ -218,9 +255,11 @@ def figures(rows: list[dict], date: str, where: str) -> list[dict]:
             figure(
                 f"async updates/s vs FedAvg: {row['setting']} ({row['dataset']})",
                 f"{row['ratio_to_fedavg']:.2f}x ({row['updates_per_s']:.1f}/s; {row['ratio_to_tight_loop']:.2f}x the "
-                "tight loop's time an update)",
+                f"tight loop's time an update){spread(row)}",
                 ">= 0.8x FedAvg; <= 0.5x the tight loop" if "sent at once" not in row["setting"] else "(the old path)",
-                f".venv/bin/python benchmarks/async_throughput.py --datasets {row['dataset']} --json",
+                f".venv/bin/python benchmarks/async_throughput.py --datasets {row['dataset']}"
+                + (f" --repeats {len(row['rounds'])}" if len(row.get("rounds", [])) > 1 else "")
+                + " --json",
                 date,
                 where,
             )

@@ -1,0 +1,29 @@
+"""The async throughput benchmark's rounds (``--repeats``): each round's ratio against FedAvg's same round, the
+median round kept, the spread printed."""
+
+from __future__ import annotations
+
+from benchmarks.async_throughput import median_round, spread
+
+
+def _row(rate: float, accuracy: float = 0.9) -> dict:
+    return {"updates_per_s": rate, "final_accuracy": accuracy, "wall": 1.0}
+
+
+def test_ratios_pair_rounds_and_the_median_round_is_kept():
+    fedavg = [_row(200.0), _row(300.0), _row(250.0)]
+    fedbuff = [_row(150.0, 0.91), _row(180.0, 0.92), _row(200.0, 0.93)]
+    row = median_round(fedbuff, fedavg, loop_per_update=0.01)
+    assert [r["ratio_to_fedavg"] for r in row["rounds"]] == [0.75, 0.6, 0.8]
+    assert row["ratio_to_fedavg"] == 0.75 and row["updates_per_s"] == 150.0 and row["final_accuracy"] == 0.91
+    assert row["ratio_to_tight_loop"] == 1 / 150.0 / 0.01
+    assert spread(row) == " (median of 3 rounds, 0.60-0.80x)"
+
+
+def test_one_round_or_no_fedavg():
+    alone = median_round([_row(120.0)], None, loop_per_update=0.01)
+    assert alone["ratio_to_fedavg"] is None and spread(alone) == ""
+    once = median_round([_row(120.0)], [_row(240.0)], loop_per_update=0.01)
+    assert once["ratio_to_fedavg"] == 0.5 and spread(once) == ""
+    even = median_round([_row(100.0), _row(140.0)], None, loop_per_update=0.01)
+    assert even["updates_per_s"] == 100.0
