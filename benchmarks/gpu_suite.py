@@ -19,6 +19,15 @@ Sections (``--sections``, default all), each a ratio measured in this run where 
 7. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits
    (seeds 0 and 1): codec seconds against the round's wall time, summed over the leaves and on the
    critical leaf, and accuracy against ``none``.
+8. ``async_throughput`` (issue #31 on this device): ``benchmarks/async_throughput.py``'s settings (digits CNN,
+   2 leaves x 50 devices, the same device updates each): FedBuff's steady updates/s at B = 10, B = 2 and the
+   paper's shape against FedAvg's, and each setting's wall per update against one tight loop training the same
+   updates on this device.
+9. ``compiled_step``: the batched trainer's whole lockstep for groups of 2, 4 and 10 digits CNNs, eager against
+   ``torch.compile`` (default mode, and ``reduce-overhead``'s CUDA graphs on a GPU): seconds per device, the
+   first (compiling) call, and the largest difference of the deltas. On the CPU a compiled step is 1.5-2x faster
+   but each group size compiles for seconds (docs/concepts.md); on a GPU a small group's step is expected to be
+   bound by kernel launches, which CUDA graphs remove.
 
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
 ``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
@@ -29,6 +38,7 @@ Sections (``--sections``, default all), each a ratio measured in this run where 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -44,14 +54,32 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
+from benchmarks.async_throughput import run_setting, settings  # noqa: E402
 from benchmarks.gpu_suite_jobs import VramMonitor, run_job  # noqa: E402
+from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
+from devsim.config import SimulationConfig  # noqa: E402
+from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
+from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
+from devsim.training.batched import BatchedTrainer  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
+from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
-SECTIONS = ("fedavg_e2e", "throughput", "worker_sweep", "fedrevive", "shared_gpu", "compression", "compression_job")
+SECTIONS = (
+    "fedavg_e2e",
+    "throughput",
+    "worker_sweep",
+    "fedrevive",
+    "shared_gpu",
+    "compression",
+    "compression_job",
+    "async_throughput",
+    "compiled_step",
+)
+ASYNC_SETTINGS = ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
 CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
 LIMIT_BATCH = 256
 
@@ -72,6 +100,10 @@ def sizes(tiny: bool) -> dict:
             "models": ["cnn"],
             "compression": ["--rounds", "2", "--devices", "10", "--per-round", "4"],
             "compression_job": ["--quick", "--codecs", "none,topk 10%"],
+            "async_updates": 80,
+            "async_settings": ["fedavg", "fedbuff B=2"],
+            "step_groups": [2],
+            "step_samples": 20,
         }
     return {
         "rounds": 10,
@@ -86,6 +118,10 @@ def sizes(tiny: bool) -> dict:
         "models": ["cnn", "resnet18", "resnet18_nonorm"],
         "compression": ["--rounds", "30"],
         "compression_job": ["--seeds", "0,1"],
+        "async_updates": 1200,
+        "async_settings": list(ASYNC_SETTINGS),
+        "step_groups": [2, 4, 10],
+        "step_samples": 100,
     }
 
 
@@ -359,6 +395,80 @@ def section_compression_job(args, size: dict) -> dict:
     return _script_json(args, "compression_job.py", size["compression_job"])
 
 
+def section_async_throughput(args, size: dict) -> dict:
+    """FedBuff's device updates/s against FedAvg's on the same work, and against a tight loop on this device."""
+    leaves, per_leaf = 2, 50
+    common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
+    runs = settings(size["async_updates"], leaves, per_leaf)
+    rows = {name: run_setting(*runs[name], common, args.timeout, leaves) for name in size["async_settings"]}
+    config = SimulationConfig(dataset="digits", partition="dirichlet", num_leaf_nodes=leaves, devices_per_leaf=10)
+    loop_per_update = tight_loop(config, torch.get_num_threads(), 2, args.device) / config.num_devices
+    fedavg = rows["fedavg"]["updates_per_s"]
+    for row in rows.values():
+        row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
+        row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
+    return {"tight_loop_ms_per_update": 1000 * loop_per_update, "settings": rows}
+
+
+def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
+    """(seconds of the first call, best seconds of ``calls`` more, the deltas) of training every device of ``pool``
+    from ``start`` with fixed batch orders."""
+    count = len(pool.indices)
+    timed = []
+    for _ in range(calls + 1):
+        _sync(device)
+        started = time.perf_counter()
+        deltas, _ = trainer.train_pool(
+            list(range(count)), start, pool, [torch.Generator().manual_seed(i) for i in range(count)]
+        )
+        _sync(device)
+        timed.append(time.perf_counter() - started)
+    return timed[0], min(timed[1:]), deltas
+
+
+def section_compiled_step(args, size: dict) -> dict:
+    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes."""
+    device = torch.device(args.device)
+    train = load_digits_split(True)
+    inputs = torch.from_numpy(train.images).to(device)
+    targets = torch.from_numpy(train.labels).to(device)
+    spec = LocalTrainingSpec(epochs=1, batch_size=10, lr=0.05)
+    modes = {"eager": None, "compiled": {}}
+    if args.device == "cuda":
+        modes["reduce_overhead"] = {"mode": "reduce-overhead"}
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    trainers = {
+        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
+        for name, options in modes.items()
+    }
+    state = model.state_dict()
+    start = [state[key].detach().to(device) for key in trainers["eager"].keys]
+    samples = size["step_samples"]
+    figures: dict = {}
+    for group in size["step_groups"]:
+        rows = [torch.arange(i * samples, (i + 1) * samples, device=device) % len(targets) for i in range(group)]
+        pool = ShardPool(inputs, targets, rows, Normaliser(train.mean, train.std))
+        row: dict = {}
+        eager = None
+        for name, trainer in trainers.items():
+            try:
+                first, best, deltas = lockstep_seconds(trainer, pool, start, args.device, calls=3)
+            except Exception as error:  # noqa: BLE001 - a mode that cannot compile here is a finding, not a failure
+                row[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                continue
+            row[name] = {"first_call_seconds": first, "ms_per_device": 1000 * best / group}
+            if eager is None:
+                eager = (best, deltas)
+            else:
+                row[name]["speedup"] = eager[0] / best
+                row[name]["max_delta_difference"] = max(
+                    float((a - b).abs().max()) for a, b in zip(eager[1], deltas, strict=True)
+                )
+        figures[f"group_{group}"] = row
+    return figures
+
+
 RUNNERS = {
     "fedavg_e2e": section_fedavg_e2e,
     "throughput": section_throughput,
@@ -367,6 +477,8 @@ RUNNERS = {
     "shared_gpu": section_shared_gpu,
     "compression": section_compression,
     "compression_job": section_compression_job,
+    "async_throughput": section_async_throughput,
+    "compiled_step": section_compiled_step,
 }
 
 

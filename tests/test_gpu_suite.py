@@ -84,3 +84,19 @@ def test_job_sections_dry_run(tmp_path):
     in_job = sections["compression_job"]["codecs"]
     assert set(in_job) == {"none", "topk 10%"} and in_job["topk 10%"]["fewer_bytes"] == pytest.approx(6.67, rel=0.01)
     assert 0 < in_job["topk 10%"]["codec_share_critical"][0] <= in_job["topk 10%"]["codec_share_sum"][0]
+
+
+@pytest.mark.slow
+def test_async_and_compiled_step_sections_dry_run(tmp_path):
+    """Issue 31's sections: ratios that are the ratio of the printed rates, compiled deltas equal to eager's up to
+    float rounding (the compiled step compiles here with inductor on the CPU: about 15 s)."""
+    sections = run_suite(tmp_path, "async_throughput,compiled_step", timeout=900)["sections"]
+    rates = sections["async_throughput"]["settings"]
+    assert set(rates) == {"fedavg", "fedbuff B=2"} and sections["async_throughput"]["tight_loop_ms_per_update"] > 0
+    fedbuff = rates["fedbuff B=2"]
+    assert fedbuff["updates"] > 0 and fedbuff["ratio_to_fedavg"] == pytest.approx(
+        fedbuff["updates_per_s"] / rates["fedavg"]["updates_per_s"]
+    )
+    step = sections["compiled_step"]["group_2"]
+    assert set(step) == {"eager", "compiled"} and step["eager"]["ms_per_device"] > 0
+    assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4

@@ -106,6 +106,10 @@ class BatchedTrainer:
             crop and flip).
         example: one model input row ``(1, ...)``, to check which operations the model runs (see
             :func:`devsim.training.channels_last.folds_channels_last`); None trusts its layers alone.
+        compile_options: ``torch.compile`` keyword arguments for the vmapped step (e.g. ``{"mode":
+            "reduce-overhead"}``); None (the jobs' choice) runs it eagerly. Compiled, every group size and batch
+            size compiles once (seconds each) and rounds differently from eager. For measurements
+            (``benchmarks/gpu_suite.py``): docs/concepts.md says why the jobs do not compile.
 
     Raises:
         ValueError: with :func:`batching_obstacle`'s reason when the model or spec cannot be batched.
@@ -118,6 +122,7 @@ class BatchedTrainer:
         device: torch.device,
         objective: Objective | None = None,
         example: torch.Tensor | None = None,
+        compile_options: dict | None = None,
     ):
         obstacle = batching_obstacle(model, spec)
         if obstacle is not None:
@@ -140,6 +145,8 @@ class BatchedTrainer:
             return loss_fn(outputs, targets), outputs
 
         self._step = vmap(grad_and_value(loss_and_outputs, has_aux=True), in_dims=(0, 0, 1, 1))
+        if compile_options is not None:
+            self._step = torch.compile(self._step, **{"dynamic": False, **compile_options})
         self.fold_channels_last = self.device.type == "cpu" and folds_channels_last(self.model, example)
 
     def train(
