@@ -134,7 +134,8 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
 
 def median_round(rounds: list[dict], fedavg: list[dict] | None, loop_per_update: float) -> dict:
     """One setting's row from its rounds (``--repeats``): round ``i``'s ratio is taken against FedAvg's round ``i``
-    (None without FedAvg); the row is the round with the median ratio (the median rate without FedAvg), plus
+    (None without FedAvg); the row is the round with the median ratio (the median rate without FedAvg, and for
+    FedAvg's own rounds), plus
     ``rounds``: every round's updates/s, ratio to FedAvg, ratio to the tight loop and final accuracy."""
     summaries = [
         {
@@ -145,7 +146,7 @@ def median_round(rounds: list[dict], fedavg: list[dict] | None, loop_per_update:
         }
         for i, row in enumerate(rounds)
     ]
-    key = "ratio_to_fedavg" if fedavg else "updates_per_s"
+    key = "ratio_to_fedavg" if fedavg and rounds is not fedavg else "updates_per_s"  # FedAvg's own: its median rate
     middle = sorted(range(len(rounds)), key=lambda i: summaries[i][key])[(len(rounds) - 1) // 2]
     return {**rounds[middle], **summaries[middle], "rounds": summaries}
 

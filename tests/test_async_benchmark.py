@@ -27,3 +27,5 @@ def test_one_round_or_no_fedavg():
     assert once["ratio_to_fedavg"] == 0.5 and spread(once) == ""
     even = median_round([_row(100.0), _row(140.0)], None, loop_per_update=0.01)
     assert even["updates_per_s"] == 100.0
+    fedavg = [_row(260.0), _row(250.0), _row(270.0)]
+    assert median_round(fedavg, fedavg, loop_per_update=0.01)["updates_per_s"] == 260.0
