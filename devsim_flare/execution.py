@@ -80,9 +80,15 @@ stopped: its processes otherwise sleep 3-5 s on the way out (a fixed shutdown gr
 the command's exit."""
 
 
+SIM_STOP_SECONDS = 5.0
+"""sim: seconds the stopped simulator processes get to exit after SIGTERM before SIGKILL."""
+
+
 class SimExitWatcher:
     """Stops NVFlare's simulator processes (this process's descendants) :data:`SIM_EXIT_GRACE_SECONDS` after the
-    server's results summary appears, if they have not exited by then; SIGTERM, then SIGKILL 5 s later."""
+    server's results summary appears, if they have not exited by then; SIGTERM, then SIGKILL
+    :data:`SIM_STOP_SECONDS` later. A process that has exited counts as gone even while no one has reaped it
+    (see :func:`still_running`)."""
 
     def __init__(self, config: SimulationConfig, poll_seconds: float = 0.1):
         self.config = config
@@ -125,10 +131,31 @@ class SimExitWatcher:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.terminate()
-        _, alive = psutil.wait_procs(children, timeout=5.0)
+        deadline = time.monotonic() + SIM_STOP_SECONDS
+        alive = still_running(children)
+        while alive and time.monotonic() < deadline:
+            time.sleep(self.poll_seconds / 2)
+            alive = still_running(alive)
         for child in alive:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+def still_running(processes: list) -> list:
+    """The ``psutil.Process`` objects of ``processes`` that have not exited: zombies count as exited.
+
+    The simulator's server and leaf processes are grandchildren of the command; once the simulator process exits
+    they belong to PID 1, and where PID 1 reaps late (a container's init, this project's sandbox: 1-2 s) a
+    ``psutil.wait_procs`` on them waited for the reaping, which held the command's exit that long after the run.
+    """
+    import psutil
+
+    running = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
 
 
 SIM_SYNC_TIMEOUT = 180.0  # sim: seconds the server waits for the leaf processes it started (see leaf_lost_its_port)

@@ -60,6 +60,33 @@ def test_sim_exit_watcher_stops_what_is_left_once_the_results_are_complete(tmp_p
             child.wait()
 
 
+def test_exited_processes_count_as_gone_before_anyone_reaps_them():
+    """The watcher does not wait for PID 1 to reap the simulator's orphans (1-2 s here): a zombie is gone."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from devsim_flare.execution import still_running
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        zombie = psutil.Process(exited.pid)
+        deadline = time.monotonic() + 30
+        while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:  # exited, not reaped
+            time.sleep(0.05)
+        assert zombie.status() == psutil.STATUS_ZOMBIE
+        running = psutil.Process(sleeping.pid)
+        assert still_running([zombie, running]) == [running]
+    finally:
+        sleeping.kill()
+        sleeping.wait()
+        exited.wait()
+    assert still_running([running]) == []
+
+
 def test_share_digits_writes_the_same_digits_once_for_the_processes_a_run_starts(tmp_path, monkeypatch):
     import numpy as np
 
