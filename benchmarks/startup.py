@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -104,17 +105,39 @@ def main() -> int:
     if args.json:
         where = machine(load_at_start)
         p = medians["project"]
+        base_commit = tree_commit(args.baseline_tree) if args.baseline_tree else None
         others = "; ".join(
-            f"{name}: {row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
+            f"{name}{f' ({base_commit})' if name == 'baseline' else ''}: "
+            f"{row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
             for name, row in medians.items()
             if name != "project"
         )
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
         value = f"{first:.1f} s / {exit_s:.1f} s (median of {args.runs}; {others})"
-        figures = [figure(FIGURE, value, TARGET, invocation(), time.strftime("%Y-%m-%d"), where)]
-        payload = {"runs": args.runs, "job": JOB, "samples": samples, "medians": medians}
+        command = invocation()
+        if args.baseline_tree:  # a scratch path means nothing to a reader: name the commit it held instead
+            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
+        figures = [figure(FIGURE, value, TARGET, command, time.strftime("%Y-%m-%d"), where)]
+        payload = {
+            "runs": args.runs,
+            "job": JOB,
+            "baseline_commit": base_commit,
+            "samples": samples,
+            "medians": medians,
+        }
         print(f"wrote {write_results('startup', payload, figures)}")
     return 0
+
+
+def tree_commit(tree: str) -> str | None:
+    """The short commit checked out in ``tree`` (None when git cannot say)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None
 
 
 if __name__ == "__main__":
