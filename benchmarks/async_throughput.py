@@ -159,6 +159,20 @@ def spread(row: dict) -> str:
     return f" (median of {len(ratios)} rounds, {min(ratios):.2f}-{max(ratios):.2f}x)"
 
 
+def tight_loop_per_update(dataset: str, leaves: int, device: str = "cpu") -> float:
+    """Seconds per device update of one loop training a FedAvg round's devices (``SYNC_SELECTED`` shards of the
+    ``leaves``-leaf population) one after another on ``device``: the best of 1 thread and every core."""
+    config = SimulationConfig(
+        dataset=dataset, partition="dirichlet", num_leaf_nodes=leaves, devices_per_leaf=SYNC_SELECTED // leaves
+    )
+    default_threads = torch.get_num_threads()
+    try:
+        loop = min(tight_loop(config, threads, 2, device) for threads in sorted({1, default_threads}))
+    finally:
+        torch.set_num_threads(default_threads)
+    return loop / SYNC_SELECTED
+
+
 def run_setting(script: str, flags: list[str], common: list[str], timeout: float, leaves: int) -> dict:
     """One job run: steady rate, final accuracy, whole-command wall."""
     with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
@@ -201,18 +215,7 @@ def main() -> None:
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
         common += ["--devices-per-leaf", str(args.devices_per_leaf)]
-        config = SimulationConfig(
-            dataset=dataset,
-            partition="dirichlet",
-            num_leaf_nodes=args.leaves,
-            devices_per_leaf=SYNC_SELECTED // args.leaves,
-        )
-        default_threads = torch.get_num_threads()
-        try:
-            loop = min(tight_loop(config, threads, 2) for threads in sorted({1, default_threads}))
-        finally:
-            torch.set_num_threads(default_threads)
-        loop_per_update = loop / SYNC_SELECTED
+        loop_per_update = tight_loop_per_update(dataset, args.leaves)
         chosen = [n.strip() for n in args.only.split(",") if n.strip()]
         runs: dict[str, list[dict]] = {}
         for repeat in range(args.repeats):

@@ -54,11 +54,9 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.async_throughput import run_setting, settings  # noqa: E402
+from benchmarks.async_throughput import run_setting, settings, tight_loop_per_update  # noqa: E402
 from benchmarks.gpu_suite_jobs import VramMonitor, run_job  # noqa: E402
-from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
-from devsim.config import SimulationConfig  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -401,8 +399,7 @@ def section_async_throughput(args, size: dict) -> dict:
     common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
     runs = settings(size["async_updates"], leaves, per_leaf)
     rows = {name: run_setting(*runs[name], common, args.timeout, leaves) for name in size["async_settings"]}
-    config = SimulationConfig(dataset="digits", partition="dirichlet", num_leaf_nodes=leaves, devices_per_leaf=10)
-    loop_per_update = tight_loop(config, torch.get_num_threads(), 2, args.device) / config.num_devices
+    loop_per_update = tight_loop_per_update("digits", leaves, args.device)
     fedavg = rows["fedavg"]["updates_per_s"]
     for row in rows.values():
         row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
