@@ -45,14 +45,24 @@ def figure(name: str, value: str, target: str, command: str, date: str, where: s
     return {"figure": name, "value": value, "target": target, "command": command, "date": date, "machine": where}
 
 
+def short_commit(tree: str = REPO) -> str:
+    """The short commit checked out in ``tree`` (default this checkout); "" when git cannot say."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip()
+
+
 def write_results(benchmark: str, payload: dict[str, Any], figures: list[dict[str, str]]) -> str:
     """Write ``payload`` with its ``figures``, the date, machine and commit to
     ``benchmarks/results/<benchmark>-<date>.json``; returns the path."""
     date = time.strftime("%Y-%m-%d")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{benchmark}-{date}.json")
-    document = {"date": date, "machine": machine(), "commit": commit.stdout.strip(), **payload, "figures": figures}
+    document = {"date": date, "machine": machine(), "commit": short_commit(), **payload, "figures": figures}
     with open(path, "w", encoding="utf-8") as stream:
         json.dump(document, stream, indent=1)
     return path

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.figures import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]
@@ -105,7 +105,7 @@ def main() -> int:
     if args.json:
         where = machine(load_at_start)
         p = medians["project"]
-        base_commit = tree_commit(args.baseline_tree) if args.baseline_tree else None
+        base_commit = (short_commit(args.baseline_tree) or None) if args.baseline_tree else None
         others = "; ".join(
             f"{name}{f' ({base_commit})' if name == 'baseline' else ''}: "
             f"{row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
@@ -127,17 +127,6 @@ def main() -> int:
         }
         print(f"wrote {write_results('startup', payload, figures)}")
     return 0
-
-
-def tree_commit(tree: str) -> str | None:
-    """The short commit checked out in ``tree`` (None when git cannot say)."""
-    try:
-        proc = subprocess.run(
-            ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() or None
 
 
 if __name__ == "__main__":

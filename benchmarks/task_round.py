@@ -26,7 +26,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -151,15 +150,6 @@ def measure(task_path: str, args: argparse.Namespace) -> dict:
         "tight_loop_seconds": {str(t): s for t, s in loops.items()},
         "tight_loop": loop,
     }
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return ""
 
 
 def main() -> None:
