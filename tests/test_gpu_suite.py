@@ -21,7 +21,8 @@ SUITE = os.path.join(REPO, "benchmarks", "gpu_suite.py")
 def run_suite(tmp_path, sections: str, timeout: float) -> dict:
     out = tmp_path / "gpu_suite.json"
     env = dict(os.environ, HOME=str(tmp_path / "home"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # compiled_step's kernels stay in the test's folder
+    # compiled_step's kernels and inductor's precompiled headers (under the temp dir whatever the cache dir) stay here
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TMPDIR=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, SUITE, "--device", "cpu", "--tiny", "--sections", sections, "--out", str(out)],
         cwd=tmp_path,
