@@ -366,7 +366,7 @@ class SimulationConfig:
             "synthetic_test_size",
         ):
             _check_min(name, getattr(self, name), 1)
-        _check_min("num_rounds", self.num_rounds, 0)
+        _check_min("num_rounds", self.num_rounds, 0 if isinstance(self, AsyncConfig) else 1)
         _check_min("seed", self.seed, 0)
         _check_min("data_seed", self.data_seed, 0)
         _check_min("checkpoint_frequency", self.checkpoint_frequency, 0)

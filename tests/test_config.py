@@ -23,7 +23,7 @@ def test_defaults_are_valid():
         ({"alpha": -1.0}, "--alpha", "> 0"),
         ({"dataset": "mnist"}, "--dataset", "synthetic, digits, cifar10, cifar100"),
         ({"model": "vgg"}, "--model", "cnn, resnet18"),
-        ({"num_rounds": -1}, "--num-rounds", "minimum of 0"),
+        ({"num_rounds": 0}, "--num-rounds", "minimum of 1"),
         ({"partition": "shards"}, "--partition", "iid, dirichlet"),
         ({"momentum": 1.0}, "--momentum", "[0, 1)"),
         ({"lr": float("nan")}, "--lr", "> 0"),
