@@ -103,6 +103,7 @@ def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     proc = run_job("pt_job_fedavg.py", [*SMALL_RUN, "--export", "--export-dir", str(job_dir)], tmp_path)
     job_dir = job_dir / "devsim_fedavg"
     assert (job_dir / "meta.json").is_file(), proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr  # NVFlare's note that it reserves --export is ours to take
     server_config = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
     assert server_config["server"]["task_request_interval"] == TASK_REQUEST_INTERVAL < 2  # NVFlare's default: 2 s
     client_config = json.loads((job_dir / "app" / "config" / "config_fed_client.json").read_text())
