@@ -271,7 +271,6 @@ def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
     """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
     from devsim.observe.startup import stamp_command_start
-    from devsim_flare.recipe import build_recipe
 
     stamp_command_start()
     parser = build_parser(description, defaults)
@@ -279,20 +278,31 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if args.preset:
         parser.set_defaults(**load_preset(parser, args.preset, type(defaults)))
         args = parser.parse_args(argv)
+    return run_job(parser, args, server_cls)
+
+
+def run_job(parser: argparse.ArgumentParser, args: argparse.Namespace, server_cls: type) -> int:
+    """Everything a job does after its flags are parsed: environment checks, the validated and task-fitted
+    configuration, then export or run. ``parser.error`` reports bad input (the command line ends the program;
+    :mod:`devsim_flare.api` raises instead). Sets ``args.results_dir`` to the run folder this command writes or
+    downloads (None when exporting). Returns the exit code."""
+    from devsim_flare.recipe import build_recipe
+
     check_env_args(parser, args)
+    exporting = export_requested() or bool(getattr(args, "export_to", None))
     download_dir = None
-    if args.env == "prod" and not export_requested():
+    if args.env == "prod" and not exporting:
         # the server writes into its job folder; the command downloads that run folder here when the job ends
         download_dir = os.path.abspath(args.output_dir or default_output_dir(args.workspace, server_cls.method))
         args.output_dir = None
-    elif args.output_dir is None and args.env != "prod" and not export_requested() and not args.resume:
+    elif args.output_dir is None and args.env != "prod" and not exporting and not args.resume:
         args.output_dir = default_output_dir(args.workspace, server_cls.method)
     elif args.output_dir and args.env != "prod":
         args.output_dir = os.path.abspath(args.output_dir)
     config = config_from_args(parser, args)
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
-    simulated_here = args.env == "sim" and not export_requested()
+    simulated_here = args.env == "sim" and not exporting
     try:
         config = with_shared_memory(config, args.env, simulated_here)
     except ConfigError as error:
@@ -301,6 +311,7 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         share_digits(config, args.workspace)  # first, so this process too reads the shared file, not scikit-learn
     prepare_data(parser, config)
     config = task_config(parser, config)
+    args.results_dir = None if exporting else (download_dir or config.output_dir)
     leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host
 
@@ -314,6 +325,9 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
             sync_timeout=SIM_SYNC_TIMEOUT if simulated_here else None,
         )
 
+    if getattr(args, "export_to", None):
+        make_recipe().export(job_dir=os.path.abspath(args.export_to))
+        return 0
     if download_dir is not None:
         from devsim_flare.deployment.prod_run import run_on_deployment
 

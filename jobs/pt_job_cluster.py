@@ -11,11 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim.config import ClusterConfig  # noqa: E402  (the repo root must be importable first)
-from devsim_flare.cli import job_main  # noqa: E402
-from devsim_flare.servers.cluster_server import ClusterServer  # noqa: E402
-
-DEFAULTS = ClusterConfig(num_leaf_nodes=6, devices_per_leaf=20, device_selection_size=60, hidden_groups=2)
+from devsim_flare.api import ClusterRecipe  # noqa: E402  (the repo root must be importable first)
 
 if __name__ == "__main__":
-    sys.exit(job_main(__doc__.splitlines()[0], ClusterServer, DEFAULTS))
+    sys.exit(ClusterRecipe.command_line())

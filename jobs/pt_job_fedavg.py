@@ -13,9 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim.config import SimulationConfig  # noqa: E402  (the repo root must be importable first)
-from devsim_flare.cli import job_main  # noqa: E402
-from devsim_flare.servers.sync_server import FedAvgServer  # noqa: E402
+from devsim_flare.api import FedAvgRecipe  # noqa: E402  (the repo root must be importable first)
 
 if __name__ == "__main__":
-    sys.exit(job_main(__doc__.splitlines()[0], FedAvgServer, SimulationConfig()))
+    sys.exit(FedAvgRecipe.command_line())

@@ -14,16 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim.config import AsyncConfig  # noqa: E402  (the repo root must be importable first)
-from devsim_flare.cli import job_main  # noqa: E402
-from devsim_flare.servers.async_server import FedBuffServer  # noqa: E402
-
-# B=10 with server lr 1.0 (each version the plain mean of 10 updates, staleness about K/B = 2 versions) was
-# chosen on a validation split of the digits (DEVSIM_DIGITS_HOLDOUT=0.2): 0.99 at version 100, against 0.96
-# after 400 versions, with swings of 5-7 points, for the paper's B=2 at server lr 0.3 (lr 1.0 diverged at B=2).
-DEFAULTS = AsyncConfig(
-    concurrency=20, buffer_size=10, min_open_slots=1, max_versions=100, eval_frequency=10, global_lr=1.0
-)
+from devsim_flare.api import FedBuffRecipe  # noqa: E402  (the repo root must be importable first)
 
 if __name__ == "__main__":
-    sys.exit(job_main(__doc__.splitlines()[0], FedBuffServer, DEFAULTS))
+    sys.exit(FedBuffRecipe.command_line())

@@ -7,29 +7,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from devsim.config import SimulationConfig  # noqa: E402
+from devsim_flare.api import RECIPES  # noqa: E402
 from devsim_flare.cli import build_parser  # noqa: E402
-
-JOBS = {
-    "fedavg": "pt_job_fedavg",
-    "fedbuff": "pt_job_fedbuff",
-    "fedrevive": "pt_job_fedrevive",
-    "cluster": "pt_job_cluster",
-}
-
-
-def job_defaults(script: str) -> SimulationConfig:
-    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "jobs", f"{script}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, "DEFAULTS", None) or SimulationConfig()
 
 
 def shown(action: argparse.Action) -> str:
@@ -61,10 +46,10 @@ def main() -> None:
         for action in actions(build_parser(""), "run").values():
             print(f"| {flag(action)} | {shown(action)} | {(action.help or '').replace('|', '/')} |")
         return
-    tables = {name: actions(build_parser("", job_defaults(script)), "simulation") for name, script in JOBS.items()}
+    tables = {name: actions(build_parser("", recipe.defaults), "simulation") for name, recipe in RECIPES.items()}
     order = list(dict.fromkeys(option for table in tables.values() for option in table))
-    print("| flag | " + " | ".join(JOBS) + " | meaning |")
-    print("| --- | " + " | ".join("---" for _ in JOBS) + " | --- |")
+    print("| flag | " + " | ".join(RECIPES) + " | meaning |")
+    print("| --- | " + " | ".join("---" for _ in RECIPES) + " | --- |")
     for option in order:
         first = next(t[option] for t in tables.values() if option in t)
         defaults = " | ".join(shown(t[option]) if option in t else "—" for t in tables.values())

@@ -17,7 +17,7 @@ SCRIPTS = sorted(
     path
     for folder in ("benchmarks", "jobs", "scripts")
     for path in (ROOT / folder).glob("*.py")
-    if "argparse" in path.read_text() or "job_main" in path.read_text() or "cli import main" in path.read_text()
+    if "argparse" in path.read_text() or "command_line()" in path.read_text() or "cli import main" in path.read_text()
 )
 
 
