@@ -14,7 +14,18 @@ import numpy as np
 import pytest
 
 from devsim.tasks.contract import load_hooks
-from devsim_flare.api import RECIPES, FedAvgRecipe, FedBuffRecipe, RecipeError, SimEnv, TaskFunctions, task_spec
+from devsim_flare.api import (
+    RECIPES,
+    EdgeRecipe,
+    FedAvgRecipe,
+    FedBuffRecipe,
+    PocEnv,
+    RecipeError,
+    RunResult,
+    SimEnv,
+    TaskFunctions,
+    task_spec,
+)
 from tests.conftest import REPO, isolated_env, run_job
 
 
@@ -116,3 +127,23 @@ def test_a_recipe_exports_a_job_folder_that_nvflare_reads(tmp_path) -> None:
     meta = json.loads((tmp_path / "job" / "devsim_fedavg" / "meta.json").read_text())
     assert job == str(tmp_path / "job" / "devsim_fedavg") and meta["name"] == "devsim_fedavg"
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_edge_recipe_checks_its_settings_and_environment(tmp_path) -> None:
+    with pytest.raises(RecipeError, match="did you mean num_versions"):
+        EdgeRecipe(num_version=3)
+    with pytest.raises(RecipeError, match="--env: the edge job runs in SimEnv or ProdEnv, not PocEnv"):
+        EdgeRecipe(num_versions=2).execute(PocEnv(workspace=str(tmp_path)))
+
+
+def test_an_edge_run_folder_reads_as_a_result(tmp_path) -> None:
+    records = [
+        {"version": 1, "loss": 2.3, "metrics": {"accuracy": 0.1}, "accuracy": 0.1},
+        {"version": 3, "loss": 1.2, "metrics": {"accuracy": 0.6}, "accuracy": 0.6},
+    ]
+    (tmp_path / "edge_results.json").write_text(json.dumps({"settings": {"dataset": "synthetic"}, "records": records}))
+    result = RunResult.load(str(tmp_path))
+    assert result.method == "edge" and result.final_accuracy == 0.6 and result.metric("accuracy")[0] == (1, 0.1)
+    assert result.summary == {"versions": 3, "final_loss": 1.2, "final_metrics": {"accuracy": 0.6}}
+    with pytest.raises(RecipeError, match="no results.json or edge_results.json"):
+        RunResult.load(str(tmp_path / "nothing"))

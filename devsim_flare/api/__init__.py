@@ -15,6 +15,7 @@ A recipe takes a task (a file path, a module name, an imported module, or the ta
 thing in both, and bad input raises :class:`RecipeError` with the message the command line prints.
 """
 
+from devsim_flare.api.edge_recipe import EdgeRecipe
 from devsim_flare.api.environments import Environment, PocEnv, ProdEnv, SimEnv
 from devsim_flare.api.errors import RecipeError
 from devsim_flare.api.recipes import (
@@ -32,6 +33,7 @@ from devsim_flare.api.task_objects import TaskFunctions, task_spec
 __all__ = [
     "RECIPES",
     "ClusterRecipe",
+    "EdgeRecipe",
     "Environment",
     "FedAvgRecipe",
     "FedBuffRecipe",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
 from devsim_flare.api.errors import RecipeError
+from devsim_flare.edge.job import RESULTS_FILE as EDGE_RESULTS_FILE
 
 
 @dataclasses.dataclass
@@ -24,16 +26,29 @@ class RunResult:
 
     @classmethod
     def load(cls, folder: str) -> RunResult:
+        """The result in ``folder``: a job's ``results.json``, or the edge job's ``edge_results.json`` (its records
+        are per evaluated version; its summary is the last record's figures). RecipeError when there is neither."""
         from devsim.observe.results import load_results
 
-        results = load_results(folder)
-        return cls(
-            folder=os.path.abspath(folder),
-            method=results.get("method", ""),
-            config=results.get("config", {}),
-            rounds=results.get("rounds", []),
-            summary=results.get("summary", {}),
-        )
+        folder = os.path.abspath(folder)
+        if os.path.isfile(os.path.join(folder, "results.json")):
+            results = load_results(folder)
+            return cls(
+                folder=folder,
+                method=results.get("method", ""),
+                config=results.get("config", {}),
+                rounds=results.get("rounds", []),
+                summary=results.get("summary", {}),
+            )
+        edge_path = os.path.join(folder, EDGE_RESULTS_FILE)
+        if os.path.isfile(edge_path):
+            with open(edge_path, encoding="utf-8") as stream:
+                edge = json.load(stream)
+            records = edge.get("records", [])
+            last = records[-1] if records else {}
+            summary = {"versions": last["version"], "final_loss": last["loss"], "final_metrics": last["metrics"]}
+            return cls(folder, "edge", edge.get("settings", {}), records, summary if records else {})
+        raise RecipeError(f"no results.json or {EDGE_RESULTS_FILE} in {folder}")
 
     @property
     def finished(self) -> bool:
@@ -63,7 +78,8 @@ class RunResult:
         """The final global model's state dict (``final_model.pt``), tensors on the CPU."""
         import torch
 
-        return torch.load(os.path.join(self.folder, "final_model.pt"), map_location="cpu", weights_only=True)
+        saved = torch.load(os.path.join(self.folder, "final_model.pt"), map_location="cpu", weights_only=True)
+        return saved["state_dict"] if "state_dict" in saved else saved  # the edge job saves {version, state_dict}
 
     def final_model(self):
         """The run's model (built by its task) with the final global weights loaded."""
@@ -87,6 +103,6 @@ class Run:
 
     def get_result(self) -> RunResult:
         """The run's :class:`RunResult`; raises RecipeError when the run left no results file."""
-        if not self.folder or not os.path.isfile(os.path.join(self.folder, "results.json")):
-            raise RecipeError(f"the run left no results.json (status {self.get_status()}; folder {self.folder})")
+        if not self.folder:
+            raise RecipeError(f"the run left no results folder (status {self.get_status()})")
         return RunResult.load(self.folder)
