@@ -3,13 +3,12 @@ flags of ``jobs/pt_job_edge.py`` as settings (docs/edge_hierarchy.md)."""
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any, ClassVar
 
 from devsim_flare import cli
 from devsim_flare.api.environments import Environment, ProdEnv, SimEnv
-from devsim_flare.api.errors import RaisingParser, RecipeError
+from devsim_flare.api.errors import RaisingParser, RecipeError, check_setting_names
 from devsim_flare.api.results import Run
 from devsim_flare.api.task_objects import task_spec
 from devsim_flare.edge import cli as edge_cli
@@ -28,16 +27,12 @@ class EdgeRecipe:
     method: ClassVar[str] = "edge"
 
     def __init__(self, task: Any = None, **settings: Any):
-        allowed = sorted(
+        allowed = (
             action.dest
             for action in edge_cli.build_parser()._actions
             if action.dest not in ("help", *RUN_FLAGS) and action.option_strings
         )
-        for name in settings:
-            if name not in allowed:
-                close = difflib.get_close_matches(name, allowed, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise RecipeError(f"EdgeRecipe: no setting {name!r} for the edge job{hint}")
+        check_setting_names("EdgeRecipe", self.method, settings, allowed)
         self.task = task
         self.settings = dict(settings)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 from typing import Any, ClassVar
@@ -11,7 +10,7 @@ from typing import Any, ClassVar
 from devsim.config import AsyncConfig, ClusterConfig, FedReviveConfig, SimulationConfig
 from devsim_flare import cli
 from devsim_flare.api.environments import Environment, SimEnv
-from devsim_flare.api.errors import RaisingParser, RecipeError
+from devsim_flare.api.errors import RaisingParser, check_setting_names
 from devsim_flare.api.results import Run
 from devsim_flare.api.task_objects import task_spec
 from devsim_flare.servers.async_server import FedBuffServer
@@ -42,12 +41,7 @@ class JobRecipe:
     defaults: ClassVar[SimulationConfig]
 
     def __init__(self, task: Any = None, *, preset: str | None = None, **settings: Any):
-        allowed = recipe_settings(type(self.defaults))
-        for name in settings:
-            if name not in allowed:
-                close = difflib.get_close_matches(name, allowed, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise RecipeError(f"{type(self).__name__}: no setting {name!r} for the {self.method} job{hint}")
+        check_setting_names(type(self).__name__, self.method, settings, recipe_settings(type(self.defaults)))
         self.task = task
         self.preset = preset
         self.settings = dict(settings)
