@@ -27,8 +27,7 @@ from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
-from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
-from devsim.resources.workers import plan_workers
+from devsim.resources.leaf_plan import LeafPlan, devices_at_once, plan_leaf
 from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 
@@ -68,22 +67,19 @@ class LeafNode:
         self.settings = settings
         first = processor_cls.from_settings(settings)
         first.setup()
-        plan = plan_workers(
-            device=str(first.torch_device),
-            num_params=first.num_params,
-            batch_size=int(self.settings.get("batch_size", 32)),
-            leaves_on_host=self.leaves_on_host,
-            override=self.num_workers,
-            leaves_on_gpu=self.leaves_on_gpu,
-        )
+        plan = self._plan(first)
         torch.set_num_threads(plan.threads_per_worker)
         workers = [first]
         for _ in range(plan.num_workers - 1):
             worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
             worker.setup()
             workers.append(worker)
-        batching = self._plan_device_batch(first, plan.num_workers)
-        self._runner = LeafRoundRunner(workers, device_batch=batching.size, uplink=_uplink_from_settings(settings))
+        self._runner = LeafRoundRunner(
+            workers,
+            device_batch=plan.device_batch,
+            uplink=_uplink_from_settings(settings),
+            fill_groups=plan.fill_groups,
+        )
         self._dropout = DropoutModel(
             float(settings.get("device_dropout", 0.0)),
             float(settings.get("device_never_answer", 0.0)),
@@ -98,7 +94,6 @@ class LeafNode:
         if hasattr(first, "_ready_task"):
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
-        print(f"[{collab.site_name}] {batching.reason}", flush=True)
         print(
             f"[{collab.site_name}] set up in {time.time() - started:.1f}s (task, data, workers, batching probe), "
             f"{time.time() - process_started():.1f}s after its process started",
@@ -106,24 +101,27 @@ class LeafNode:
         )
         self._collector = PeriodicCollector().start()
 
-    def _plan_device_batch(self, worker, num_workers: int) -> DeviceBatchPlan:
-        """Resolve --device-batch for this leaf's workers (auto: batch when the probe finds the batched updates
-        exact, sized from free memory); the probe runs only when batching is still in question."""
+    def _plan(self, worker) -> LeafPlan:
+        """This leaf's workers and devices per batched computation (:func:`devsim.resources.leaf_plan.plan_leaf`;
+        auto batches when the probe finds the batched updates exact, sized from free memory); the probe runs only
+        when batching is still in question."""
         setting = device_batch_value(self.settings.get("device_batch", "auto"))
         if hasattr(worker, "batching_obstacle") and hasattr(worker, "train_devices_batched"):
             obstacle = functools.partial(worker.batching_obstacle, timed=setting == "auto")
             device_bytes = worker.batched_device_bytes()
         else:
             obstacle, device_bytes = f"processor {type(worker).__name__} trains one device at a time", 1
-        return plan_device_batch(
-            setting,
+        return plan_leaf(
+            device=str(worker.torch_device),
+            num_params=int(worker.num_params),
+            batch_size=int(self.settings.get("batch_size", 32)),
+            device_batch_setting=setting,
             obstacle=obstacle,
             device_bytes=device_bytes,
-            device=str(worker.torch_device),
-            num_workers=num_workers,
+            devices_at_once=devices_at_once(self.settings),
             leaves_on_host=self.leaves_on_host,
             leaves_on_gpu=self.leaves_on_gpu,
-            num_params=int(worker.num_params),
+            override=self.num_workers,
         )
 
     def _norm_limit(self, weights: dict) -> float | None:
