@@ -134,6 +134,13 @@ class SimulationConfig:
             "GPU; sized from free RAM/VRAM; each leaf logs its choice), off (thread pool, one at a time) or N"
         ),
     )
+    tf32: bool = field(
+        default=False,
+        metadata=_help(
+            "on a GPU, let float32 matmuls and convolutions use TF32 tensor cores (faster, ~1e-3 relative rounding); "
+            "off: full float32 (cuDNN's own default is on; this switches it off unless set)"
+        ),
+    )
     eval_frequency: int = field(
         default=1, metadata=_help("evaluate the global model every N rounds (async: every N model versions)")
     )

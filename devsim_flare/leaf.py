@@ -28,6 +28,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, plan_leaf
+from devsim.resources.precision import apply_tf32
 from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 
@@ -65,6 +66,7 @@ class LeafNode:
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings
+        apply_tf32(bool(settings.get("tf32", False)))
         first = processor_cls.from_settings(settings)
         first.setup()
         plan = self._plan(first)

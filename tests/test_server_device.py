@@ -1,0 +1,47 @@
+"""The server's tensor work on a given torch device: FedAvg's aggregation gives the NumPy result to the bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from devsim.aggregation.base import LeafUpdate
+from devsim.aggregation.fedavg import DEVICE_MIN_PARAMS, FedAvg
+
+
+def _case(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    weights = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+    updates = [
+        LeafUpdate(f"site-{i}", {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in weights.items()}, w, 3)
+        for i, w in enumerate((30.0, 12.0, 7.0))
+    ]
+    return weights, updates
+
+
+def test_fedavg_on_a_torch_device_matches_numpy_to_the_bit():
+    weights, updates = _case()
+    want = FedAvg(global_lr=0.7).aggregate(weights, updates)
+    got = FedAvg(global_lr=0.7, device="cpu").aggregate(weights, updates)
+    for key in weights:
+        assert got[key].dtype == np.float32 and got[key].shape == weights[key].shape
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_small_models_stay_in_numpy_on_a_gpu_and_large_ones_move():
+    small = {"a": np.zeros(10, dtype=np.float32)}
+    large = {"a": np.zeros(DEVICE_MIN_PARAMS, dtype=np.float32)}
+    strategy = FedAvg(device="cuda:0")
+    assert not strategy._on_device(small) and strategy._on_device(large)
+    assert not FedAvg()._on_device(large)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: FedAvg on the GPU against NumPy")
+def test_fedavg_on_cuda_matches_numpy():
+    weights, updates = _case(1)
+    want = FedAvg().aggregate(weights, updates)
+    strategy = FedAvg(device="cuda")
+    got = strategy._aggregate_torch(weights, updates, 1.0 / sum(u.total_weight for u in updates))
+    for key in weights:
+        np.testing.assert_array_equal(got[key], want[key])
