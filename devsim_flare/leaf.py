@@ -22,7 +22,7 @@ from devsim.compression import CodecSpec, UplinkCompressor
 from devsim.config import device_batch_value
 from devsim.data.groups import leaf_group
 from devsim.observe.cpu import leaf_counters_now
-from devsim.observe.startup import process_started
+from devsim.observe.startup import SetupParts, process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
@@ -57,25 +57,34 @@ class LeafNode:
         self.leaves_on_gpu = leaves_on_gpu
         self.processor = processor
         self._runner: LeafRoundRunner | None = None
+        self._startup: dict[str, float] | None = None
 
     @collab.init
     def start(self) -> None:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
         started = time.time()
+        parts = SetupParts()
         processor_cls = _import_class(self.processor)
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings
         apply_tf32(bool(settings.get("tf32", False)))
         first = processor_cls.from_settings(settings)
-        first.setup()
-        plan = self._plan(first)
+        if first.torch_device.type == "cuda":
+            with parts.measure("cuda_init"):
+                torch.zeros(1, device=first.torch_device)
+                torch.cuda.synchronize(first.torch_device)
+        with parts.measure("task_and_data"):
+            first.setup()
+        with parts.measure("plan_and_probe"):
+            plan = self._plan(first)
         torch.set_num_threads(plan.threads_per_worker)
         workers = [first]
-        for _ in range(plan.num_workers - 1):
-            worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
-            worker.setup()
-            workers.append(worker)
+        with parts.measure("workers"):
+            for _ in range(plan.num_workers - 1):
+                worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
+                worker.setup()
+                workers.append(worker)
         self._runner = LeafRoundRunner(
             workers,
             device_batch=plan.device_batch,
@@ -97,11 +106,17 @@ class LeafNode:
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
         print(
-            f"[{collab.site_name}] set up in {time.time() - started:.1f}s (task, data, workers, batching probe), "
+            f"[{collab.site_name}] set up in {time.time() - started:.1f}s ("
+            + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in parts.seconds.items())
+            + "), "
             f"{time.time() - process_started():.1f}s after its process started",
             flush=True,
         )
         self._collector = PeriodicCollector().start()
+        self._startup: dict[str, float] | None = {
+            **parts.record(),
+            "process_to_setup": started - process_started(),
+        }
 
     def _plan(self, worker) -> LeafPlan:
         """This leaf's workers and devices per batched computation (:func:`devsim.resources.leaf_plan.plan_leaf`;
@@ -125,6 +140,12 @@ class LeafNode:
             leaves_on_gpu=self.leaves_on_gpu,
             override=self.num_workers,
         )
+
+    def _attach_startup(self, payload: dict) -> None:
+        """Send this leaf's set-up parts (seconds) once, with its first reply (``startup``)."""
+        if self._startup is not None:
+            payload["startup"] = self._startup
+            self._startup = None
 
     def _norm_limit(self, weights: dict) -> float | None:
         """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""
@@ -165,6 +186,7 @@ class LeafNode:
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
         reply_in_file(payload, "delta_sum", exchange_folder)
+        self._attach_startup(payload)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"].update(leaf_counters_now())
@@ -210,6 +232,7 @@ class LeafNode:
         )
         payload["version"] = int(version)
         reply_in_file(payload, "deltas", exchange_folder)
+        self._attach_startup(payload)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"].update(leaf_counters_now())

@@ -45,3 +45,23 @@ def test_fedavg_on_cuda_matches_numpy():
     got = strategy._aggregate_torch(weights, updates, 1.0 / sum(u.total_weight for u in updates))
     for key in weights:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_startup_record_breaks_leaf_setup_down_and_leaves_nvflare_the_rest():
+    from devsim.observe.startup import SetupParts, StartupClock
+
+    parts = SetupParts()
+    with parts.measure("cuda_init"):
+        pass
+    record = parts.record()
+    assert set(record) == {"cuda_init", "total"} and record["total"] >= record["cuda_init"] >= 0
+    clock = StartupClock()
+    clock.stamps.update(server_process_started=100.0, server_run_started=112.0)
+    first = {"startup": {"cuda_init": 2.0, "plan_and_probe": 1.0, "total": 5.0}, "timing": {}}
+    clock.leaf_reply("site-1", first)
+    clock.leaf_reply("site-2", {"startup": {"cuda_init": 3.0, "total": 7.0}})
+    clock.leaf_reply("site-1", {"startup": {"total": 99.0}})
+    assert "startup" not in first
+    out = clock.record()
+    assert out["leaf_parts_max"] == {"cuda_init": 3.0, "plan_and_probe": 1.0, "total": 7.0}
+    assert out["seconds"]["nvflare_and_rest"] == 12.0 - 7.0

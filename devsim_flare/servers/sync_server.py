@@ -181,6 +181,8 @@ class SyncServer:
                 dispatched = time.time()
                 payloads = self._call_leaves(calls, round_num, models, assignments)
                 results_in = time.time()
+                for leaf, payload in payloads.items():
+                    startup.leaf_reply(leaf, payload)
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
                 record["devices_on_dead_leaves"] = on_dead_leaves
                 _count_traffic(traffic, payloads, model_bytes, len(assignments), record)
