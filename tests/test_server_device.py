@@ -65,3 +65,11 @@ def test_startup_record_breaks_leaf_setup_down_and_leaves_nvflare_the_rest():
     out = clock.record()
     assert out["leaf_parts_max"] == {"cuda_init": 3.0, "plan_and_probe": 1.0, "total": 7.0}
     assert out["seconds"]["nvflare_and_rest"] == 12.0 - 7.0
+
+
+def test_the_commands_exit_keeps_the_leaf_parts():
+    from devsim.observe.startup import add_exit
+
+    record = {"stamps": {"last_round_finished": 5.0}, "seconds": {}, "leaf_parts_max": {"total": 2.0}}
+    out = add_exit(record, 7.0)
+    assert out["leaf_parts_max"] == {"total": 2.0} and out["seconds"]["last_round_to_exit"] == 2.0

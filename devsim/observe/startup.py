@@ -123,4 +123,4 @@ def add_exit(record: dict[str, Any], exited: float) -> dict[str, Any]:
     last = stamps.get("last_round_finished")
     seconds = dict(record.get("seconds", {}))
     seconds["last_round_to_exit"] = None if last is None else exited - last
-    return {"stamps": stamps, "seconds": seconds}
+    return {**record, "stamps": stamps, "seconds": seconds}
