@@ -39,16 +39,27 @@ def run_suite(tmp_path, sections: str, timeout: float) -> dict:
 
 
 def test_in_process_sections_write_consistent_figures(tmp_path):
-    report = run_suite(tmp_path, "throughput,worker_sweep", timeout=600)
+    report = run_suite(tmp_path, "throughput,worker_sweep,tf32", timeout=600)
     cnn = report["sections"]["throughput"]["cnn"]
-    for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker"):
+    for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker", "auto"):
         assert cnn[key] > 0, key
     assert cnn["pool_vs_limit"] == pytest.approx(cnn["pool"] / cnn["centralized_batch256"])
+    assert cnn["auto_vs_limit"] == pytest.approx(cnn["auto"] / cnn["centralized_batch256"])
     assert cnn["batched_vs_pool"] == pytest.approx(cnn["batched_1_worker"] / cnn["pool"])
+    assert cnn["auto_plan"].startswith("workers=") and "pool first on the cpu" in cnn["auto_plan"]
     sweep = report["sections"]["worker_sweep"]
-    assert str(sweep["auto_workers"]) in sweep["samples_per_s"]
+    assert set(sweep["samples_per_s"]) == {"pool 1", "pool 2", "groups 1x4"}
     assert 0 < sweep["auto_vs_best"] <= 1.0
     assert sweep["auto_plan"].startswith(f"workers={sweep['auto_workers']} ")
+    tf32 = report["sections"]["tf32"]["cnn"]
+    assert tf32["leaf_gain"] == pytest.approx(tf32["leaf_on"] / tf32["leaf_off"])
+    assert tf32["max_relative_difference"] < 1e-5  # no TF32 on the CPU: the same float32 run twice
+    assert list(report["section_seconds"]) == ["throughput", "worker_sweep", "tf32"] and report["suite_seconds"] > 0
+    check = subprocess.run(
+        [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stderr
+    assert "missing (section not run)" in check.stdout and "one leaf, 64 devices, CNN" in check.stdout
 
 
 def test_compression_section_reports_every_codec_at_both_data_sizes(tmp_path):
