@@ -27,7 +27,7 @@ from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
-from devsim.resources.leaf_plan import LeafPlan, devices_at_once, plan_leaf
+from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
 from devsim.resources.precision import apply_tf32
 from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
@@ -91,6 +91,7 @@ class LeafNode:
             uplink=_uplink_from_settings(settings),
             fill_groups=plan.fill_groups,
         )
+        compiled = self._warm_compiled(workers, plan, parts)
         self._dropout = DropoutModel(
             float(settings.get("device_dropout", 0.0)),
             float(settings.get("device_never_answer", 0.0)),
@@ -105,6 +106,8 @@ class LeafNode:
         if hasattr(first, "_ready_task"):
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
+        if compiled:
+            print(f"[{collab.site_name}] {compiled}", flush=True)
         print(
             f"[{collab.site_name}] set up in {time.time() - started:.1f}s ("
             + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in parts.seconds.items())
@@ -140,6 +143,18 @@ class LeafNode:
             leaves_on_gpu=self.leaves_on_gpu,
             override=self.num_workers,
         )
+
+    def _warm_compiled(self, workers: list, plan: LeafPlan, parts: SetupParts) -> str:
+        """Resolve ``--compile`` and compile the bucketed group sizes this leaf's rounds will bring, on every
+        worker, now (start-up) rather than in the first rounds; the log phrase ('' when the leaf does not batch)."""
+        first = workers[0]
+        if plan.device_batch < 2 or not hasattr(first, "compile_choice"):
+            return ""
+        with parts.measure("compile"):
+            choice = first.compile_choice()
+            sizes = expected_group_sizes(plan, devices_at_once(self.settings))
+            warmed = [worker.warm_compiled(sizes) for worker in workers][0] if choice.enabled else []
+        return f"{choice.reason}" + (f"; warmed buckets {warmed} for groups of {sizes}" if warmed else "")
 
     def _attach_startup(self, payload: dict) -> None:
         """Send this leaf's set-up parts (seconds) once, with its first reply (``startup``)."""

@@ -154,3 +154,13 @@ def test_gpu_async_call_trains_its_jobs_as_few_groups_however_many_workers():
         runner.close()
     assert [group for _, group in calls] == [list(range(10))]
     assert payload["deltas"]["w"][:, 0].tolist() == [float(d) for d in range(10)]
+
+
+def test_expected_group_sizes_are_what_a_compiled_step_warms():
+    from devsim.resources.leaf_plan import LeafPlan, expected_group_sizes
+
+    assert expected_group_sizes(LeafPlan(1, 1, 256, True, ""), 10) == [10]
+    assert expected_group_sizes(LeafPlan(2, 1, 10, True, ""), 25) == [8, 9]
+    assert expected_group_sizes(LeafPlan(2, 1, 4, False, ""), 10) == [1, 4]
+    assert expected_group_sizes(LeafPlan(4, 1, 1, False, ""), 10) == []
+    assert expected_group_sizes(LeafPlan(1, 1, 8, True, ""), None) == []

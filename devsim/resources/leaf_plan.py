@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from devsim.resources.device_batch import MEMORY_FRACTION, plan_device_batch
 from devsim.resources.workers import _fmt_bytes, free_vram_bytes, plan_workers, usable_cpu_cores
 
-__all__ = ["LeafPlan", "balanced_groups", "deal_groups", "devices_at_once", "plan_leaf"]
+__all__ = ["LeafPlan", "balanced_groups", "deal_groups", "devices_at_once", "expected_group_sizes", "plan_leaf"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,19 @@ def deal_groups(devices: list[int], num_workers: int, device_batch: int, fill_gr
         return [groups[w::used] for w in range(used)]
     used = min(num_workers, len(devices))
     return [[list(devices[w::used])] for w in range(used)]
+
+
+def expected_group_sizes(plan: LeafPlan, devices: int | None) -> list[int]:
+    """The sizes of the batched groups a round of ``devices`` devices brings under ``plan`` (sorted, distinct;
+    empty when the plan does not batch or ``devices`` is unknown): what a compiled step warms at start-up."""
+    if plan.device_batch < 2 or not devices:
+        return []
+    sizes = set()
+    for worker in deal_groups(list(range(devices)), plan.num_workers, plan.device_batch, plan.fill_groups):
+        for group in worker:
+            for start in range(0, len(group), plan.device_batch):
+                sizes.add(len(group[start : start + plan.device_batch]))
+    return sorted(sizes)
 
 
 def devices_at_once(settings: dict) -> int | None:
