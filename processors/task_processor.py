@@ -247,7 +247,15 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
                 self._example_input(),
                 compile_options=choice.options if choice.enabled else None,
             )
-            self._batched = CompiledGroups(batched) if choice.enabled else batched
+            if choice.enabled:
+
+                def eager() -> BatchedTrainer:
+                    return BatchedTrainer(
+                        trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
+                    )
+
+                batched = CompiledGroups(batched, fallback=eager)
+            self._batched = batched
         return self._batched
 
     def compile_choice(self) -> CompileChoice:

@@ -126,3 +126,23 @@ def test_cuda_graph_padded_group_matches_eager():
         got, _ = compiled.train_pool(ids, start, pool, [torch.Generator().manual_seed(i) for i in ids])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_a_failing_compiled_step_falls_back_to_eager_with_the_same_updates(capsys):
+    pool, start = _pool(3), _start(_model())
+    ids = [0, 1, 2]
+    want, _ = BatchedTrainer(_model(), SPEC, torch.device("cpu")).train_pool(
+        ids, start, pool, [torch.Generator().manual_seed(i) for i in ids]
+    )
+    def boom(graph, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    compiled = CompiledGroups(
+        BatchedTrainer(_model(), SPEC, torch.device("cpu"), compile_options={"backend": boom}),
+        fallback=lambda: BatchedTrainer(_model(), SPEC, torch.device("cpu")),
+    )
+    for _ in range(2):
+        got, _ = compiled.train_pool(ids, start, pool, [torch.Generator().manual_seed(i) for i in ids])
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert capsys.readouterr().out.count("eager from now on") == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -117,11 +118,21 @@ class CompiledGroups:
     Args:
         trainer: built with ``compile_options`` (see :func:`compile_options_for`).
         buckets: the padded group sizes.
+        fallback: builds an eager trainer of the same model; when a compiled call raises (a shape or thread the
+            probe did not meet), the group is trained again eagerly, unpadded, and every later group too, with one
+            printed line saying why. None: the error propagates.
     """
 
-    def __init__(self, trainer: BatchedTrainer, buckets: tuple[int, ...] = BUCKETS):
+    def __init__(
+        self,
+        trainer: BatchedTrainer,
+        buckets: tuple[int, ...] = BUCKETS,
+        fallback: Callable[[], BatchedTrainer] | None = None,
+    ):
         _raise_recompile_limit()
         self.trainer = trainer
+        self.fallback = fallback
+        self.eager: BatchedTrainer | None = None
         self.buckets = tuple(sorted(buckets))
         self.keys = trainer.keys
         self.cuda = trainer.device.type == "cuda"
@@ -139,6 +150,29 @@ class CompiledGroups:
         count = len(device_ids)
         if not count or len(pool.indices) != count or len(generators) != count:
             raise ValueError("device_ids, shards and generators must be non-empty and of equal length")
+        if self.eager is not None:
+            return self.eager.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
+        if self.fallback is None:
+            return self._padded(device_ids, global_tensors, pool, generators, per_device_base)
+        states = [g.get_state() for g in generators]
+        try:
+            return self._padded(device_ids, global_tensors, pool, generators, per_device_base)
+        except Exception as error:  # noqa: BLE001 - any failure of the compiled step: train eagerly from here on
+            print(f"[compile] compiled step failed ({type(error).__name__}: {str(error)[:200]}); eager from now on")
+            self.eager = self.fallback()
+            for generator, state in zip(generators, states, strict=True):
+                generator.set_state(state)
+            return self.eager.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
+
+    def _padded(
+        self,
+        device_ids: list[int],
+        global_tensors: list[torch.Tensor],
+        pool: ShardPool,
+        generators: list[torch.Generator],
+        per_device_base: bool,
+    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
+        count = len(device_ids)
         padded = bucket_for(count, self.buckets) - count
         if padded:
             device_ids = [*device_ids, *[device_ids[-1]] * padded]
