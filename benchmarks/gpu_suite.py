@@ -649,8 +649,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
             continue
         started = time.perf_counter()
-        args.section_deadline = float("inf") if args.tiny else time.monotonic() + min(budget, left)
-        args.timeout = fixed_timeout if fixed_timeout is not None else max(30.0, min(2.0 * budget, left))
+        args.section_deadline = float("inf") if args.tiny or args.budget <= 0 else time.monotonic() + min(budget, left)
+        if fixed_timeout is not None:
+            args.timeout = fixed_timeout
+        elif args.tiny or args.budget <= 0:
+            args.timeout = 900.0
+        else:
+            args.timeout = max(30.0, min(2.0 * budget, left))
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
         try:
             with VramMonitor(args.device) as monitor:

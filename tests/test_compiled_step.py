@@ -134,6 +134,7 @@ def test_a_failing_compiled_step_falls_back_to_eager_with_the_same_updates(capsy
     want, _ = BatchedTrainer(_model(), SPEC, torch.device("cpu")).train_pool(
         ids, start, pool, [torch.Generator().manual_seed(i) for i in ids]
     )
+
     def boom(graph, example_inputs):
         raise RuntimeError("no compiler here")
 
