@@ -431,7 +431,11 @@ def section_fedavg_e2e(args, size: dict) -> dict:
         *("--samples-per-device", "10", "--partition", "iid", "--checkpoint-frequency", "0"),
         *("--synthetic-train-size", str(max(2000, per_leaf * 2 * 10))),
     ]
-    resnet = run_job("pt_job_fedavg.py", resnet_flags, _job_env(args), args.timeout)
+    try:
+        resnet = run_job("pt_job_fedavg.py", resnet_flags, _job_env(args), args.timeout)
+    except RuntimeError as error:  # the CNN's figures above still count
+        out["resnet18_1000_devices"] = {"error": str(error)[-2000:]}
+        return out
     out["resnet18_1000_devices"] = _job_figures(resnet, selected * 10)
     return out
 

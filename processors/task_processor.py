@@ -266,7 +266,9 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         with _SHARED_LOCK:
             choice = _PROBES.get(key)
         if choice is None:
-            choice = resolve_compile(self.compile, self.torch_device, probe=self._probe_compiled)
+            choice = resolve_compile(
+                self.compile, self.torch_device, probe=self._probe_compiled, num_params=self.num_params
+            )
             with _SHARED_LOCK:
                 _PROBES[key] = choice
         return choice

@@ -104,6 +104,9 @@ def test_resolve_compile():
     assert on_cpu.enabled and on_cpu.options == {} and str(BUCKETS) in on_cpu.reason
     auto_gpu = resolve_compile("auto", "cuda:0", probe=lambda: None)
     assert auto_gpu.enabled and auto_gpu.options == compile_options_for("cuda") == {"mode": "reduce-overhead"}
+    big = resolve_compile("auto", "cuda:0", probe=lambda: None, num_params=11_173_962)
+    assert not big.enabled and "--compile on forces it" in big.reason
+    assert resolve_compile("on", "cuda:0", num_params=11_173_962).enabled
     refused = resolve_compile("auto", "cuda:0", probe=lambda: "compiled not faster")
     assert not refused.enabled and "compiled not faster" in refused.reason
     with pytest.raises(ValueError, match="compile must be one of off, auto, on"):

@@ -12,8 +12,11 @@ Whether compiling is used (:func:`resolve_compile`):
 - ``off``: eager.
 - ``on``: compiled on any device (``reduce-overhead``, i.e. CUDA graphs, on a GPU; inductor on the CPU).
 - ``auto``: compiled on a GPU when :func:`probe_compiled` finds the compiled, padded step exact (same deltas as
-  eager within :data:`devsim.training.batch_probe.TOLERANCE`) and faster warm; eager on the CPU, where each shape
-  compiles for 8-19 s and the gain does not repay it in a run's first thousands of updates (docs/concepts.md).
+  eager within :data:`devsim.training.batch_probe.TOLERANCE`) and faster warm, for models up to
+  :data:`AUTO_MAX_PARAMS` (launch-bound small models: the digits CNN's groups of 2-10 ran 4-7x faster with CUDA
+  graphs on an H100; a ResNet-18 compiles for much longer per bucket and has not been measured compiled); eager on
+  the CPU, where each shape compiles for 8-19 s and the gain does not repay it in a run's first thousands of updates
+  (docs/concepts.md).
 
 Padding the whole group rather than each step keeps every step's state a view; a ragged group (unequal shards,
 short last batches) still takes some steps in smaller sub-groups, each a further shape.
@@ -33,6 +36,7 @@ from devsim.training.batched import BatchedTrainer
 from devsim.training.local import DeviceMetrics
 
 __all__ = [
+    "AUTO_MAX_PARAMS",
     "BUCKETS",
     "COMPILE_SETTINGS",
     "CompileChoice",
@@ -46,6 +50,9 @@ __all__ = [
 COMPILE_SETTINGS = ("off", "auto", "on")
 BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
 """Group sizes the compiled step is built for; a group of D devices runs padded to the smallest bucket >= D."""
+
+AUTO_MAX_PARAMS = 2_000_000
+"""``auto`` compiles models with at most this many float state entries (``on`` compiles any)."""
 
 RECOMPILE_LIMIT = 64
 """Dynamo's per-function cache of compiled shapes is raised to at least this (its default, 8, is one per bucket)."""
@@ -73,9 +80,10 @@ class CompileChoice:
     reason: str
 
 
-def resolve_compile(setting: str, device: torch.device | str, probe=None) -> CompileChoice:
-    """Resolve ``--compile`` for ``device``; ``probe`` (called only for ``auto`` on a GPU) returns None when the
-    compiled step is exact and faster, else why not.
+def resolve_compile(setting: str, device: torch.device | str, probe=None, num_params: int = 0) -> CompileChoice:
+    """Resolve ``--compile`` for ``device`` and a model of ``num_params`` float state entries; ``probe`` (called only
+    when ``auto`` on a GPU still considers compiling) returns None when the compiled step is exact and faster, else
+    why not.
 
     Raises:
         ValueError: ``setting`` is not one of :data:`COMPILE_SETTINGS`.
@@ -91,6 +99,13 @@ def resolve_compile(setting: str, device: torch.device | str, probe=None) -> Com
         return CompileChoice(True, options, f"compile=on: {mode}, groups padded to buckets {BUCKETS}")
     if not on_gpu:
         return CompileChoice(False, None, "compile=auto -> eager on the CPU (each shape compiles for seconds)")
+    if num_params > AUTO_MAX_PARAMS:
+        return CompileChoice(
+            False,
+            None,
+            f"compile=auto -> eager: {num_params:,} parameters (auto compiles models up to {AUTO_MAX_PARAMS:,}; "
+            "--compile on forces it)",
+        )
     obstacle = probe() if probe is not None else None
     if obstacle is not None:
         return CompileChoice(False, None, f"compile=auto -> eager: {obstacle}")
