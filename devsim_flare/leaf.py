@@ -116,7 +116,7 @@ class LeafNode:
             flush=True,
         )
         self._collector = PeriodicCollector().start()
-        self._startup: dict[str, float] | None = {
+        self._startup = {
             **parts.record(),
             "process_to_setup": started - process_started(),
         }
