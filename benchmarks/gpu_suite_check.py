@@ -134,7 +134,7 @@ TARGETS = (
 
 CPU_TARGETS = (
     "CPU (not measured by this suite): CNN round against the tight loop >= 0.317x on 2 cores "
-    "(benchmarks/task_round.py); demo accuracy 0.9583 (scripts/demo.sh)",
+    "(benchmarks/round_overhead.py); demo accuracy 0.9583 (scripts/demo.sh)",
 )
 
 

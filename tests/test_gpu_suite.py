@@ -113,3 +113,44 @@ def test_async_and_compiled_step_sections_dry_run(tmp_path):
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
+
+
+def test_check_puts_each_target_beside_its_figure():
+    sys.path.insert(0, REPO)
+    from benchmarks.gpu_suite_check import MET, NOT_MET, rows
+
+    report = {
+        "sections": {
+            "fedavg_e2e": {"cnn_default": {"vs_limit": 0.45, "first_round_seconds": 12.0}},
+            "worker_sweep": {"auto_vs_best": 0.95},
+            "async_throughput": {
+                "settings": {
+                    name: {
+                        "updates_per_s": 900.0,
+                        "ratio_to_fedavg": 1.0,
+                        "updates_per_training_group": 10.0,
+                        "updates_per_leaf_call": 10.0,
+                    }
+                    for name in ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
+                }
+            },
+        },
+        "skipped": {"fedrevive": "20 s left of the suite's --budget; the section's budget is 60 s"},
+        "errors": {"throughput": "Traceback ...\nRuntimeError: out of memory"},
+        "suite_seconds": 330.0,
+    }
+    verdicts = {what: (figure, verdict) for what, figure, _, verdict in rows(report)}
+    assert verdicts["default FedAvg job (CNN, 2 leaves): device-samples/s against centralized batch 256"] == (
+        "0.45",
+        MET,
+    )
+    assert verdicts["launch to the first finished round, default CNN job"] == ("12 s", NOT_MET)
+    assert verdicts["async benchmark (digits CNN, 2 x 50 devices): FedAvg device updates/s"] == ("900/s", NOT_MET)
+    assert verdicts["automatic leaf plan against the best of the sweep"][1] == MET
+    fedrevive = verdicts["FedRevive at the paper's per-arrival size (server on the GPU): wall seconds"]
+    assert fedrevive[1].startswith("missing (skipped: 20 s left")
+    assert (
+        "RuntimeError: out of memory"
+        in verdicts["one leaf, 64 devices, CNN, the leaf's own plan, against the same limit"][1]
+    )
+    assert verdicts["the whole suite in one call"] == ("330 s", MET)
