@@ -145,14 +145,17 @@ class LeafNode:
         )
 
     def _warm_compiled(self, workers: list, plan: LeafPlan, parts: SetupParts) -> str:
-        """Resolve ``--compile`` and compile the bucketed group sizes this leaf's rounds will bring, on every
-        worker, now (start-up) rather than in the first rounds; the log phrase ('' when the leaf does not batch)."""
+        """Resolve ``--compile`` and compile the bucketed group sizes this leaf's rounds (every size up to its share
+        of the jobs in flight, in an asynchronous run) will bring, on every worker, now (start-up) rather than in the
+        first rounds; the log phrase ('' when the leaf does not batch)."""
         first = workers[0]
         if plan.device_batch < 2 or not hasattr(first, "compile_choice"):
             return ""
         with parts.measure("compile"):
             choice = first.compile_choice()
             sizes = expected_group_sizes(plan, devices_at_once(self.settings))
+            if sizes and self.settings.get("concurrency") is not None:  # async calls bring any count up to it
+                sizes = list(range(2, max(sizes) + 1))
             warmed = [worker.warm_compiled(sizes) for worker in workers][0] if choice.enabled else []
         return f"{choice.reason}" + (f"; warmed buckets {warmed} for groups of {sizes}" if warmed else "")
 
