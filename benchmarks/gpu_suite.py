@@ -1,33 +1,32 @@
-"""The GPU suite: every figure of issue #19 measured in one run, written to one JSON file.
+"""The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections (``--sections``, default all), each a ratio measured in this run where it compares:
+Sections in order of importance (a run takes them in this order; the default is the first seven), each with its
+own time budget (``BUDGETS``, seconds on an H100): a section starts only while at least half of it is left of
+``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at twice its budget,
+and the figures are written after every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``)
+prints every target of the issue beside its figure.
 
-1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end in NVFlare's simulator, for the CNN at its
-   defaults and for ResNet-18 with 1,000 devices (100 selected a round, 10 samples each): round
-   seconds, the timing breakdown, seconds from launch to the first finished round, the leaves'
-   worker plans, and the GPU memory the run used at its peak (device-wide, polled).
-2. ``throughput``: device-samples/s of one leaf (``LeafRoundRunner``, no NVFlare) training many
-   devices, through the thread pool and batched (``device_batch``), against centralized training of
-   the same model on the same device at the devices' batch size and at batch 256 (the limit).
-3. ``worker_sweep``: the leaf's automatic worker count (``plan_workers``) against a sweep of counts.
-4. ``fedrevive``: FedRevive's server distillation seconds per arrival at the paper's setting size
-   (ResNet-18 without norm, generator width 128, 8 teachers, 10 KD steps) on the synthetic images.
-5. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
-6. ``compression``: ``benchmarks/compression.py`` on the real digits (issue #17): uplink bytes,
-   accuracy against ``none``, and encode + decode seconds as a share of the leaf's round when the
-   devices train and the codecs run on this device (``torch.topk`` and torch reductions on a GPU).
-7. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits
-   (seeds 0 and 1): codec seconds against the round's wall time, summed over the leaves and on the
-   critical leaf, and accuracy against ``none``.
-8. ``async_throughput`` (issue #31 on this device): ``benchmarks/async_throughput.py``'s settings (digits CNN,
-   2 leaves x 50 devices, the same device updates each): FedBuff's steady updates/s at B = 10, B = 2 and the
-   paper's shape against FedAvg's, and each setting's wall per update against one tight loop training the same
-   updates on this device.
-9. ``compiled_step``: the batched trainer's whole lockstep for groups of 2, 4 and 10 digits CNNs, eager against
+1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end in NVFlare's simulator, for the CNN at its defaults (against
+   centralized training of the CNN at batch 256 on this device) and for ResNet-18 with 1,000 devices (100 selected a
+   round, 10 samples each): round seconds, the timing breakdown, seconds from launch to the first finished round,
+   ``startup`` from results.json (CUDA init, probe, workers, NVFlare), the leaves' plans, peak GPU memory.
+2. ``throughput``: device-samples/s of one leaf (``LeafRoundRunner``, no NVFlare) training 64 devices through the
+   thread pool, batched in one group, and with the leaf's own plan (``plan_leaf``), against centralized training of
+   the same model on the same device at the devices' batch size and at batch 256 (the limit); CNN and ResNet-18.
+3. ``async_throughput``: ``benchmarks/async_throughput.py``'s settings (digits CNN, 2 leaves x 50 devices, the same
+   device updates each): FedBuff's steady updates/s at B = 10, B = 2 and the paper's shape against FedAvg's, devices
+   per training group, and each setting's wall per update against one tight loop on this device.
+4. ``worker_sweep``: the leaf's plan against the thread pool at several worker counts and groups first at several.
+5. ``fedrevive``: FedRevive with the paper's server work per arrival (ResNet-18 without norm, generator width 128,
+   8 teachers, 10 KD steps) for 30 versions: wall seconds and server seconds per arrival.
+6. ``tf32``: ``--tf32``'s gain (leaf and centralized) and the difference it makes to a leaf's delta sum.
+7. ``compiled_step``: the batched trainer's whole lockstep for groups of 2, 4 and 10 digits CNNs, eager against
    ``torch.compile`` (default mode, and ``reduce-overhead``'s CUDA graphs on a GPU): seconds per device, the
-   first (compiling) call, and the largest difference of the deltas. On the CPU a compiled step is 1.5-2x faster
-   but each group size compiles for seconds (docs/concepts.md); on a GPU a small group's step is expected to be
-   bound by kernel launches, which CUDA graphs remove.
+   first (compiling) call, and the largest difference of the deltas.
+8. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
+9. ``compression``: ``benchmarks/compression.py`` on the real digits: uplink bytes, accuracy against ``none``, and
+   encode + decode seconds as a share of the leaf's round with the codecs on this device.
+10. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits (seeds 0, 1).
 
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
 ``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
@@ -39,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import platform
@@ -60,6 +60,8 @@ from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
+from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
+from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.batched import BatchedTrainer  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
@@ -69,14 +71,45 @@ from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 SECTIONS = (
     "fedavg_e2e",
     "throughput",
+    "async_throughput",
     "worker_sweep",
     "fedrevive",
+    "tf32",
+    "compiled_step",
     "shared_gpu",
     "compression",
     "compression_job",
+)
+"""Every section, in order of importance: a run takes them in this order whatever ``--sections`` lists."""
+
+BUDGETS = {
+    "fedavg_e2e": 60,
+    "throughput": 40,
+    "async_throughput": 95,
+    "worker_sweep": 20,
+    "fedrevive": 60,
+    "tf32": 15,
+    "compiled_step": 25,
+    "shared_gpu": 55,
+    "compression": 45,
+    "compression_job": 60,
+}
+"""Seconds each section is expected to take on an H100 (its job runs are killed at twice that); a section starts
+only while the suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
+
+DEFAULT_SECTIONS = (
+    "fedavg_e2e",
+    "throughput",
     "async_throughput",
+    "worker_sweep",
+    "fedrevive",
+    "tf32",
     "compiled_step",
 )
+SUITE_BUDGET = 315.0
+"""Default ``--budget``: the default sections in one device call of at most 6 minutes, with the wheels' install
+(~15 s) and Python's start-up beside them."""
+
 ASYNC_SETTINGS = ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
 CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
 LIMIT_BATCH = 256
@@ -93,8 +126,11 @@ def sizes(tiny: bool) -> dict:
             "leaf_samples": 20,
             "central_samples": 64,
             "sweep": [1, 2],
+            "sweep_groups": [1],
+            "resnet_rounds": 2,
+            "tf32_models": ["cnn"],
             "resnet_leaf_devices": 2,
-            "revive_sim_time": 1.0,
+            "revive_versions": 8,
             "models": ["cnn"],
             "compression": ["--rounds", "2", "--devices", "10", "--per-round", "4"],
             "compression_job": ["--quick", "--codecs", "none,topk 10%"],
@@ -111,12 +147,15 @@ def sizes(tiny: bool) -> dict:
         "leaf_samples": 100,
         "central_samples": 8192,
         "sweep": [1, 2, 4, 8, 16],
+        "sweep_groups": [1, 2, 4],
+        "resnet_rounds": 5,
+        "tf32_models": ["cnn", "resnet18"],
         "resnet_leaf_devices": 64,
-        "revive_sim_time": 20.0,
-        "models": ["cnn", "resnet18", "resnet18_nonorm"],
+        "revive_versions": 30,
+        "models": ["cnn", "resnet18"],
         "compression": ["--rounds", "30"],
         "compression_job": ["--seeds", "0,1"],
-        "async_updates": 1200,
+        "async_updates": 800,
         "async_settings": list(ASYNC_SETTINGS),
         "step_groups": [2, 4, 10],
         "step_samples": 100,
@@ -180,12 +219,9 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
     return seen / (time.perf_counter() - started)
 
 
-def leaf_rate(
-    model_name: str, device: str, devices: int, samples: int, workers: int, device_batch: int, rounds: int = 3
-) -> tuple[float, dict]:
-    """Median device-samples/s of one leaf's rounds 2.. (round 1 warms up; one round: that one), batch 10,
-    one epoch, and the last round's leaf delta sum (name -> array)."""
-    settings = {
+def leaf_settings(model_name: str, devices: int, samples: int) -> dict:
+    """The leaf benchmark's run settings: synthetic data, iid shards, batch 10, one epoch."""
+    return {
         "dataset": "synthetic",
         "synthetic_train_size": max(2000, devices * samples),
         "synthetic_test_size": 100,
@@ -196,10 +232,40 @@ def leaf_rate(
         "local_epochs": 1,
         "seed": 0,
     }
+
+
+def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafPlan:
+    """The plan a leaf of one (alone on this host and GPU) takes for ``devices`` at once (``plan_leaf``)."""
+    first = TaskDeviceProcessor.from_settings(leaf_settings(model_name, devices, samples), compute_device=device)
+    first.setup()
+    return plan_leaf(
+        device=device,
+        num_params=int(first.num_params),
+        batch_size=10,
+        device_batch_setting="auto",
+        obstacle=functools.partial(first.batching_obstacle, timed=True),
+        device_bytes=first.batched_device_bytes(),
+        devices_at_once=devices,
+    )
+
+
+def leaf_rate(
+    model_name: str,
+    device: str,
+    devices: int,
+    samples: int,
+    workers: int,
+    device_batch: int,
+    rounds: int = 3,
+    fill_groups: bool = False,
+) -> tuple[float, dict]:
+    """Median device-samples/s of one leaf's rounds 2.. (round 1 warms up; one round: that one), batch 10,
+    one epoch, and the last round's leaf delta sum (name -> array)."""
+    settings = leaf_settings(model_name, devices, samples)
     if device == "cpu":
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
     processors = [TaskDeviceProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
-    runner = LeafRoundRunner(processors, device_batch=device_batch)
+    runner = LeafRoundRunner(processors, device_batch=device_batch, fill_groups=fill_groups)
     torch.manual_seed(0)
     weights = model_to_numpy(build_model(model_name))
     rates, result = [], None
@@ -215,28 +281,14 @@ def leaf_rate(
     return statistics.median(rates), result.delta_sum
 
 
-def batched_vs_pool_difference(model_name: str, device: str, devices: int, samples: int, tf32: bool) -> float:
-    """Largest |batched - pool| entry of one round's leaf delta sum, relative to the pool sum's largest entry.
-
-    ``tf32`` sets ``torch.backends.cudnn.allow_tf32`` and ``torch.backends.cuda.matmul.allow_tf32`` for
-    the comparison (restored after): on a GPU, TF32 convolutions (cuDNN's default) round operands to a
-    10-bit mantissa, and the batched path's grouped kernels round differently from the per-device ones.
-    """
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        _, pool = leaf_rate(model_name, device, devices, samples, 1, 1, rounds=1)
-        _, batched = leaf_rate(model_name, device, devices, samples, 1, devices, rounds=1)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-    scale = max(float(abs(v).max()) for v in pool.values())
-    return max(float(abs(batched[k] - pool[k]).max()) for k in pool) / scale
-
-
 def section_throughput(args, size: dict) -> dict:
-    """Pool and batched device-samples/s against centralized training at batch 10 and 256, per model."""
+    """One leaf's device-samples/s through the thread pool, batched in one group, and with the leaf's own plan
+    (``plan_leaf``), against centralized training at batch 10 and 256 (the limit), per model."""
     out = {}
     for model_name in size["models"]:
+        if time.monotonic() > args.section_deadline:
+            out[model_name] = {"skipped": "the section's budget ran out"}
+            continue
         devices = size["leaf_devices"] if model_name == "cnn" else size["resnet_leaf_devices"]
         samples = size["leaf_samples"] if model_name == "cnn" else 10
         central_10 = centralized_rate(model_name, args.device, 10, size["central_samples"])
@@ -244,11 +296,10 @@ def section_throughput(args, size: dict) -> dict:
         workers = plan_workers(device=args.device, num_params=_params(model_name), batch_size=10).num_workers
         pool, _ = leaf_rate(model_name, args.device, devices, samples, workers, 1)
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
-        tf32_settings = (True, False) if args.device == "cuda" else (False,)
-        diff = {
-            f"tf32_{'on' if on else 'off'}": batched_vs_pool_difference(model_name, args.device, devices, samples, on)
-            for on in tf32_settings
-        }
+        plan = auto_plan(model_name, args.device, devices, samples)
+        auto, _ = leaf_rate(
+            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
+        )
         out[model_name] = {
             "devices": devices,
             "samples_per_device": samples,
@@ -257,11 +308,44 @@ def section_throughput(args, size: dict) -> dict:
             "pool_workers": workers,
             "pool": pool,
             "batched_1_worker": batched,
+            "auto_plan": plan.reason,
+            "auto": auto,
             "pool_vs_limit": pool / central_limit,
             "batched_vs_limit": batched / central_limit,
+            "auto_vs_limit": auto / central_limit,
             "batched_vs_pool": batched / pool,
-            "batched_vs_pool_max_relative_difference": diff,
         }
+    return out
+
+
+def section_tf32(args, size: dict) -> dict:
+    """TF32's gain and difference: one leaf's batched round and centralized batch-256 training with TF32 on against
+    off (``--tf32``), and the largest difference of the leaf's delta sum between the two, relative to its largest
+    entry. On the CPU TF32 does not exist: both runs are float32 and the difference is 0."""
+    out = {}
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        for model_name in size["tf32_models"]:
+            devices = size["leaf_devices"] if model_name == "cnn" else size["resnet_leaf_devices"]
+            samples = size["leaf_samples"] if model_name == "cnn" else 10
+            row: dict = {}
+            sums = {}
+            for on in (False, True):
+                apply_tf32(on)
+                name = "on" if on else "off"
+                row[f"leaf_{name}"], sums[name] = leaf_rate(model_name, args.device, devices, samples, 1, devices)
+                row[f"centralized_{name}"] = centralized_rate(
+                    model_name, args.device, LIMIT_BATCH, size["central_samples"]
+                )
+            scale = max(float(abs(v).max()) for v in sums["off"].values())
+            row["leaf_gain"] = row["leaf_on"] / row["leaf_off"]
+            row["centralized_gain"] = row["centralized_on"] / row["centralized_off"]
+            row["max_relative_difference"] = (
+                max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
+            )
+            out[model_name] = row
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     return out
 
 
@@ -270,17 +354,33 @@ def _params(model_name: str) -> int:
 
 
 def section_worker_sweep(args, size: dict) -> dict:
-    """The automatic worker count's throughput against each swept count (CNN, thread pool)."""
-    plan = plan_workers(device=args.device, num_params=_params("cnn"), batch_size=10)
-    counts = sorted(set(size["sweep"]) | {plan.num_workers})
-    rates = {n: leaf_rate("cnn", args.device, size["leaf_devices"], size["leaf_samples"], n, 1)[0] for n in counts}
+    """The leaf's own plan (``plan_leaf``: workers and devices per batched computation) against a sweep: the thread
+    pool at several worker counts, and groups first at several worker counts (``ceil(devices / workers)`` devices a
+    group). CNN, one leaf, ``leaf_devices`` devices a round."""
+    devices, samples = size["leaf_devices"], size["leaf_samples"]
+    plan = auto_plan("cnn", args.device, devices, samples)
+    rates: dict[str, float] = {}
+    for workers in size["sweep"]:
+        if time.monotonic() < args.section_deadline:
+            rates[f"pool {workers}"] = leaf_rate("cnn", args.device, devices, samples, workers, 1)[0]
+    for workers in size["sweep_groups"]:
+        if time.monotonic() < args.section_deadline:
+            batch = -(-devices // workers)
+            rates[f"groups {workers}x{batch}"] = leaf_rate(
+                "cnn", args.device, devices, samples, workers, batch, fill_groups=True
+            )[0]
+    auto = leaf_rate(
+        "cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
+    )[0]
     best = max(rates, key=rates.get)
     return {
         "auto_plan": plan.reason,
         "auto_workers": plan.num_workers,
-        "samples_per_s": {str(n): r for n, r in rates.items()},
-        "best_workers": best,
-        "auto_vs_best": rates[plan.num_workers] / rates[best],
+        "auto_device_batch": plan.device_batch,
+        "auto_samples_per_s": auto,
+        "samples_per_s": rates,
+        "best": best,
+        "auto_vs_best": auto / max(rates[best], auto),
     }
 
 
@@ -303,49 +403,68 @@ def _job_figures(run: dict, selected_samples: int) -> dict:
         "final_accuracy": rounds[-1].get("accuracy"),
         "worker_plans": run["worker_lines"],
         "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
+        "startup": run["results"].get("startup"),
     }
 
 
 def section_fedavg_e2e(args, size: dict) -> dict:
-    """The CNN job at its defaults and ResNet-18 with many devices, end to end."""
+    """The CNN job at its defaults (against centralized training of the CNN at batch 256 on this device) and
+    ResNet-18 with many devices, end to end, with each run's start-up breakdown."""
     rounds = ["--num-rounds", str(size["rounds"]), "--eval-frequency", str(size["rounds"])]
     if args.tiny:
         rounds += ["--synthetic-test-size", "100"]
     cnn = run_job("pt_job_fedavg.py", [*rounds, "--checkpoint-frequency", "0"], _job_env(args), args.timeout)
+    cnn_selected = cnn["results"]["config"]["device_selection_size"] or cnn["results"]["config"]["devices_per_leaf"]
+    cnn_samples = cnn_selected * cnn["results"]["config"]["samples_per_device"]
+    out = {"cnn_default": _job_figures(cnn, cnn_samples * cnn["results"]["config"]["num_leaf_nodes"])}
+    limit = centralized_rate("cnn", args.device, LIMIT_BATCH, size["central_samples"])
+    out["cnn_default"]["centralized_batch256"] = limit
+    out["cnn_default"]["vs_limit"] = out["cnn_default"]["device_samples_per_s"] / limit
+    if time.monotonic() > args.section_deadline:
+        return out
+    resnet_rounds = ["--num-rounds", str(size["resnet_rounds"]), "--eval-frequency", str(size["resnet_rounds"])]
     per_leaf, selected = size["resnet_devices"] // 2, size["resnet_selected"]
     resnet_flags = [
-        *rounds,
+        *resnet_rounds,
+        *(["--synthetic-test-size", "100"] if args.tiny else []),
         *("--model", "resnet18", "--devices-per-leaf", str(per_leaf), "--device-selection-size", str(selected)),
         *("--samples-per-device", "10", "--partition", "iid", "--checkpoint-frequency", "0"),
         *("--synthetic-train-size", str(max(2000, per_leaf * 2 * 10))),
     ]
-    resnet = run_job("pt_job_fedavg.py", resnet_flags, _job_env(args), args.timeout)
-    cnn_selected = cnn["results"]["config"]["device_selection_size"] or cnn["results"]["config"]["devices_per_leaf"]
-    cnn_samples = cnn_selected * cnn["results"]["config"]["samples_per_device"]
-    return {
-        "cnn_default": _job_figures(cnn, cnn_samples * cnn["results"]["config"]["num_leaf_nodes"]),
-        "resnet18_1000_devices": _job_figures(resnet, selected * 10),
-    }
+    try:
+        resnet = run_job("pt_job_fedavg.py", resnet_flags, _job_env(args), args.timeout)
+    except RuntimeError as error:  # the CNN's figures above still count
+        out["resnet18_1000_devices"] = {"error": str(error)[-2000:]}
+        return out
+    out["resnet18_1000_devices"] = _job_figures(resnet, selected * 10)
+    return out
 
 
 def section_fedrevive(args, size: dict) -> dict:
-    """Server distillation seconds per arrival at the paper's setting size, synthetic images."""
+    """FedRevive with the paper's server work per arrival (ResNet-18 without norm, generator width 128, 8 teachers,
+    10 KD steps, synthesis batch 64) on synthetic images, sized to finish: ``revive_versions`` model versions
+    (every arrival one, buffer 1) of a 100-device population with 20 jobs in flight. The server's work runs on the
+    server's device (the GPU when there is one): wall seconds, and server seconds per arrival."""
     flags = [
         *("--preset", "fedrevive_paper_cifar10_shifted", "--dataset", "synthetic", "--data-root", "none"),
-        *("--max-sim-time", str(size["revive_sim_time"]), "--freeze-version", "2", "--warmup-version", "4"),
-        *("--eval-frequency", "1000000", "--checkpoint-frequency", "0"),
+        *("--max-sim-time", "none", "--max-versions", str(size["revive_versions"])),
+        *("--freeze-version", "2", "--warmup-version", "4", "--devices-per-leaf", "50", "--concurrency", "20"),
+        *("--samples-per-device", "100", "--eval-frequency", "1000000", "--checkpoint-frequency", "0"),
     ]
     if args.tiny:
         flags += ["--devices-per-leaf", "10", "--samples-per-device", "20", "--concurrency", "4"]
         flags += ["--local-iterations", "2", "--kd-iterations", "2", "--generator-width", "16"]
-        flags += ["--model", "cnn", "--max-versions", "8", "--max-sim-time", "none", "--synthetic-test-size", "100"]
+        flags += ["--model", "cnn", "--synthetic-test-size", "100"]
     run = run_job("pt_job_fedrevive.py", flags, _job_env(args), args.timeout)
     summary = run["results"]["summary"]
     return {
         "wall_seconds": run["wall_seconds"],
+        "first_round_seconds": run["first_round_seconds"],
         "summary": summary,
         "revive_seconds_per_arrival": summary.get("revive_seconds_per_arrival"),
+        "server_device": args.device,
         "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
+        "startup": run["results"].get("startup"),
     }
 
 
@@ -476,16 +595,35 @@ RUNNERS = {
     "compression_job": section_compression_job,
     "async_throughput": section_async_throughput,
     "compiled_step": section_compiled_step,
+    "tf32": section_tf32,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        from benchmarks.gpu_suite_check import main as check_main
+
+        return check_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="dry-run sizes (seconds on a CPU)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list out of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list out of {', '.join(SECTIONS)}"
+    )
     parser.add_argument("--out", default=None, help="JSON file of figures (default: $OUT/gpu_suite.json or stdout)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds each job run may take")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds each job run may take (default: twice its section's budget, within what is left of --budget)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=SUITE_BUDGET,
+        help="seconds for the whole suite: a section starts only while at least half its budget is left (0: no limit)",
+    )
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -495,10 +633,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is visible; use --device cpu for the dry run")
     out_path = args.out or (os.path.join(os.environ["OUT"], "gpu_suite.json") if os.environ.get("OUT") else None)
     size = sizes(args.tiny)
-    report = {"machine": machine_facts(args.device), "tiny": args.tiny, "sections": {}, "errors": {}}
-    for name in chosen:
+    suite_started = time.monotonic()
+    suite_deadline = suite_started + args.budget if args.budget > 0 else float("inf")
+    fixed_timeout = args.timeout
+    report = {
+        "machine": machine_facts(args.device),
+        "tiny": args.tiny,
+        "budget_seconds": args.budget,
+        "sections": {},
+        "section_seconds": {},
+        "skipped": {},
+        "errors": {},
+    }
+    for name in [s for s in SECTIONS if s in chosen]:
+        left = suite_deadline - time.monotonic()
+        budget = BUDGETS[name]
+        if not args.tiny and left < budget / 2:
+            report["skipped"][name] = f"{left:.0f} s left of the suite's --budget; the section's budget is {budget} s"
+            print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
+            continue
         started = time.perf_counter()
-        print(f"[gpu_suite] {name} ...", flush=True)
+        args.section_deadline = float("inf") if args.tiny or args.budget <= 0 else time.monotonic() + min(budget, left)
+        if fixed_timeout is not None:
+            args.timeout = fixed_timeout
+        elif args.tiny or args.budget <= 0:
+            args.timeout = 900.0
+        else:
+            args.timeout = max(30.0, min(2.0 * budget, left))
+        print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
         try:
             with VramMonitor(args.device) as monitor:
                 report["sections"][name] = RUNNERS[name](args, size)
@@ -506,14 +668,17 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - one failed section must not lose the others' figures
             report["errors"][name] = traceback.format_exc()[-4000:]
             print(report["errors"][name], file=sys.stderr, flush=True)
-        print(f"[gpu_suite] {name} done in {time.perf_counter() - started:.1f}s", flush=True)
+        report["section_seconds"][name] = time.perf_counter() - started
+        report["suite_seconds"] = time.monotonic() - suite_started
+        print(f"[gpu_suite] {name} done in {report['section_seconds'][name]:.1f}s", flush=True)
         if out_path:
             _write(out_path, report)
     report["machine"]["load_average_end"] = os.getloadavg()[0]
+    report["suite_seconds"] = time.monotonic() - suite_started
     text = json.dumps(report, indent=2, default=str)
     if out_path:
         _write(out_path, report)
-        print(f"[gpu_suite] figures in {out_path}")
+        print(f"[gpu_suite] figures in {out_path} ({report['suite_seconds']:.0f} s)")
     else:
         print(text)
     return 1 if report["errors"] else 0

@@ -110,7 +110,7 @@ class Cell:
 
 def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str, device_batch: str) -> tuple[list[dict], str]:
     """Per-round records of a sim run (``train_seconds``: server send -> aggregated; evaluation only at the end)
-    and the leaves' ``device_batch=...`` log lines (which path they took and why)."""
+    and the leaves' ``workers=... device_batch=...`` plan lines (which path they took and why)."""
     cmd = [
         sys.executable,
         os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
@@ -150,7 +150,9 @@ def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str, device_
         status = f"timed out after {args.timeout:.0f} s" if rc is None else f"failed (exit {rc})"
         raise RuntimeError(f"simulation {status}:\n{tail}")
     with open(os.path.join(workdir, "job.log"), encoding="utf-8", errors="replace") as stream:
-        paths = sorted({line.split("] ", 1)[-1].strip() for line in stream if "] device_batch=" in line})
+        paths = sorted(
+            {line.split("] ", 1)[-1].strip() for line in stream if "] workers=" in line and " device_batch=" in line}
+        )
     with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
         return json.load(stream)["rounds"], "; ".join(paths)
 

@@ -73,7 +73,13 @@ def simulate(config: SimulationConfig, job_args: list[str], args: argparse.Names
         if rc != 0:
             raise RuntimeError(f"simulation failed ({rc}):\n{tail}")
         with open(os.path.join(workdir, "job.log"), encoding="utf-8", errors="replace") as stream:
-            lines = sorted({line.split("] ", 1)[-1].strip() for line in stream if "] device_batch=" in line})
+            lines = sorted(
+                {
+                    line.split("] ", 1)[-1].strip()
+                    for line in stream
+                    if "] workers=" in line and " device_batch=" in line
+                }
+            )
         with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
             records = json.load(stream)["rounds"]
     rounds = [float(r["train_seconds"]) for r in records]

@@ -20,6 +20,7 @@ from typing import Any
 DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
 MODELS = ("cnn", "resnet18", "resnet18_nonorm")
 DEVICE_BATCH_WORDS = ("auto", "off")
+COMPILE_SETTINGS = ("off", "auto", "on")
 PARTITIONS = ("auto", "natural", "iid", "dirichlet")
 OPTIMIZERS = ("sgd", "adam")
 STALENESS_WEIGHTINGS = ("none", "polynomial")
@@ -132,6 +133,20 @@ class SimulationConfig:
             "devices a worker trains at once as one batched (torch.func.vmap) computation, same updates as one "
             "at a time: auto (batch where exact and worthwhile: models up to 2M parameters on the CPU, any on a "
             "GPU; sized from free RAM/VRAM; each leaf logs its choice), off (thread pool, one at a time) or N"
+        ),
+    )
+    compile: str = field(
+        default="auto",
+        metadata=_help(
+            "the batched step compiled for a few bucketed group sizes (padded devices never change real updates): "
+            "auto (CUDA graphs on a GPU where the probe finds them exact and faster; eager on the CPU), on, off"
+        ),
+    )
+    tf32: bool = field(
+        default=False,
+        metadata=_help(
+            "on a GPU, let float32 matmuls and convolutions use TF32 tensor cores (faster, ~1e-3 relative rounding); "
+            "off: full float32 (cuDNN's own default is on; this switches it off unless set)"
         ),
     )
     eval_frequency: int = field(
@@ -412,6 +427,7 @@ class SimulationConfig:
         if not (0.0 <= self.momentum < 1.0):
             raise ConfigError("momentum", f"{self.momentum} is outside the allowed range [0, 1)")
         _check_device_batch(self)
+        _check_choice("compile", self.compile, COMPILE_SETTINGS)
         _check_codec_and_network(self)
         _check_heterogeneity(self)
         if self.task is not None:

@@ -22,13 +22,13 @@ from devsim.compression import CodecSpec, UplinkCompressor
 from devsim.config import device_batch_value
 from devsim.data.groups import leaf_group
 from devsim.observe.cpu import leaf_counters_now
-from devsim.observe.startup import process_started
+from devsim.observe.startup import SetupParts, process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.resources.collection import PeriodicCollector
-from devsim.resources.device_batch import DeviceBatchPlan, plan_device_batch
-from devsim.resources.workers import plan_workers
+from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
+from devsim.resources.precision import apply_tf32
 from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 
@@ -57,33 +57,41 @@ class LeafNode:
         self.leaves_on_gpu = leaves_on_gpu
         self.processor = processor
         self._runner: LeafRoundRunner | None = None
+        self._startup: dict[str, float] | None = None
 
     @collab.init
     def start(self) -> None:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
         started = time.time()
+        parts = SetupParts()
         processor_cls = _import_class(self.processor)
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings
+        apply_tf32(bool(settings.get("tf32", False)))
         first = processor_cls.from_settings(settings)
-        first.setup()
-        plan = plan_workers(
-            device=str(first.torch_device),
-            num_params=first.num_params,
-            batch_size=int(self.settings.get("batch_size", 32)),
-            leaves_on_host=self.leaves_on_host,
-            override=self.num_workers,
-            leaves_on_gpu=self.leaves_on_gpu,
-        )
+        if first.torch_device.type == "cuda":
+            with parts.measure("cuda_init"):
+                torch.zeros(1, device=first.torch_device)
+                torch.cuda.synchronize(first.torch_device)
+        with parts.measure("task_and_data"):
+            first.setup()
+        with parts.measure("plan_and_probe"):
+            plan = self._plan(first)
         torch.set_num_threads(plan.threads_per_worker)
         workers = [first]
-        for _ in range(plan.num_workers - 1):
-            worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
-            worker.setup()
-            workers.append(worker)
-        batching = self._plan_device_batch(first, plan.num_workers)
-        self._runner = LeafRoundRunner(workers, device_batch=batching.size, uplink=_uplink_from_settings(settings))
+        with parts.measure("workers"):
+            for _ in range(plan.num_workers - 1):
+                worker = processor_cls.from_settings(self.settings, compute_device=str(first.torch_device))
+                worker.setup()
+                workers.append(worker)
+        self._runner = LeafRoundRunner(
+            workers,
+            device_batch=plan.device_batch,
+            uplink=_uplink_from_settings(settings),
+            fill_groups=plan.fill_groups,
+        )
+        compiled = self._warm_compiled(workers, plan, parts)
         self._dropout = DropoutModel(
             float(settings.get("device_dropout", 0.0)),
             float(settings.get("device_never_answer", 0.0)),
@@ -98,33 +106,64 @@ class LeafNode:
         if hasattr(first, "_ready_task"):
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
-        print(f"[{collab.site_name}] {batching.reason}", flush=True)
+        if compiled:
+            print(f"[{collab.site_name}] {compiled}", flush=True)
         print(
-            f"[{collab.site_name}] set up in {time.time() - started:.1f}s (task, data, workers, batching probe), "
+            f"[{collab.site_name}] set up in {time.time() - started:.1f}s ("
+            + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in parts.seconds.items())
+            + "), "
             f"{time.time() - process_started():.1f}s after its process started",
             flush=True,
         )
         self._collector = PeriodicCollector().start()
+        self._startup = {
+            **parts.record(),
+            "process_to_setup": started - process_started(),
+        }
 
-    def _plan_device_batch(self, worker, num_workers: int) -> DeviceBatchPlan:
-        """Resolve --device-batch for this leaf's workers (auto: batch when the probe finds the batched updates
-        exact, sized from free memory); the probe runs only when batching is still in question."""
+    def _plan(self, worker) -> LeafPlan:
+        """This leaf's workers and devices per batched computation (:func:`devsim.resources.leaf_plan.plan_leaf`;
+        auto batches when the probe finds the batched updates exact, sized from free memory); the probe runs only
+        when batching is still in question."""
         setting = device_batch_value(self.settings.get("device_batch", "auto"))
         if hasattr(worker, "batching_obstacle") and hasattr(worker, "train_devices_batched"):
             obstacle = functools.partial(worker.batching_obstacle, timed=setting == "auto")
             device_bytes = worker.batched_device_bytes()
         else:
             obstacle, device_bytes = f"processor {type(worker).__name__} trains one device at a time", 1
-        return plan_device_batch(
-            setting,
+        return plan_leaf(
+            device=str(worker.torch_device),
+            num_params=int(worker.num_params),
+            batch_size=int(self.settings.get("batch_size", 32)),
+            device_batch_setting=setting,
             obstacle=obstacle,
             device_bytes=device_bytes,
-            device=str(worker.torch_device),
-            num_workers=num_workers,
+            devices_at_once=devices_at_once(self.settings),
             leaves_on_host=self.leaves_on_host,
             leaves_on_gpu=self.leaves_on_gpu,
-            num_params=int(worker.num_params),
+            override=self.num_workers,
         )
+
+    def _warm_compiled(self, workers: list, plan: LeafPlan, parts: SetupParts) -> str:
+        """Resolve ``--compile`` and compile the bucketed group sizes this leaf's rounds (every size up to its share
+        of the jobs in flight, in an asynchronous run) will bring, on every worker, now (start-up) rather than in the
+        first rounds; the log phrase ('' when the leaf does not batch)."""
+        first = workers[0]
+        if plan.device_batch < 2 or not hasattr(first, "compile_choice"):
+            return ""
+        with parts.measure("compile"):
+            choice = first.compile_choice()
+            sizes = expected_group_sizes(plan, devices_at_once(self.settings))
+            if sizes and self.settings.get("concurrency") is not None:  # async calls bring any count up to it
+                sizes = list(range(2, max(sizes) + 1))
+            warmed = [worker.warm_compiled(sizes) for worker in workers][0] if choice.enabled else []
+        return f"{choice.reason}" + (f"; warmed buckets {warmed} for groups of {sizes}" if warmed else "")
+
+    def _attach_startup(self, payload: dict) -> None:
+        """Send this leaf's set-up parts (seconds) once, with its first reply (``startup``)."""
+        if self._startup is not None:
+            payload["startup"] = self._startup
+            self._startup = None
 
     def _norm_limit(self, weights: dict) -> float | None:
         """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""
@@ -165,6 +204,7 @@ class LeafNode:
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)
         reply_in_file(payload, "delta_sum", exchange_folder)
+        self._attach_startup(payload)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"].update(leaf_counters_now())
@@ -210,6 +250,7 @@ class LeafNode:
         )
         payload["version"] = int(version)
         reply_in_file(payload, "deltas", exchange_folder)
+        self._attach_startup(payload)
         payload["timing"]["leaf_received_at"] = received_at
         payload["timing"]["leaf_replied_at"] = time.time()
         payload["timing"].update(leaf_counters_now())

@@ -32,8 +32,9 @@ from devsim.resources.threads import one_torch_thread
 from devsim.seeding import derive_seed
 from devsim.tasks import Task, task_from_settings
 from devsim.tasks.shards import grouped_task, task_partitioner
-from devsim.training.batch_probe import ProbeOutcome, probe_batching
+from devsim.training.batch_probe import TOLERANCE, ProbeOutcome, probe_batching
 from devsim.training.batched import BatchedTrainer, batched_device_bytes
+from devsim.training.compiled_step import CompileChoice, CompiledGroups, probe_compiled, resolve_compile
 from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec, Objective
 
 _SHARED_LOCK = threading.Lock()
@@ -103,6 +104,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         seed: int = 0,
         hidden_group: int = 0,
         group_kind: str = "label_permutation",
+        compile: str = "auto",
         compute_device: str | None = None,
     ):
         super().__init__()
@@ -126,6 +128,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         self.seed = seed
         self.hidden_group = hidden_group
         self.group_kind = group_kind
+        self.compile = compile
         self.compute_device = compute_device
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
         self._task: Task | None = None
@@ -226,14 +229,73 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
             start = [t[0] for t in global_tensors] if per_device_base else global_tensors
             metrics = self.train_with_seed(device_ids[0], train_seeds[0], start)
             return [d.unsqueeze(0) for d in self.delta(start)], [metrics]
-        trainer = self._ready()
-        if self._batched is None:
-            self._batched = BatchedTrainer(
-                trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
-            )
+        batched = self._batched_trainer()
         generators = [torch.Generator().manual_seed(int(s)) for s in train_seeds]
         pool = self._data.shard_pool(device_ids)
-        return self._batched.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
+        return batched.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
+
+    def _batched_trainer(self) -> BatchedTrainer | CompiledGroups:
+        """This worker's batched trainer: compiled and padded to buckets when :meth:`compile_choice` says so."""
+        if self._batched is None:
+            trainer = self._ready()
+            choice = self.compile_choice()
+            batched = BatchedTrainer(
+                trainer.model,
+                trainer.spec,
+                self.torch_device,
+                self.objective,
+                self._example_input(),
+                compile_options=choice.options if choice.enabled else None,
+            )
+            if choice.enabled:
+
+                def eager() -> BatchedTrainer:
+                    return BatchedTrainer(
+                        trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
+                    )
+
+                batched = CompiledGroups(batched, fallback=eager)
+            self._batched = batched
+        return self._batched
+
+    def compile_choice(self) -> CompileChoice:
+        """``--compile`` resolved for this process's task and device (once; ``auto`` on a GPU runs
+        :func:`devsim.training.compiled_step.probe_compiled`: exact and faster, or eager)."""
+        trainer = self._ready()
+        key = ("compile", id(self._task), trainer.spec, str(self.torch_device), self.compile)
+        with _SHARED_LOCK:
+            choice = _PROBES.get(key)
+        if choice is None:
+            choice = resolve_compile(
+                self.compile, self.torch_device, probe=self._probe_compiled, num_params=self.num_params
+            )
+            with _SHARED_LOCK:
+                _PROBES[key] = choice
+        return choice
+
+    def _probe_compiled(self) -> str | None:
+        task, trainer = self._ready_task(), self._ready()
+        state = trainer.model.state_dict()
+        start = [state[k].detach().clone() for k in trainer.keys]
+
+        def build(options: dict | None) -> BatchedTrainer:
+            model = task.build_model(track_features=self.track_features).to(self.torch_device)
+            model.load_state_dict(state)
+            return BatchedTrainer(
+                model, trainer.spec, self.torch_device, self.objective, self._example_input(), compile_options=options
+            )
+
+        return probe_compiled(build, self._data.shard_pool([0, 1, 2]), start, TOLERANCE)
+
+    def warm_compiled(self, group_sizes: list[int]) -> list[int]:
+        """Compile the buckets of these batched group sizes now (start-up) when the step is compiled; the buckets
+        warmed (none when eager)."""
+        batched = self._batched_trainer()
+        if not isinstance(batched, CompiledGroups):
+            return []
+        state = self._ready().model.state_dict()
+        start = [state[k].detach().clone() for k in self._ready().keys]
+        return batched.warm(group_sizes, self._data.shard_pool([0, 1, 2, 3]), start)
 
     def batching_obstacle(self, timed: bool = True) -> str | None:
         """Why this worker's devices cannot be trained as one batch (None: they can).

@@ -8,7 +8,11 @@
 #   run(command="bash scripts/gpu_suite.sh run", carry=[".whl"])
 # The figures land in $OUT/gpu_suite.json (or benchmarks/results/gpu_suite.json without $OUT);
 # commit them under benchmarks/results/. Extra arguments of `run` go to benchmarks/gpu_suite.py,
-# e.g. `scripts/gpu_suite.sh run --sections throughput,worker_sweep`.
+# e.g. `scripts/gpu_suite.sh run --sections throughput,worker_sweep`. By default `run` takes the
+# sections of the GPU issue in order of importance within a 315 s budget (--budget; a section starts
+# only while half its own budget is left), writes the figures after each section and ends with
+# `check`: every target of the issue beside its figure. `scripts/gpu_suite.sh check FILE` prints
+# that table again for any suite JSON.
 #
 # The wheels are nvflare 2.9.0 and its dependencies plus numpy and psutil, for CPython 3.12 on
 # x86-64 Linux, never torch (the GPU machine has its own CUDA build): about 45 MB, under the
@@ -51,11 +55,22 @@ run() {
   "$python" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'; print('[gpu_suite]', torch.cuda.get_device_name(0), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   local out="${OUT:-$root/benchmarks/results}/gpu_suite.json"
   cd "$root"
-  exec "$python" benchmarks/gpu_suite.py --device cuda --out "$out" "$@"
+  local rc=0
+  "$python" benchmarks/gpu_suite.py --device cuda --out "$out" "$@" || rc=$?
+  [ -f "$out" ] && "$python" benchmarks/gpu_suite.py check "$out"
+  return "$rc"
+}
+
+check() {
+  local python="${DEVSIM_VENV:-$root/.venv}/bin/python"
+  [ -x "$python" ] || python="python3"
+  cd "$root"
+  exec "$python" benchmarks/gpu_suite.py check "${1:-benchmarks/results/gpu_suite.json}"
 }
 
 case "${1:-}" in
   fetch) shift; fetch "$@" ;;
   run) shift; run "$@" ;;
-  *) echo "usage: scripts/gpu_suite.sh fetch | run [benchmarks/gpu_suite.py arguments]" >&2; exit 2 ;;
+  check) shift; check "$@" ;;
+  *) echo "usage: scripts/gpu_suite.sh fetch | run [benchmarks/gpu_suite.py arguments] | check [FILE]" >&2; exit 2 ;;
 esac

@@ -39,16 +39,27 @@ def run_suite(tmp_path, sections: str, timeout: float) -> dict:
 
 
 def test_in_process_sections_write_consistent_figures(tmp_path):
-    report = run_suite(tmp_path, "throughput,worker_sweep", timeout=600)
+    report = run_suite(tmp_path, "throughput,worker_sweep,tf32", timeout=600)
     cnn = report["sections"]["throughput"]["cnn"]
-    for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker"):
+    for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker", "auto"):
         assert cnn[key] > 0, key
     assert cnn["pool_vs_limit"] == pytest.approx(cnn["pool"] / cnn["centralized_batch256"])
+    assert cnn["auto_vs_limit"] == pytest.approx(cnn["auto"] / cnn["centralized_batch256"])
     assert cnn["batched_vs_pool"] == pytest.approx(cnn["batched_1_worker"] / cnn["pool"])
+    assert cnn["auto_plan"].startswith("workers=") and "pool first on the cpu" in cnn["auto_plan"]
     sweep = report["sections"]["worker_sweep"]
-    assert str(sweep["auto_workers"]) in sweep["samples_per_s"]
+    assert set(sweep["samples_per_s"]) == {"pool 1", "pool 2", "groups 1x4"}
     assert 0 < sweep["auto_vs_best"] <= 1.0
     assert sweep["auto_plan"].startswith(f"workers={sweep['auto_workers']} ")
+    tf32 = report["sections"]["tf32"]["cnn"]
+    assert tf32["leaf_gain"] == pytest.approx(tf32["leaf_on"] / tf32["leaf_off"])
+    assert tf32["max_relative_difference"] < 1e-5  # no TF32 on the CPU: the same float32 run twice
+    assert list(report["section_seconds"]) == ["throughput", "worker_sweep", "tf32"] and report["suite_seconds"] > 0
+    check = subprocess.run(
+        [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stderr
+    assert "missing (section not run)" in check.stdout and "one leaf, 64 devices, CNN" in check.stdout
 
 
 def test_compression_section_reports_every_codec_at_both_data_sizes(tmp_path):
@@ -102,3 +113,44 @@ def test_async_and_compiled_step_sections_dry_run(tmp_path):
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
+
+
+def test_check_puts_each_target_beside_its_figure():
+    sys.path.insert(0, REPO)
+    from benchmarks.gpu_suite_check import MET, NOT_MET, rows
+
+    report = {
+        "sections": {
+            "fedavg_e2e": {"cnn_default": {"vs_limit": 0.45, "first_round_seconds": 12.0}},
+            "worker_sweep": {"auto_vs_best": 0.95},
+            "async_throughput": {
+                "settings": {
+                    name: {
+                        "updates_per_s": 900.0,
+                        "ratio_to_fedavg": 1.0,
+                        "updates_per_training_group": 10.0,
+                        "updates_per_leaf_call": 10.0,
+                    }
+                    for name in ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
+                }
+            },
+        },
+        "skipped": {"fedrevive": "20 s left of the suite's --budget; the section's budget is 60 s"},
+        "errors": {"throughput": "Traceback ...\nRuntimeError: out of memory"},
+        "suite_seconds": 330.0,
+    }
+    verdicts = {what: (figure, verdict) for what, figure, _, verdict in rows(report)}
+    assert verdicts["default FedAvg job (CNN, 2 leaves): device-samples/s against centralized batch 256"] == (
+        "0.45",
+        MET,
+    )
+    assert verdicts["launch to the first finished round, default CNN job"] == ("12 s", NOT_MET)
+    assert verdicts["async benchmark (digits CNN, 2 x 50 devices): FedAvg device updates/s"] == ("900/s", NOT_MET)
+    assert verdicts["automatic leaf plan against the best of the sweep"][1] == MET
+    fedrevive = verdicts["FedRevive at the paper's per-arrival size (server on the GPU): wall seconds"]
+    assert fedrevive[1].startswith("missing (skipped: 20 s left")
+    assert (
+        "RuntimeError: out of memory"
+        in verdicts["one leaf, 64 devices, CNN, the leaf's own plan, against the same limit"][1]
+    )
+    assert verdicts["the whole suite in one call"] == ("330 s", MET)

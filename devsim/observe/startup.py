@@ -6,12 +6,20 @@ own process start, the start of its run (NVFlare started it, the leaves have con
 server's ``main`` runs after every site's ``init``), when the task and model are ready, and the first and last
 rounds (sync rounds, or async evaluation windows). The command adds, once the job has ended, the time from the
 last round to its exit. Stamps are ``time.time()`` seconds; durations are differences of stamps on one host.
+
+Each leaf times its own set-up in parts (:class:`SetupParts`: CUDA initialisation, task and data, the plan with
+its batching probe, the other workers, compilation) and sends them once, with its first reply (``startup`` of the
+payload); the server records them per leaf under ``leaves``, their slowest leaf under ``leaf_parts_max`` and what
+the slowest leaf's set-up leaves of ``server_process_to_run`` (NVFlare starting the sites and connecting them)
+under ``seconds["nvflare_and_rest"]``.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 COMMAND_STARTED_ENV = "DEVSIM_COMMAND_STARTED"
@@ -43,6 +51,28 @@ def stamp_command_start() -> None:
     os.environ.setdefault(COMMAND_STARTED_ENV, repr(process_started()))
 
 
+class SetupParts:
+    """Seconds of the named parts of one leaf's set-up, in the order they ran (``total`` is added by
+    :meth:`record`: the wall time since the object was made)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def measure(self, name: str) -> Iterator[None]:
+        """Add the wall seconds of the ``with`` block to part ``name``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def record(self) -> dict[str, float]:
+        """The parts and ``total`` (seconds)."""
+        return {**self.seconds, "total": time.perf_counter() - self.started}
+
+
 class StartupClock:
     """Named stamps of one server process; the first stamp of each name counts."""
 
@@ -52,6 +82,13 @@ class StartupClock:
             "command_started": float(command) if command else None,
             "server_process_started": process_started(),
         }
+        self.leaves: dict[str, dict[str, float]] = {}
+
+    def leaf_reply(self, leaf: str, payload: dict) -> None:
+        """Take a leaf's set-up parts out of its reply (sent once, with its first reply); other replies pass."""
+        parts = payload.pop("startup", None)
+        if isinstance(parts, dict) and leaf not in self.leaves:
+            self.leaves[leaf] = {str(k): float(v) for k, v in parts.items()}
 
     def mark(self, name: str) -> None:
         """Stamp ``name`` now unless it was stamped before."""
@@ -64,11 +101,19 @@ class StartupClock:
 
     def record(self) -> dict[str, Any]:
         """The stamps and the seconds between them (None where a stamp is missing)."""
-        seconds = {}
+        seconds: dict[str, float | None] = {}
         for stage, start, end in STAGES:
             first, last = self.stamps.get(start), self.stamps.get(end)
             seconds[stage] = None if first is None or last is None else last - first
-        return {"stamps": dict(self.stamps), "seconds": seconds}
+        record: dict[str, Any] = {"stamps": dict(self.stamps), "seconds": seconds}
+        if self.leaves:
+            names = sorted({name for parts in self.leaves.values() for name in parts})
+            slowest = {name: max(parts.get(name, 0.0) for parts in self.leaves.values()) for name in names}
+            record["leaves"] = dict(self.leaves)
+            record["leaf_parts_max"] = slowest
+            to_run = seconds.get("server_process_to_run")
+            seconds["nvflare_and_rest"] = None if to_run is None else to_run - slowest["total"]
+        return record
 
 
 def add_exit(record: dict[str, Any], exited: float) -> dict[str, Any]:
@@ -78,4 +123,4 @@ def add_exit(record: dict[str, Any], exited: float) -> dict[str, Any]:
     last = stamps.get("last_round_finished")
     seconds = dict(record.get("seconds", {}))
     seconds["last_round_to_exit"] = None if last is None else exited - last
-    return {"stamps": stamps, "seconds": seconds}
+    return {**record, "stamps": stamps, "seconds": seconds}

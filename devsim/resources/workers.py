@@ -1,7 +1,8 @@
 """Worker-pool sizing for a leaf node that trains many simulated devices in a ThreadPoolExecutor.
 
 A leaf trains its simulated devices concurrently, one device per worker thread. :func:`plan_workers`
-chooses how many workers to run and how many torch intra-op threads each should use:
+chooses how many workers to run and how many torch intra-op threads each should use (the pool rule; a leaf on a
+GPU that batches plans its workers from its batched groups instead, see :mod:`devsim.resources.leaf_plan`):
 
 ``cores_per_leaf = max(1, cores // leaves_on_host)`` where ``cores`` is the number of usable CPU
 cores (:func:`usable_cpu_cores`, i.e. the process's CPU affinity) and ``leaves_on_host`` the number of

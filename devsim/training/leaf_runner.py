@@ -2,8 +2,9 @@
 
 Each worker thread owns one device worker (its own model and optimizer) for the whole job.
 Devices are split over workers statically (worker ``w`` takes every ``W``-th device of the sorted
-list) and each worker accumulates ``num_samples * delta`` in a private buffer; the buffers are
-summed in worker order. The result is therefore bit-identical however the threads interleave.
+list; on a GPU leaf that batches, near-equal groups of consecutive devices, see
+:mod:`devsim.resources.leaf_plan`) and each worker accumulates ``num_samples * delta`` in a private
+buffer; the buffers are summed in worker order. The result is therefore bit-identical however the threads interleave.
 
 Every device update goes through the leaf's :class:`~devsim.compression.UplinkCompressor` (the
 device -> leaf uplink) before it is checked and summed; with the ``none`` codec it passes untouched.
@@ -25,6 +26,7 @@ from devsim.compression import CodecSpec, Encoded, UplinkCompressor, UplinkStats
 from devsim.observe.cpu import TRAINING
 from devsim.population.dropout import DROPPED, SILENT, DropoutModel
 from devsim.population.faults import FaultInjector
+from devsim.resources.leaf_plan import balanced_groups, deal_groups
 from devsim.training.admission import ChunkResult, RoundChecks, admit, admit_rows
 from devsim.training.local import DeviceMetrics
 
@@ -107,15 +109,24 @@ class LeafRoundRunner:
 
     With ``device_batch`` > 1 a worker trains its devices ``device_batch`` at a time as one batched
     computation (``train_devices_batched``); each device's batches and result are those it would get
-    alone, up to float rounding.
+    alone, up to float rounding. ``fill_groups`` (a GPU leaf's plan, :mod:`devsim.resources.leaf_plan`)
+    cuts the devices into ``ceil(N / device_batch)`` near-equal groups first and deals the groups over at
+    most that many workers; without it the devices are dealt over the workers first (the pool rule).
     """
 
-    def __init__(self, workers: list[DeviceWorker], device_batch: int = 1, uplink: UplinkCompressor | None = None):
+    def __init__(
+        self,
+        workers: list[DeviceWorker],
+        device_batch: int = 1,
+        uplink: UplinkCompressor | None = None,
+        fill_groups: bool = False,
+    ):
         if not workers:
             raise ValueError("a leaf needs at least one device worker")
         if int(device_batch) < 1:
             raise ValueError(f"device_batch must be >= 1, got {device_batch}")
         self.device_batch = int(device_batch)
+        self.fill_groups = bool(fill_groups) and self.device_batch > 1
         self.uplink = uplink if uplink is not None else UplinkCompressor(CodecSpec("none"))
         self.workers = workers
         self.keys = workers[0].keys
@@ -145,8 +156,8 @@ class LeafRoundRunner:
         if not devices:
             raise ValueError("run_round needs at least one device id")
         global_tensors = numpy_to_tensors(global_weights, self.keys, self.torch_device)
-        num_workers = min(len(self.workers), len(devices))
-        chunks = [devices[w::num_workers] for w in range(num_workers)]
+        chunks = deal_groups(devices, len(self.workers), self.device_batch, self.fill_groups)
+        num_workers = len(chunks)
         futures = [
             self._pool.submit(
                 _train_chunk,
@@ -215,7 +226,8 @@ class LeafRoundRunner:
 
         Safe to call from several threads at once (calls for different model versions overlap in
         asynchronous runs): a job takes whichever worker is idle; with ``device_batch`` > 1 the jobs are
-        cut into groups of at most ``device_batch``, at least one group per worker. Results depend only on
+        cut into groups of at most ``device_batch``, at least one group per worker (with ``fill_groups``:
+        ``ceil(n / device_batch)`` near-equal groups, however many workers). Results depend only on
         each job's ``(device_id, train_seed)`` and the base weights. Returns the wire payload: ``job_id``,
         the updates, per-job metrics, optional ``label_hist`` (n, num_classes), per-job ``uplink_bytes`` and
         ``uplink_raw_bytes`` (int64, n: as sent, and as float32) and timing. The updates are ``deltas`` (per
@@ -233,8 +245,11 @@ class LeafRoundRunner:
         jobs = [
             (int(d), int(s), b) for d, s, b in zip(device_ids, train_seeds, bases.of_jobs(len(job_ids)), strict=True)
         ]
-        size = max(1, min(self.device_batch, -(-len(jobs) // len(self.workers))))
-        groups = [jobs[i : i + size] for i in range(0, len(jobs), size)]
+        if self.fill_groups:
+            groups = balanced_groups(jobs, self.device_batch)
+        else:
+            size = max(1, min(self.device_batch, -(-len(jobs) // len(self.workers))))
+            groups = [jobs[i : i + size] for i in range(0, len(jobs), size)]
         futures = [self._pool.submit(self._train_jobs, bases, group, with_histograms) for group in groups]
         outputs = [output for f in futures for output in f.result()]
         self.uplink.sweep(max(bases.versions))
@@ -351,7 +366,7 @@ class _JobBases:
 
 def _train_chunk(
     worker: DeviceWorker,
-    device_ids: list[int],
+    groups: list[list[int]],
     round_num: int,
     global_tensors: list[torch.Tensor],
     checks: RoundChecks,
@@ -360,22 +375,27 @@ def _train_chunk(
     result = ChunkResult(
         [torch.zeros_like(t) for t in global_tensors], [], {"dropped": 0, "silent": 0, "rejected": 0}, []
     )
-    answering = []
-    for device_id in device_ids:
-        outcome = checks.outcome(round_num, device_id)
-        if outcome == SILENT:
-            result.counts["silent"] += 1
-        else:
-            answering.append((device_id, outcome))
+    answering_groups = []
+    for device_ids in groups:
+        answering = []
+        for device_id in device_ids:
+            outcome = checks.outcome(round_num, device_id)
+            if outcome == SILENT:
+                result.counts["silent"] += 1
+            else:
+                answering.append((device_id, outcome))
+        answering_groups.append(answering)
     if device_batch > 1:
-        for start in range(0, len(answering), device_batch):
-            group = answering[start : start + device_batch]
-            ids = [d for d, _ in group]
-            seeds = [worker.round_seed(d, round_num) for d in ids]
-            with TRAINING.measure():
-                deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
-            admit_rows(result, deltas, metrics, [outcome for _, outcome in group], round_num, checks)
+        for answering in answering_groups:
+            for start in range(0, len(answering), device_batch):
+                group = answering[start : start + device_batch]
+                ids = [d for d, _ in group]
+                seeds = [worker.round_seed(d, round_num) for d in ids]
+                with TRAINING.measure():
+                    deltas, metrics = worker.train_devices_batched(ids, seeds, global_tensors)
+                admit_rows(result, deltas, metrics, [outcome for _, outcome in group], round_num, checks)
         return result
+    answering = [pair for group in answering_groups for pair in group]
     delta = [torch.empty_like(t) for t in global_tensors]
     for device_id, outcome in answering:
         with TRAINING.measure():

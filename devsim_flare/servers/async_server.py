@@ -96,7 +96,7 @@ class AsyncServer:
 
     @collab.main
     def run(self) -> None:
-        startup = StartupClock()
+        startup = self._startup = StartupClock()
         startup.mark("server_run_started")
         output_dir, device = start_run(self, self.model_args())
         config = self.config
@@ -486,6 +486,7 @@ class AsyncServer:
             except (ValueError, OSError) as error:
                 self._lose_leaf(outcome.leaf, error, keys)
                 continue
+            self._startup.leaf_reply(outcome.leaf, payload)
             self._count_reply(outcome.leaf, payload)
             self.cpu.leaf_reply(outcome.leaf, payload["timing"])
             window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)

@@ -67,7 +67,7 @@ class SyncServer:
         self.settings = settings
 
     def setup_strategy(self, config: SimulationConfig) -> None:
-        self.strategy = FedAvg(global_lr=config.global_lr)
+        self.strategy = FedAvg(global_lr=config.global_lr, device=getattr(self, "device", None))
 
     def leaf_models(self, leaves: list[str]) -> dict[str, Weights]:
         """The model each leaf trains from this round."""
@@ -116,6 +116,7 @@ class SyncServer:
         startup = StartupClock()
         startup.mark("server_run_started")
         output_dir, device = start_run(self)
+        self.device = device
         config = self.config
         self.evaluators = group_evaluators(self.task, config, device)
         self.leaf_groups = {leaf: leaf_group(i, config.hidden_groups) for i, leaf in enumerate(self.leaves)}
@@ -180,6 +181,8 @@ class SyncServer:
                 dispatched = time.time()
                 payloads = self._call_leaves(calls, round_num, models, assignments)
                 results_in = time.time()
+                for leaf, payload in payloads.items():
+                    startup.leaf_reply(leaf, payload)
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
                 record["devices_on_dead_leaves"] = on_dead_leaves
                 _count_traffic(traffic, payloads, model_bytes, len(assignments), record)

@@ -1,0 +1,216 @@
+"""Every target of the GPU issue beside its figure in a GPU suite's JSON (``gpu_suite.py check FILE``).
+
+    .venv/bin/python benchmarks/gpu_suite.py check benchmarks/results/gpu_suite.json
+
+Prints one row per target: what is measured, the figure, the target, and ``met`` / ``NOT MET`` / ``missing`` (the
+section did not run, was skipped for time, or failed: the reason is printed). Exits 0 whatever the figures say; 2
+when the file cannot be read. Also prints the start-up breakdown of the default job and TF32's gain and difference,
+which have no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MET, NOT_MET, MISSING = "met", "NOT MET", "missing"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One row: ``figure(report)`` gives the number (KeyError/TypeError: missing), ``ok(number)`` the verdict."""
+
+    what: str
+    section: str
+    figure: Callable[[dict], float]
+    goal: str
+    ok: Callable[[float], bool]
+    unit: str = ""
+
+
+def _s(report: dict, *path: str) -> Any:
+    value: Any = report["sections"]
+    for key in path:
+        value = value[key]
+    if value is None:
+        raise KeyError(path[-1])
+    return value
+
+
+def _async(report: dict, setting: str, key: str) -> float:
+    return float(_s(report, "async_throughput", "settings", setting, key))
+
+
+def _groups_vs_held(report: dict) -> float:
+    """Smallest, over the async settings, of devices per training group against the jobs a leaf call holds."""
+    rows = _s(report, "async_throughput", "settings").values()
+    return min(row["updates_per_training_group"] / row["updates_per_leaf_call"] for row in rows)
+
+
+TARGETS = (
+    Target(
+        "default FedAvg job (CNN, 2 leaves): device-samples/s against centralized batch 256",
+        "fedavg_e2e",
+        lambda r: _s(r, "fedavg_e2e", "cnn_default", "vs_limit"),
+        ">= 0.40",
+        lambda x: x >= 0.40,
+    ),
+    Target(
+        "one leaf, 64 devices, CNN, the leaf's own plan, against the same limit",
+        "throughput",
+        lambda r: _s(r, "throughput", "cnn", "auto_vs_limit"),
+        ">= 0.60",
+        lambda x: x >= 0.60,
+    ),
+    Target(
+        "one leaf, 64 devices, ResNet-18, the leaf's own plan, against its limit",
+        "throughput",
+        lambda r: _s(r, "throughput", "resnet18", "auto_vs_limit"),
+        ">= 0.40",
+        lambda x: x >= 0.40,
+    ),
+    Target(
+        "async benchmark (digits CNN, 2 x 50 devices): FedAvg device updates/s",
+        "async_throughput",
+        lambda r: _async(r, "fedavg", "updates_per_s"),
+        ">= 1000",
+        lambda x: x >= 1000,
+        "/s",
+    ),
+    *(
+        Target(
+            f"same: {name} per update against FedAvg",
+            "async_throughput",
+            lambda r, n=name: _async(r, n, "ratio_to_fedavg"),
+            ">= 0.9",
+            lambda x: x >= 0.9,
+            "x",
+        )
+        for name in ("fedbuff B=10", "fedbuff B=2", "fedbuff paper")
+    ),
+    Target(
+        "devices per training group against the jobs a leaf call holds (worst async setting)",
+        "async_throughput",
+        _groups_vs_held,
+        ">= 0.9 (the jobs a leaf holds)",
+        lambda x: x >= 0.9,
+    ),
+    Target(
+        "automatic leaf plan against the best of the sweep",
+        "worker_sweep",
+        lambda r: _s(r, "worker_sweep", "auto_vs_best"),
+        ">= 0.9",
+        lambda x: x >= 0.9,
+    ),
+    Target(
+        "launch to the first finished round, default CNN job",
+        "fedavg_e2e",
+        lambda r: _s(r, "fedavg_e2e", "cnn_default", "first_round_seconds"),
+        "<= 10 s",
+        lambda x: x <= 10,
+        " s",
+    ),
+    Target(
+        "FedRevive at the paper's per-arrival size (server on the GPU): wall seconds",
+        "fedrevive",
+        lambda r: _s(r, "fedrevive", "wall_seconds") if _s(r, "fedrevive", "server_device") == "cuda" else None,
+        "<= 90 s",
+        lambda x: x <= 90,
+        " s",
+    ),
+    Target(
+        "the whole suite in one call",
+        "",
+        lambda r: r["suite_seconds"],
+        "<= 360 s",
+        lambda x: x <= 360,
+        " s",
+    ),
+)
+
+CPU_TARGETS = (
+    "CPU (not measured by this suite): CNN round against the tight loop >= 0.317x on 2 cores "
+    "(benchmarks/round_overhead.py); demo accuracy 0.9583 (scripts/demo.sh)",
+)
+
+
+def _why_missing(report: dict, section: str) -> str:
+    if not section:
+        return "the suite did not record its wall time"
+    if section in report.get("skipped", {}):
+        return f"skipped: {report['skipped'][section]}"
+    if section in report.get("errors", {}):
+        return "failed: " + report["errors"][section].strip().splitlines()[-1][:160]
+    if section not in report.get("sections", {}):
+        return "section not run"
+    return "figure not in the section"
+
+
+def rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """(what, figure, goal, verdict) per target, the verdict with the reason when missing."""
+    out = []
+    for target in TARGETS:
+        try:
+            value = target.figure(report)
+            if value is None:
+                raise KeyError(target.section)
+            value = float(value)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            out.append((target.what, "-", target.goal, f"{MISSING} ({_why_missing(report, target.section)})"))
+            continue
+        shown = f"{value:,.0f}{target.unit}" if abs(value) >= 100 else f"{value:.3g}{target.unit}"
+        out.append((target.what, shown, target.goal, MET if target.ok(value) else NOT_MET))
+    return out
+
+
+def extras(report: dict) -> list[str]:
+    """Lines without a target: start-up breakdown of the default job, TF32's gain and difference."""
+    lines = []
+    try:
+        startup = _s(report, "fedavg_e2e", "cnn_default", "startup")
+        seconds = {k: v for k, v in startup.get("seconds", {}).items() if v is not None}
+        lines.append("startup (default CNN job), s: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+        parts = startup.get("leaf_parts_max", {})
+        if parts:
+            lines.append("  slowest leaf's set-up, s: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    except (KeyError, TypeError):
+        lines.append("startup: missing")
+    try:
+        for model, row in _s(report, "tf32").items():
+            if isinstance(row, dict) and "leaf_gain" in row:
+                lines.append(
+                    f"tf32 {model}: leaf {row['leaf_gain']:.2f}x, centralized {row['centralized_gain']:.2f}x faster; "
+                    f"leaf delta sum differs by {row['max_relative_difference']:.1e} of its largest entry"
+                )
+    except (KeyError, TypeError):
+        lines.append("tf32: missing")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_suite.py check", description=__doc__.splitlines()[0])
+    parser.add_argument("file", help="a gpu_suite.json")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.file, encoding="utf-8") as stream:
+            report = json.load(stream)
+    except (OSError, ValueError) as error:
+        print(f"gpu_suite.py check: cannot read {args.file}: {error}", file=sys.stderr)
+        return 2
+    machine = report.get("machine", {})
+    print(f"{args.file}: {machine.get('gpu', machine.get('device'))}, torch {machine.get('torch')}")
+    table = rows(report)
+    width = max(len(r[0]) for r in table)
+    for what, figure, goal, verdict in table:
+        print(f"{what:<{width}}  {figure:>10}  {goal:<10}  {verdict}")
+    for line in (*extras(report), *CPU_TARGETS):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

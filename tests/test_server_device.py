@@ -1,0 +1,75 @@
+"""The server's tensor work on a given torch device: FedAvg's aggregation gives the NumPy result to the bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from devsim.aggregation.base import LeafUpdate
+from devsim.aggregation.fedavg import DEVICE_MIN_PARAMS, FedAvg
+
+
+def _case(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    weights = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+    updates = [
+        LeafUpdate(f"site-{i}", {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in weights.items()}, w, 3)
+        for i, w in enumerate((30.0, 12.0, 7.0))
+    ]
+    return weights, updates
+
+
+def test_fedavg_on_a_torch_device_matches_numpy_to_the_bit():
+    weights, updates = _case()
+    want = FedAvg(global_lr=0.7).aggregate(weights, updates)
+    got = FedAvg(global_lr=0.7, device="cpu").aggregate(weights, updates)
+    for key in weights:
+        assert got[key].dtype == np.float32 and got[key].shape == weights[key].shape
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_small_models_stay_in_numpy_on_a_gpu_and_large_ones_move():
+    small = {"a": np.zeros(10, dtype=np.float32)}
+    large = {"a": np.zeros(DEVICE_MIN_PARAMS, dtype=np.float32)}
+    strategy = FedAvg(device="cuda:0")
+    assert not strategy._on_device(small) and strategy._on_device(large)
+    assert not FedAvg()._on_device(large)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: FedAvg on the GPU against NumPy")
+def test_fedavg_on_cuda_matches_numpy():
+    weights, updates = _case(1)
+    want = FedAvg().aggregate(weights, updates)
+    strategy = FedAvg(device="cuda")
+    got = strategy._aggregate_torch(weights, updates, 1.0 / sum(u.total_weight for u in updates))
+    for key in weights:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_startup_record_breaks_leaf_setup_down_and_leaves_nvflare_the_rest():
+    from devsim.observe.startup import SetupParts, StartupClock
+
+    parts = SetupParts()
+    with parts.measure("cuda_init"):
+        pass
+    record = parts.record()
+    assert set(record) == {"cuda_init", "total"} and record["total"] >= record["cuda_init"] >= 0
+    clock = StartupClock()
+    clock.stamps.update(server_process_started=100.0, server_run_started=112.0)
+    first = {"startup": {"cuda_init": 2.0, "plan_and_probe": 1.0, "total": 5.0}, "timing": {}}
+    clock.leaf_reply("site-1", first)
+    clock.leaf_reply("site-2", {"startup": {"cuda_init": 3.0, "total": 7.0}})
+    clock.leaf_reply("site-1", {"startup": {"total": 99.0}})
+    assert "startup" not in first
+    out = clock.record()
+    assert out["leaf_parts_max"] == {"cuda_init": 3.0, "plan_and_probe": 1.0, "total": 7.0}
+    assert out["seconds"]["nvflare_and_rest"] == 12.0 - 7.0
+
+
+def test_the_commands_exit_keeps_the_leaf_parts():
+    from devsim.observe.startup import add_exit
+
+    record = {"stamps": {"last_round_finished": 5.0}, "seconds": {}, "leaf_parts_max": {"total": 2.0}}
+    out = add_exit(record, 7.0)
+    assert out["leaf_parts_max"] == {"total": 2.0} and out["seconds"]["last_round_to_exit"] == 2.0
