@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
-from devsim.aggregation.cluster_threshold import adjusted_rand_index  # noqa: E402
+from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
 from devsim.training.cluster_sim import initial_weights, simulate_clusters  # noqa: E402
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from devsim.aggregation.base import LeafUpdate  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, cosine_similarity_centred  # noqa: E402
-from devsim.aggregation.cluster_threshold import (  # noqa: E402
+from devsim.aggregation.cluster.threshold import (  # noqa: E402
     canonical_labels,
     components_above,
     silhouette_threshold,

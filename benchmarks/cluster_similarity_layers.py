@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from devsim.aggregation.cluster import ClusterAggregation, cosine_similarity_abs  # noqa: E402
-from devsim.aggregation.cluster_similarity import layer_blocks, leaf_vector  # noqa: E402
+from devsim.aggregation.cluster.similarity import layer_blocks, leaf_vector  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
 from devsim.training.cluster_sim import initial_weights, simulate_clusters  # noqa: E402
 

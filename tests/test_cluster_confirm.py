@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation, canonical_labels, cosine_similarity_centred
-from devsim.aggregation.cluster_threshold import silhouette_threshold
+from devsim.aggregation.cluster.threshold import silhouette_threshold
 from devsim.config import ClusterConfig, ConfigError
 
 LEAVES = ["a", "b", "c", "d"]

@@ -7,8 +7,8 @@ import pytest
 
 from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation, config_settings
-from devsim.aggregation.cluster_similarity import entry_sizes, scale_entries
-from devsim.aggregation.cluster_threshold import adjusted_rand_index
+from devsim.aggregation.cluster.similarity import entry_sizes, scale_entries
+from devsim.aggregation.cluster.threshold import adjusted_rand_index
 from devsim.config import ClusterConfig, ConfigError
 
 REFERENCE = {"w.weight": np.zeros(6, np.float32), "w.bias": np.zeros(2, np.float32)}

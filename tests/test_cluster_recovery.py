@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devsim.aggregation.cluster import ClusterAggregation
-from devsim.aggregation.cluster_threshold import adjusted_rand_index
+from devsim.aggregation.cluster.threshold import adjusted_rand_index
 from devsim.config import ClusterConfig
 from devsim.training.cluster_sim import initial_weights, simulate_clusters
 

@@ -7,7 +7,7 @@ import pytest
 
 from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation, ClusterResult
-from devsim.aggregation.cluster_similarity import update_vector
+from devsim.aggregation.cluster.similarity import update_vector
 from devsim.config import ClusterConfig, ConfigError
 from tests.cluster_drift import KEY, drift_strategy
 

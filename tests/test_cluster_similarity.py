@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from devsim.aggregation.base import LeafUpdate
 from devsim.aggregation.cluster import ClusterAggregation, canonical_labels, components_above
-from devsim.aggregation.cluster_similarity import layer_blocks, leaf_vector
-from devsim.aggregation.cluster_threshold import (
+from devsim.aggregation.cluster.similarity import layer_blocks, leaf_vector
+from devsim.aggregation.cluster.threshold import (
     adjusted_rand_index,
     candidate_thresholds,
     choose_threshold,

@@ -7,7 +7,7 @@ pair similarities) and keeps the one whose partition has the highest mean silhou
 distance ``1 - similarity``. Partitions with a single cluster or with only singletons have no
 silhouette; when no candidate reaches ``min_silhouette`` the similarities show no clear split and the
 threshold puts every leaf in one cluster (FedAvg). The similarities may be signed (the centred cosines
-of :func:`~devsim.aggregation.cluster.cosine_similarity_centred`, in ``[-1, 1]``); thresholds and
+of :func:`~devsim.aggregation.cluster.cosine.cosine_similarity_centred`, in ``[-1, 1]``); thresholds and
 silhouettes work the same way on them.
 
 :func:`largest_gap_threshold` is the simpler rule (midpoint of the largest gap between sorted pair
