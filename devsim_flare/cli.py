@@ -21,6 +21,7 @@ from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
 from devsim.tasks.contract import is_file_spec
 from devsim_flare.execution import SIM_SYNC_TIMEOUT, run_recipe
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS
+from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 SHARED_HOST_SERVER_THREADS = 1
 """PyTorch threads of a server that shares its machine with the leaves (``--env sim`` and ``poc``, unless
@@ -318,7 +319,10 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
         from devsim_flare.deployment.prod_run import run_on_deployment
 
         return run_on_deployment(make_recipe, args, config, download_dir)
-    return run_recipe(make_recipe, args, config, gpu_ids)
+    code = run_recipe(make_recipe, args, config, gpu_ids)
+    if code in signal_exit_codes():
+        exit_now(code)
+    return code
 
 
 def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -26,6 +26,17 @@ END_GRACE_SECONDS = 60.0
 def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
     """Whether the server wrote its final summary into a local ``--output-dir`` at or after ``since`` (a
     ``time.time()`` stamp: a results file left there by an earlier run does not count)."""
+    return _results_say(config, since, "summary")
+
+
+def _run_ended(config: SimulationConfig, since: float = 0.0) -> bool:
+    """Whether the server's results in a local ``--output-dir`` (written at or after ``since``) say the run is
+    over: its summary, or ``stopped`` (a stop request, ``--stop-after-round``)."""
+    return _results_say(config, since, "summary", "stopped")
+
+
+def _results_say(config: SimulationConfig, since: float, *keys: str) -> bool:
+    """Whether results.json in a local ``--output-dir``, written at or after ``since``, has one of ``keys`` set."""
     if not config.output_dir:
         return False
     try:
@@ -33,7 +44,8 @@ def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
             return False
         from devsim.observe.results import load_results
 
-        return bool(load_results(config.output_dir).get("summary"))
+        results = load_results(config.output_dir)
+        return any(results.get(key) for key in keys)
     except (OSError, ValueError):
         return False
 
@@ -85,8 +97,8 @@ SIM_STOP_SECONDS = 5.0
 
 
 class SimExitWatcher:
-    """Stops NVFlare's simulator processes (this process's descendants) :data:`SIM_EXIT_GRACE_SECONDS` after the
-    server's results summary appears, if they have not exited by then; SIGTERM, then SIGKILL
+    """sim: stops NVFlare's simulator processes (this process's descendants) :data:`SIM_EXIT_GRACE_SECONDS` after the
+    server's results summary (or its ``stopped`` mark) appears, if they have not exited by then; SIGTERM, then SIGKILL
     :data:`SIM_STOP_SECONDS` later. A process that has exited counts as gone even while no one has reaped it
     (see :func:`still_running`)."""
 
@@ -109,8 +121,6 @@ class SimExitWatcher:
             self._thread.join(timeout=10.0)
 
     def _watch(self) -> None:
-        import psutil
-
         path = os.path.join(self.config.output_dir, "results.json")
         seen = None
         while not self._done.wait(self.poll_seconds):
@@ -120,25 +130,17 @@ class SimExitWatcher:
                 continue
             if changed != seen:  # parse the file only when the server rewrote it (once a round)
                 seen = changed
-                if _summary_written(self.config, since=self.started):
+                if _run_ended(self.config, since=self.started):
                     break
         if self._done.wait(SIM_EXIT_GRACE_SECONDS):
             return
-        children = psutil.Process().children(recursive=True)
+        from devsim_flare.run_signals import descendants, stop_processes
+
+        children = descendants()
         if not children:
             return
         self.stopped_it.set()
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.terminate()
-        deadline = time.monotonic() + SIM_STOP_SECONDS
-        alive = still_running(children)
-        while alive and time.monotonic() < deadline:
-            time.sleep(self.poll_seconds / 2)
-            alive = still_running(alive)
-        for child in alive:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        stop_processes(children, SIM_STOP_SECONDS, poll_seconds=self.poll_seconds / 2)
 
 
 def still_running(processes: list) -> list:
@@ -194,6 +196,49 @@ def run_recipe(
         log_level=args.log_level,
         gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
+    from devsim_flare.run_signals import StopOnSignals, remove_orphan_exchanges
+
+    # in poc the job is aborted from the wait loop (the POC processes are then stopped by NVFlare's own command)
+    force = None if args.env == "sim" else (lambda term_seconds: None)
+    with StopOnSignals(config.output_dir, force=force) as signals:
+        code = _run_attempts(make_recipe, args, config, env, workspace, signals)
+    if args.env == "sim":
+        remove_orphan_exchanges()
+    if signals.signum is not None:
+        return _report_stop(config, signals)
+    return code
+
+
+def _report_stop(config: SimulationConfig, signals) -> int:
+    """Print how a run stopped by a signal ended and how to continue it; returns 128 + the signal's number."""
+    import signal as signal_module
+
+    from devsim.observe.checkpoint import CHECKPOINT_NAME
+
+    name = signal_module.Signals(signals.signum).name
+    folder = config.output_dir or "?"
+    try:
+        from devsim.observe.results import load_results
+
+        results = load_results(folder)
+    except (OSError, ValueError):
+        results = {}
+    rounds = len(results.get("rounds", []))
+    if results.get("summary"):
+        print(f"{name}: the run had already finished; results: {os.path.join(folder, 'results.json')}")
+    elif os.path.isfile(os.path.join(folder, CHECKPOINT_NAME)):
+        print(
+            f"{name}: run stopped with {rounds} records in {os.path.join(folder, 'results.json')}; continue with "
+            f"--resume {folder}",
+            flush=True,
+        )
+    else:
+        print(f"{name}: run stopped before its first checkpoint; nothing to resume in {folder}", flush=True)
+    return signals.exit_code
+
+
+def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: str, signals) -> int:
+    """Execute the job (twice in sim when a leaf lost its port at start); wait for it outside sim; report."""
     attempts = 2 if args.env == "sim" else 1
     for attempt in range(1, attempts + 1):
         started, submitted = time.perf_counter(), time.time()
@@ -203,13 +248,15 @@ def run_recipe(
                     try:
                         run = make_recipe().execute(env)
                     except RuntimeError:
-                        if not watcher.stopped_it.is_set():
+                        if not (watcher.stopped_it.is_set() or signals.forced.is_set()):
                             raise
-                        run = None  # stopped on purpose once the results were complete
+                        run = None  # stopped on purpose once the results were complete, or on a signal
             else:
                 run = make_recipe().execute(env)
             break
         except RuntimeError as error:
+            if signals.signum is not None:
+                return 1
             if attempt < attempts and leaf_lost_its_port(os.path.join(workspace, "nvflare"), time.time() - started):
                 print(
                     "warning: NVFlare's simulator started a leaf on a port that another process took in the meantime "
@@ -224,10 +271,16 @@ def run_recipe(
             )
             return 1
     if args.env != "sim":
-        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config, since=submitted))
+        status, result = wait_for_job(
+            run, args.job_timeout, lambda: _run_ended(config, since=submitted), stop_early=signals.forced.is_set
+        )
         print(f"job status: {status}; server result folder: {result}")
+        if signals.signum is not None:
+            return signals.exit_code  # reported by run_recipe
         if result is None and not _summary_written(config, since=submitted):
             return 1
+    if signals.signum is not None:
+        return signals.exit_code  # reported by run_recipe
     return report_results(config, config.output_dir, started, args.env == "sim", workspace)
 
 
