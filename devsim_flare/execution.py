@@ -4,7 +4,6 @@ POC and production jobs with a timeout, and print where the results are."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import json
 import os
@@ -18,6 +17,7 @@ from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
+from devsim_flare.run_signals import still_running  # noqa: F401  (imported from here by tests)
 
 JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
@@ -141,23 +141,6 @@ class SimExitWatcher:
             return
         self.stopped_it.set()
         stop_processes(children, SIM_STOP_SECONDS, poll_seconds=self.poll_seconds / 2)
-
-
-def still_running(processes: list) -> list:
-    """The ``psutil.Process`` objects of ``processes`` that have not exited: zombies count as exited.
-
-    The simulator's server and leaf processes are grandchildren of the command; once the simulator process exits
-    they belong to PID 1, and where PID 1 reaps late (a container's init, this project's sandbox: 1-2 s) a
-    ``psutil.wait_procs`` on them waited for the reaping, which held the command's exit that long after the run.
-    """
-    import psutil
-
-    running = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                running.append(process)
-    return running
 
 
 SIM_SYNC_TIMEOUT = 180.0  # sim: seconds the server waits for the leaf processes it started (see leaf_lost_its_port)

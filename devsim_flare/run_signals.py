@@ -60,8 +60,6 @@ def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_sec
     """SIGTERM ``processes``; SIGKILL those still running ``term_seconds`` later (0: SIGKILL at once)."""
     import psutil
 
-    from devsim_flare.execution import still_running
-
     if term_seconds > 0:
         for process in processes:
             with contextlib.suppress(psutil.Error):
@@ -76,6 +74,23 @@ def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_sec
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
+
+
+def still_running(processes: list) -> list:
+    """The ``psutil.Process`` objects of ``processes`` that have not exited: zombies count as exited.
+
+    The simulator's server and leaf processes are grandchildren of the command; once the simulator process exits
+    they belong to PID 1, and where PID 1 reaps late (a container's init, this project's sandbox: 1-2 s) a
+    ``psutil.wait_procs`` on them waited for the reaping, which held the command's exit that long after the run.
+    """
+    import psutil
+
+    running = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
 
 
 def remove_orphan_exchanges() -> list[str]:
