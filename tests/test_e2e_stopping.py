@@ -20,9 +20,9 @@ RUN = [*SMALL_RUN, "--num-rounds", "30"]
 class _Job:
     """A job command in its own session (as a terminal runs it), its output read line by line."""
 
-    def __init__(self, args: list[str], tmp_path):
+    def __init__(self, args: list[str], tmp_path, script: str = "pt_job_fedavg.py"):
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *args],
+            [sys.executable, os.path.join(REPO, "jobs", script), *args],
             cwd=tmp_path,
             env=isolated_env(tmp_path),
             stdout=subprocess.PIPE,
@@ -34,11 +34,11 @@ class _Job:
         self.round_seen: dict[int, float] = {}
 
     def until_round(self, k: int, timeout: float = 400) -> None:
-        """Read output until the line of round ``k`` (fails after ``timeout`` s)."""
+        """Read output until the line of round (or model version) ``k`` (fails after ``timeout`` s)."""
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
             self.lines.append(line)
-            match = re.match(r"round (\d+)/", line)
+            match = re.match(r"(?:round|version) (\d+)/", line)
             if match:
                 self.round_seen[int(match.group(1))] = time.monotonic()
                 if int(match.group(1)) >= k:
@@ -131,33 +131,59 @@ def test_sigterm_stops_the_run_and_every_process(tmp_path):
     assert 3 <= len(results["rounds"]) <= 4
 
 
-def test_killed_leaf_is_dropped_at_once_and_the_run_finishes(tmp_path):
+def _kill_leaf_worker(job: _Job, leaf: str) -> None:
+    """SIGKILL the simulator worker process of ``leaf``, as the OOM killer does."""
     import psutil
 
-    run_dir = tmp_path / "run"
-    job = _Job([*RUN, "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)], tmp_path)
+    workers = [
+        p
+        for p in psutil.Process(job.proc.pid).children(recursive=True)
+        if "simulator_worker" in " ".join(p.cmdline()) and leaf in p.cmdline()
+    ]
+    assert len(workers) == 1, workers
+    workers[0].kill()
+
+
+def _run_past_a_killed_leaf(job: _Job, k: int, tmp_path) -> tuple[float, int, str]:
+    """Kill site-2's worker at round (version) ``k``; returns the wait for the next line, exit code, output."""
     try:
-        job.until_round(3)
-        workers = [
-            p
-            for p in psutil.Process(job.proc.pid).children(recursive=True)
-            if "simulator_worker" in " ".join(p.cmdline()) and "site-2" in p.cmdline()
-        ]
-        assert len(workers) == 1, workers
-        workers[0].kill()  # as the OOM killer does
+        job.until_round(k)
+        _kill_leaf_worker(job, "site-2")
         killed_at = time.monotonic()
-        job.until_round(4)
+        job.until_round(k + 1)
         stall = time.monotonic() - killed_at
         code, output = job.finish()
     finally:
         if job.proc.poll() is None:
             os.killpg(job.proc.pid, signal.SIGKILL)
         leftovers = end_leftovers(str(tmp_path), wait=10)
+    assert not leftovers, leftovers
+    return stall, code, output
+
+
+def test_killed_leaf_is_dropped_at_once_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    job = _Job([*RUN, "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)], tmp_path)
+    stall, code, output = _run_past_a_killed_leaf(job, 3, tmp_path)
     assert code == 0, output[-3000:]
     assert stall < 10, stall
-    assert not leftovers, leftovers
     assert "site-2" in output and "connection to the server closed" in output
     results = find_results(run_dir)
     assert [r["round"] for r in results["rounds"]] == list(range(1, 31))
     assert results["rounds"][-1]["dead_leaves"] == ["site-2"]
     assert results["summary"]["final_accuracy"] > 0.4
+
+
+def test_async_run_drops_a_killed_leaf_at_once(tmp_path):
+    from tests.test_e2e_async import ASYNC_RUN
+
+    run_dir = tmp_path / "run"
+    args = [*ASYNC_RUN, "--eval-frequency", "5", "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)]
+    job = _Job(args, tmp_path, script="pt_job_fedbuff.py")
+    stall, code, output = _run_past_a_killed_leaf(job, 10, tmp_path)
+    assert code == 0, output[-3000:]
+    assert stall < 10, stall
+    assert "leaf site-2" in output and "connection to the server closed" in output
+    results = find_results(run_dir)
+    assert results["summary"]["versions"] == 60
+    assert results["rounds"][-1]["dead_leaves"] == ["site-2"] and results["rounds"][-1]["failed_leaf_lost"] > 0
