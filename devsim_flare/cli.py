@@ -126,6 +126,12 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     )
     run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
     run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
+    run.add_argument(
+        "--leave-job-running",
+        action="store_true",
+        help="prod: on Ctrl-C or SIGTERM stop following the submitted job and leave it running on the deployment "
+        "(default: abort it; in sim and poc a signal always stops the run at a checkpoint)",
+    )
     run.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", help="NVFlare console log level")
     run.add_argument(
         "--job-timeout",
@@ -318,8 +324,9 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if download_dir is not None:
         from devsim_flare.deployment.prod_run import run_on_deployment
 
-        return run_on_deployment(make_recipe, args, config, download_dir)
-    code = run_recipe(make_recipe, args, config, gpu_ids)
+        code = run_on_deployment(make_recipe, args, config, download_dir)
+    else:
+        code = run_recipe(make_recipe, args, config, gpu_ids)
     if code in signal_exit_codes():
         exit_now(code)
     return code

@@ -51,7 +51,12 @@ def _results_say(config: SimulationConfig, since: float, *keys: str) -> bool:
 
 
 def wait_for_job(
-    run, timeout: float, server_done=lambda: False, poll_seconds: float = JOB_POLL_SECONDS, stop_early=lambda: False
+    run,
+    timeout: float,
+    server_done=lambda: False,
+    poll_seconds: float = JOB_POLL_SECONDS,
+    stop_early=lambda: False,
+    detach=lambda: False,
 ) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
@@ -59,7 +64,8 @@ def wait_for_job(
     the server has finished and written its results. When ``server_done()`` (the results are complete)
     and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
     complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too. When
-    ``stop_early()`` is true before the server is done, the job is aborted at once.
+    ``stop_early()`` is true before the server is done, the job is aborted at once. When ``detach()`` is true,
+    the wait ends and the job is left running: (its status, None).
     """
     deadline = time.monotonic() + timeout
     finished_at = None
@@ -71,6 +77,8 @@ def wait_for_job(
             finished_at = time.monotonic()
         if finished_at is None and stop_early():
             break
+        if detach():
+            return status, None
         if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
             print(
                 f"the server finished and wrote its results, but the job is still {status} "

@@ -32,6 +32,11 @@ TERM_SECONDS = 1.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ... for a signal number."""
+    return signal.Signals(signum).name
+
+
 def signal_exit_codes() -> tuple[int, ...]:
     """The exit codes of a run stopped by one of :data:`SIGNALS` (130, 143)."""
     return tuple(128 + signum for signum in SIGNALS)
@@ -104,7 +109,8 @@ def remove_orphan_exchanges() -> list[str]:
 class StopOnSignals:
     """While active (a ``with`` block in the main thread), SIGINT and SIGTERM stop the run as the module says.
 
-    ``output_dir`` is the run folder the server writes to (where the stop request goes). ``force`` stops the
+    ``output_dir`` is the run folder the server writes to (where the stop request goes; None where the server is
+    on another host: then only :attr:`signum` is set, for the caller's wait loop to act on). ``force`` stops the
     processes (default: every descendant of this process); it gets the seconds between SIGTERM and SIGKILL.
     :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
     """
@@ -137,20 +143,21 @@ class StopOnSignals:
         clear_stop(self.output_dir)
 
     def _handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if self.signum is None:
             self.signum = signum
             if self.output_dir:
                 request_stop(self.output_dir, name)
-            print(
-                f"\n{name}: stopping the run after the round in flight (checkpoint and results are kept); "
-                "Ctrl-C again to stop at once",
-                file=sys.stderr,
-                flush=True,
+            what = (
+                "stopping the run at its next safe point (checkpoint and results are kept)"
+                if self.output_dir
+                else "stopping"
             )
-            self._timer = threading.Timer(self.grace_seconds, self._stop_late)
-            self._timer.daemon = True
-            self._timer.start()
+            print(f"\n{name}: {what}; Ctrl-C again to stop at once", file=sys.stderr, flush=True)
+            if self.output_dir:  # a stop was requested: the server gets the grace period to honour it
+                self._timer = threading.Timer(self.grace_seconds, self._stop_late)
+                self._timer.daemon = True
+                self._timer.start()
             return
         print(f"{name} again: stopping every process now", file=sys.stderr, flush=True)
         if self._timer is not None:

@@ -155,3 +155,36 @@ def test_stop_processes_kills_what_ignores_sigterm():
     stop_processes([psutil.Process(child.pid)], term_seconds=0.3)
     assert child.wait(timeout=5) == -signal.SIGKILL
     assert time.monotonic() - started < 3
+
+
+class _FakeRun:
+    """A job that stays RUNNING until aborted."""
+
+    def __init__(self):
+        self.aborted = False
+
+    def get_status(self):
+        return "FINISHED:ABORTED" if self.aborted else "RUNNING"
+
+    def abort(self):
+        self.aborted = True
+
+    def get_result(self, timeout=0.0):
+        return "/result" if self.aborted else None
+
+
+def test_wait_for_job_aborts_on_stop_and_leaves_the_job_on_detach():
+    from devsim_flare.execution import wait_for_job
+
+    run = _FakeRun()
+    assert wait_for_job(run, 30.0, poll_seconds=0.01, stop_early=lambda: True) == ("FINISHED:ABORTED", "/result")
+    assert run.aborted
+    run = _FakeRun()
+    assert wait_for_job(run, 30.0, poll_seconds=0.01, detach=lambda: True) == ("RUNNING", None)
+    assert not run.aborted
+
+
+def test_prod_flag_to_leave_the_job_running_is_listed():
+    from devsim_flare.cli import build_parser
+
+    assert build_parser("").parse_args(["--leave-job-running"]).leave_job_running
