@@ -191,7 +191,8 @@ def run_recipe(
 
     # in poc the job is aborted from the wait loop (the POC processes are then stopped by NVFlare's own command)
     force = None if args.env == "sim" else (lambda term_seconds: None)
-    with StopOnSignals(config.output_dir, force=force) as signals:
+    since = time.time()
+    with StopOnSignals(config.output_dir, force=force, server_stopped=lambda: _run_ended(config, since)) as signals:
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
     if args.env == "sim":
         remove_orphan_exchanges()

@@ -109,14 +109,18 @@ def remove_orphan_exchanges() -> list[str]:
 class StopOnSignals:
     """While active (a ``with`` block in the main thread), SIGINT and SIGTERM stop the run as the module says.
 
+    ``server_stopped()`` says whether the server has honoured the request (for the console line only).
     ``output_dir`` is the run folder the server writes to (where the stop request goes; None where the server is
     on another host: then only :attr:`signum` is set, for the caller's wait loop to act on). ``force`` stops the
     processes (default: every descendant of this process); it gets the seconds between SIGTERM and SIGKILL.
     :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
     """
 
-    def __init__(self, output_dir: str | None, force=None, grace_seconds: float = STOP_GRACE_SECONDS):
+    def __init__(
+        self, output_dir: str | None, force=None, grace_seconds: float = STOP_GRACE_SECONDS, server_stopped=None
+    ):
         self.output_dir = output_dir
+        self._server_stopped = server_stopped or (lambda: False)
         self.grace_seconds = grace_seconds
         self._force = force or (lambda term_seconds: stop_processes(descendants(), term_seconds))
         self.signum: int | None = None
@@ -168,11 +172,14 @@ class StopOnSignals:
     def _stop_late(self) -> None:
         """The server did not stop within the grace period: stop the processes."""
         if descendants():
-            print(
-                f"the server did not stop within {self.grace_seconds:g}s; stopping its processes (rounds in "
-                "results.json and the last periodic checkpoint are kept)",
-                file=sys.stderr,
-                flush=True,
-            )
+            if self._server_stopped():
+                print("the server stopped at a checkpoint; stopping the processes", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"the server did not stop within {self.grace_seconds:g}s; stopping its processes (rounds in "
+                    "results.json and the last periodic checkpoint are kept)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.forced.set()
             self._force(TERM_SECONDS)
