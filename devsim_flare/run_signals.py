@@ -61,10 +61,15 @@ def descendants() -> list:
     return []
 
 
+_STOPPED_PIDS: set[int] = set()
+"""Ids of the processes :func:`stop_processes` stopped in this command (for :func:`remove_orphan_exchanges`)."""
+
+
 def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_seconds: float = 0.05) -> None:
     """SIGTERM ``processes``; SIGKILL those still running ``term_seconds`` later (0: SIGKILL at once)."""
     import psutil
 
+    _STOPPED_PIDS.update(process.pid for process in processes)
     if term_seconds > 0:
         for process in processes:
             with contextlib.suppress(psutil.Error):
@@ -99,11 +104,39 @@ def still_running(processes: list) -> list:
 
 
 def remove_orphan_exchanges() -> list[str]:
-    """Remove ``/dev/shm`` exchange folders whose server process is gone (a server stopped by a signal cannot)."""
-    from devsim.shared_arrays import remove_orphans, shared_memory_root
+    """Remove ``/dev/shm`` exchange folders whose server process is gone (a server stopped by a signal cannot):
+    those of processes this command stopped, even while their zombies wait to be reaped (a re-parented process is
+    reaped by PID 1, late in some containers), and any other whose process no longer exists."""
+    import shutil
+
+    import psutil
+
+    from devsim.shared_arrays import FOLDER_PREFIX, remove_orphans, shared_memory_root
 
     root = shared_memory_root()
-    return remove_orphans(root) if root else []
+    if not root:
+        return []
+    removed = []
+    stopped = {p for p in _STOPPED_PIDS if not still_running([_process(p)] if _process(p) else [])}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name[len(FOLDER_PREFIX) :].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
+            if pid.isdigit() and int(pid) in stopped:
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(os.path.join(root, name))
+    with contextlib.suppress(psutil.Error):
+        removed += remove_orphans(root)
+    return removed
+
+
+def _process(pid: int):
+    """``psutil.Process(pid)``, or None when no such process exists."""
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 class StopOnSignals:

@@ -188,3 +188,28 @@ def test_prod_flag_to_leave_the_job_running_is_listed():
     from devsim_flare.cli import build_parser
 
     assert build_parser("").parse_args(["--leave-job-running"]).leave_job_running
+
+
+def test_exchange_folder_of_a_stopped_server_is_removed_while_its_zombie_waits():
+    import psutil
+
+    from devsim.shared_arrays import FOLDER_PREFIX, shared_memory_root
+    from devsim_flare.run_signals import remove_orphan_exchanges
+
+    root = shared_memory_root()
+    if root is None:
+        pytest.skip("no writable /dev/shm")
+    child = _sleeper()
+    folder = os.path.join(root, f"{FOLDER_PREFIX}{child.pid}-test")
+    os.makedirs(folder)
+    try:
+        stop_processes([psutil.Process(child.pid)], term_seconds=0.0)
+        deadline = time.monotonic() + 5
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert folder in remove_orphan_exchanges()  # not reaped yet: a zombie, still counted as stopped
+        assert not os.path.exists(folder)
+    finally:
+        child.wait()
+        if os.path.isdir(folder):
+            os.rmdir(folder)
