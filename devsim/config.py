@@ -157,7 +157,13 @@ class SimulationConfig:
     )
     eval_batch_size: int = field(default=500, metadata=_help("batch size of central evaluation"))
     seed: int = field(default=0, metadata=_help("seed of model init, device sampling, partitions and training"))
-    round_timeout: float = field(default=600.0, metadata=_help("seconds the server waits for a leaf's round"))
+    round_timeout: float | None = field(
+        default=None,
+        metadata=_help(
+            "seconds the server waits for a leaf's reply; unset: 10x the slowest reply so far, at least 60 "
+            "(600 before the first); a leaf whose process dies is dropped at once either way"
+        ),
+    )
     server_threads: int | None = field(
         default=None,
         metadata=_help(
@@ -400,7 +406,8 @@ class SimulationConfig:
             )
         _check_positive_finite("lr", self.lr)
         _check_positive_finite("global_lr", self.global_lr)
-        _check_positive_finite("round_timeout", self.round_timeout)
+        if self.round_timeout is not None:
+            _check_positive_finite("round_timeout", self.round_timeout)
         for name in ("device_dropout", "device_never_answer", "fault_probability"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value < 1.0):

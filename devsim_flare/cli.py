@@ -21,6 +21,7 @@ from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
 from devsim.tasks.contract import is_file_spec
 from devsim_flare.execution import SIM_SYNC_TIMEOUT, run_recipe
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS
+from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 SHARED_HOST_SERVER_THREADS = 1
 """PyTorch threads of a server that shares its machine with the leaves (``--env sim`` and ``poc``, unless
@@ -125,6 +126,12 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     )
     run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
     run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
+    run.add_argument(
+        "--leave-job-running",
+        action="store_true",
+        help="prod: on Ctrl-C or SIGTERM stop following the submitted job and leave it running on the deployment "
+        "(default: abort it; in sim and poc a signal always stops the run at a checkpoint)",
+    )
     run.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", help="NVFlare console log level")
     run.add_argument(
         "--job-timeout",
@@ -278,7 +285,10 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if args.preset:
         parser.set_defaults(**load_preset(parser, args.preset, type(defaults)))
         args = parser.parse_args(argv)
-    return run_job(parser, args, server_cls)
+    code = run_job(parser, args, server_cls)
+    if code in signal_exit_codes():
+        exit_now(code)  # every process the run started is stopped; skip the interpreter's teardown
+    return code
 
 
 def run_job(parser: argparse.ArgumentParser, args: argparse.Namespace, server_cls: type) -> int:

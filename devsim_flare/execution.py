@@ -4,7 +4,6 @@ POC and production jobs with a timeout, and print where the results are."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import json
 import os
@@ -18,6 +17,7 @@ from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
+from devsim_flare.run_signals import still_running  # noqa: F401  (imported from here by tests)
 
 JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
@@ -26,6 +26,17 @@ END_GRACE_SECONDS = 60.0
 def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
     """Whether the server wrote its final summary into a local ``--output-dir`` at or after ``since`` (a
     ``time.time()`` stamp: a results file left there by an earlier run does not count)."""
+    return _results_say(config, since, "summary")
+
+
+def _run_ended(config: SimulationConfig, since: float = 0.0) -> bool:
+    """Whether the server's results in a local ``--output-dir`` (written at or after ``since``) say the run is
+    over: its summary, or ``stopped`` (a stop request, ``--stop-after-round``)."""
+    return _results_say(config, since, "summary", "stopped")
+
+
+def _results_say(config: SimulationConfig, since: float, *keys: str) -> bool:
+    """Whether results.json in a local ``--output-dir``, written at or after ``since``, has one of ``keys`` set."""
     if not config.output_dir:
         return False
     try:
@@ -33,13 +44,19 @@ def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
             return False
         from devsim.observe.results import load_results
 
-        return bool(load_results(config.output_dir).get("summary"))
+        results = load_results(config.output_dir)
+        return any(results.get(key) for key in keys)
     except (OSError, ValueError):
         return False
 
 
 def wait_for_job(
-    run, timeout: float, server_done=lambda: False, poll_seconds: float = JOB_POLL_SECONDS, stop_early=lambda: False
+    run,
+    timeout: float,
+    server_done=lambda: False,
+    poll_seconds: float = JOB_POLL_SECONDS,
+    stop_early=lambda: False,
+    detach=lambda: False,
 ) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
@@ -47,7 +64,8 @@ def wait_for_job(
     the server has finished and written its results. When ``server_done()`` (the results are complete)
     and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
     complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too. When
-    ``stop_early()`` is true before the server is done, the job is aborted at once.
+    ``stop_early()`` is true before the server is done, the job is aborted at once. When ``detach()`` is true,
+    the wait ends and the job is left running: (its status, None).
     """
     deadline = time.monotonic() + timeout
     finished_at = None
@@ -59,6 +77,8 @@ def wait_for_job(
             finished_at = time.monotonic()
         if finished_at is None and stop_early():
             break
+        if detach():
+            return status, None
         if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
             print(
                 f"the server finished and wrote its results, but the job is still {status} "
@@ -85,8 +105,8 @@ SIM_STOP_SECONDS = 5.0
 
 
 class SimExitWatcher:
-    """Stops NVFlare's simulator processes (this process's descendants) :data:`SIM_EXIT_GRACE_SECONDS` after the
-    server's results summary appears, if they have not exited by then; SIGTERM, then SIGKILL
+    """sim: stops NVFlare's simulator processes (this process's descendants) :data:`SIM_EXIT_GRACE_SECONDS` after the
+    server's results summary (or its ``stopped`` mark) appears, if they have not exited by then; SIGTERM, then SIGKILL
     :data:`SIM_STOP_SECONDS` later. A process that has exited counts as gone even while no one has reaped it
     (see :func:`still_running`)."""
 
@@ -109,8 +129,6 @@ class SimExitWatcher:
             self._thread.join(timeout=10.0)
 
     def _watch(self) -> None:
-        import psutil
-
         path = os.path.join(self.config.output_dir, "results.json")
         seen = None
         while not self._done.wait(self.poll_seconds):
@@ -120,42 +138,17 @@ class SimExitWatcher:
                 continue
             if changed != seen:  # parse the file only when the server rewrote it (once a round)
                 seen = changed
-                if _summary_written(self.config, since=self.started):
+                if _run_ended(self.config, since=self.started):
                     break
         if self._done.wait(SIM_EXIT_GRACE_SECONDS):
             return
-        children = psutil.Process().children(recursive=True)
+        from devsim_flare.run_signals import descendants, stop_processes
+
+        children = descendants()
         if not children:
             return
         self.stopped_it.set()
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.terminate()
-        deadline = time.monotonic() + SIM_STOP_SECONDS
-        alive = still_running(children)
-        while alive and time.monotonic() < deadline:
-            time.sleep(self.poll_seconds / 2)
-            alive = still_running(alive)
-        for child in alive:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-
-
-def still_running(processes: list) -> list:
-    """The ``psutil.Process`` objects of ``processes`` that have not exited: zombies count as exited.
-
-    The simulator's server and leaf processes are grandchildren of the command; once the simulator process exits
-    they belong to PID 1, and where PID 1 reaps late (a container's init, this project's sandbox: 1-2 s) a
-    ``psutil.wait_procs`` on them waited for the reaping, which held the command's exit that long after the run.
-    """
-    import psutil
-
-    running = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                running.append(process)
-    return running
+        stop_processes(children, SIM_STOP_SECONDS, poll_seconds=self.poll_seconds / 2)
 
 
 SIM_SYNC_TIMEOUT = 180.0  # sim: seconds the server waits for the leaf processes it started (see leaf_lost_its_port)
@@ -194,6 +187,50 @@ def run_recipe(
         log_level=args.log_level,
         gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
+    from devsim_flare.run_signals import StopOnSignals, remove_orphan_exchanges
+
+    # in poc the job is aborted from the wait loop (the POC processes are then stopped by NVFlare's own command)
+    force = None if args.env == "sim" else (lambda term_seconds: None)
+    since = time.time()
+    with StopOnSignals(config.output_dir, force=force, server_stopped=lambda: _run_ended(config, since)) as signals:
+        code = _run_attempts(make_recipe, args, config, env, workspace, signals)
+    if args.env == "sim":
+        remove_orphan_exchanges()
+    if signals.signum is not None:
+        return _report_stop(config, signals)
+    return code
+
+
+def _report_stop(config: SimulationConfig, signals) -> int:
+    """Print how a run stopped by a signal ended and how to continue it; returns 128 + the signal's number."""
+    import signal as signal_module
+
+    from devsim.observe.checkpoint import CHECKPOINT_NAME
+
+    name = signal_module.Signals(signals.signum).name
+    folder = config.output_dir or "?"
+    try:
+        from devsim.observe.results import load_results
+
+        results = load_results(folder)
+    except (OSError, ValueError):
+        results = {}
+    rounds = len(results.get("rounds", []))
+    if results.get("summary"):
+        print(f"{name}: the run had already finished; results: {os.path.join(folder, 'results.json')}")
+    elif os.path.isfile(os.path.join(folder, CHECKPOINT_NAME)):
+        print(
+            f"{name}: run stopped with {rounds} records in {os.path.join(folder, 'results.json')}; continue with "
+            f"--resume {folder}",
+            flush=True,
+        )
+    else:
+        print(f"{name}: run stopped before its first checkpoint; nothing to resume in {folder}", flush=True)
+    return signals.exit_code
+
+
+def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: str, signals) -> int:
+    """Execute the job (twice in sim when a leaf lost its port at start); wait for it outside sim; report."""
     attempts = 2 if args.env == "sim" else 1
     for attempt in range(1, attempts + 1):
         started, submitted = time.perf_counter(), time.time()
@@ -203,13 +240,15 @@ def run_recipe(
                     try:
                         run = make_recipe().execute(env)
                     except RuntimeError:
-                        if not watcher.stopped_it.is_set():
+                        if not (watcher.stopped_it.is_set() or signals.forced.is_set()):
                             raise
-                        run = None  # stopped on purpose once the results were complete
+                        run = None  # stopped on purpose once the results were complete, or on a signal
             else:
                 run = make_recipe().execute(env)
             break
         except RuntimeError as error:
+            if signals.signum is not None:
+                return 1
             if attempt < attempts and leaf_lost_its_port(os.path.join(workspace, "nvflare"), time.time() - started):
                 print(
                     "warning: NVFlare's simulator started a leaf on a port that another process took in the meantime "
@@ -224,10 +263,16 @@ def run_recipe(
             )
             return 1
     if args.env != "sim":
-        status, result = wait_for_job(run, args.job_timeout, lambda: _summary_written(config, since=submitted))
+        status, result = wait_for_job(
+            run, args.job_timeout, lambda: _run_ended(config, since=submitted), stop_early=signals.forced.is_set
+        )
         print(f"job status: {status}; server result folder: {result}")
+        if signals.signum is not None:
+            return signals.exit_code  # reported by run_recipe
         if result is None and not _summary_written(config, since=submitted):
             return 1
+    if signals.signum is not None:
+        return signals.exit_code  # reported by run_recipe
     return report_results(config, config.output_dir, started, args.env == "sim", workspace)
 
 

@@ -26,6 +26,18 @@ class LeafCallError(RuntimeError):
     """A leaf call failed or no answer came in time."""
 
 
+class RunStopped(Exception):
+    """A stop of the run was requested (a signal to the command) while the server waited for its leaves."""
+
+
+class LeafLost(LeafCallError):
+    """NVFlare reported the leaf gone (see :mod:`devsim_flare.leaf_liveness`) while a call to it was pending."""
+
+
+POLL_SECONDS = 0.2
+"""How often :meth:`LeafCalls.next` looks at the leaves' liveness and at the stop callback while it waits."""
+
+
 @dataclass
 class LeafOutcome:
     """The answer (or failure) of one call: ``tag`` is whatever the caller attached to it."""
@@ -74,12 +86,21 @@ class _DaemonThreads:
 
 
 class LeafCalls:
-    """Submit calls to leaves; take outcomes in completion order. :meth:`close` ends the pool's threads."""
+    """Submit calls to leaves; take outcomes in completion order. :meth:`close` ends the pool's threads.
 
-    def __init__(self, call_timeout: float):
+    ``call_timeout`` (seconds) bounds each call and may be changed between calls (see
+    :class:`devsim.observe.round_timeout.RoundTimeout`). ``liveness``
+    (a :class:`~devsim_flare.leaf_liveness.LeafLiveness`) is polled while waiting: a call to a leaf NVFlare reports
+    gone ends at once with :class:`LeafLost`. ``stop`` is polled too: when it returns a reason, :meth:`next` raises
+    :class:`RunStopped`.
+    """
+
+    def __init__(self, call_timeout: float, liveness=None, stop: Callable[[], str | None] | None = None):
         self.call_timeout = float(call_timeout)
+        self.liveness = liveness
+        self.stop = stop
         self._outcomes: queue.Queue[LeafOutcome] = queue.Queue()
-        self._outstanding: set = set()
+        self._outstanding: dict = {}  # tag -> leaf
         self._threads = _DaemonThreads("leaf-call")
 
     @property
@@ -89,29 +110,55 @@ class LeafCalls:
 
     def forget(self, tags) -> None:
         """Stop waiting for calls with these tags; their late outcomes are dropped when they arrive."""
-        self._outstanding.difference_update(tags)
+        for tag in tags:
+            self._outstanding.pop(tag, None)
 
     def submit(self, leaf: str, method: str, tag: Any, **kwargs: Any) -> None:
         """Start ``leaf.method(**kwargs)`` without waiting; its outcome will carry ``tag`` (hashable, unique
         among pending calls)."""
         group = collab.get_clients([leaf])(blocking=True, timeout=self.call_timeout)  # in the caller's context
-        self._outstanding.add(tag)
+        self._outstanding[tag] = leaf
         self._threads.submit(self._call, leaf, tag, getattr(group, method), kwargs)
 
     def next(self, timeout: float | None = None) -> LeafOutcome:
-        """The next finished call; raises LeafCallError when none finishes within ``timeout`` seconds."""
+        """The next finished call; raises LeafCallError when none finishes within ``timeout`` seconds.
+
+        A pending call to a leaf that the liveness check finds gone finishes with a :class:`LeafLost` error (one
+        outcome per such call); the stop callback ends the wait with :class:`RunStopped`."""
         if not self._outstanding:
             raise LeafCallError("no leaf call is pending")
         wait = self.call_timeout + 30.0 if timeout is None else timeout
         deadline = time.monotonic() + wait
         while True:
+            lost = self._lost_call()
+            if lost is not None:
+                return lost
+            reason = self.stop() if self.stop is not None else None
+            if reason:
+                raise RunStopped(reason)
+            left = deadline - time.monotonic()
             try:
-                outcome = self._outcomes.get(timeout=max(0.0, deadline - time.monotonic()))
+                outcome = self._outcomes.get(timeout=max(0.0, min(left, POLL_SECONDS)))
             except queue.Empty as error:
+                if left > POLL_SECONDS:
+                    continue
                 raise LeafCallError(f"no leaf answered within {wait:g}s ({self.pending} calls pending)") from error
             if outcome.tag in self._outstanding:
-                self._outstanding.discard(outcome.tag)
+                del self._outstanding[outcome.tag]
                 return outcome
+
+    def _lost_call(self) -> LeafOutcome | None:
+        """A pending call to a leaf the liveness check reports lost, ended with a :class:`LeafLost` error (no
+        longer pending); None when there is none."""
+        if self.liveness is None:
+            return None
+        self.liveness.check()
+        lost = self.liveness.lost
+        for tag, leaf in list(self._outstanding.items()):
+            if leaf in lost:
+                del self._outstanding[tag]
+                return LeafOutcome(leaf, tag, error=LeafLost(lost[leaf]))
+        return None
 
     def close(self) -> None:
         """Forget pending calls and let the threads end; calls in progress end by their own timeout, and their

@@ -18,6 +18,7 @@ from nvflare.recipe import PocEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
 from devsim.observe.checkpoint import CARRIED_RUN_FOLDER
+from devsim.observe.round_timeout import RoundTimeout
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
 from devsim_flare.leaf import LeafNode
 from devsim_flare.runtime_defaults import runtime_defaults_enabled
@@ -96,9 +97,11 @@ def build_recipe(
     ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
     ``sim`` and ``poc``; 1 in production) and ``leaves_on_gpu`` how many share one GPU; both size
     each leaf's worker pool. ``sync_timeout`` is how long (seconds) the server waits for every leaf to
-    start before giving up; default ``max(60, round_timeout)``, which leaves time for sites started by hand.
+    start before giving up; default ``max(60, round_timeout)`` (``--round-timeout`` unset: the first round's wait,
+    :data:`devsim.observe.round_timeout.FIRST_SECONDS`), which leaves time for sites started by hand.
     """
     settings = config.to_dict()
+    first_wait = RoundTimeout(config.round_timeout).seconds
     server = server_cls(settings=settings)
     leaf = LeafNode(
         settings=settings,
@@ -112,7 +115,7 @@ def build_recipe(
         server=server,
         client=leaf,
         min_clients=config.num_leaf_nodes,
-        sync_task_timeout=sync_timeout if sync_timeout is not None else max(60.0, config.round_timeout),
+        sync_task_timeout=sync_timeout if sync_timeout is not None else max(60.0, first_wait),
         max_call_threads_for_server=max(8, 2 * config.num_leaf_nodes),
         max_call_threads_for_client=4,
     )

@@ -160,9 +160,18 @@ class RoundTiming:
 
         ``leaves`` maps leaf name to the ``timing`` dict of its reply (see ``LeafTiming.from_payload``).
         The slowest leaf is the one with the largest ``leaf_replied_at`` (ties: first name in sort order).
+        Without any reply (every selected device sat on a lost leaf) the call parts are 0 and the round's
+        time between dispatch and results falls in the remainder.
         """
         if not leaves:
-            raise ValueError("a round timing needs at least one leaf reply")
+            measured = dict.fromkeys(MEASURED_PARTS, 0.0)
+            measured["server_prepare"] = max(0.0, stamps.dispatch_start - stamps.round_start)
+            measured["server_aggregate"] = max(0.0, stamps.aggregate_end - stamps.results_in)
+            measured["evaluation"] = max(0.0, stamps.eval_end - stamps.aggregate_end)
+            info = dict.fromkeys(
+                ("device_compute_sum", "device_compute_max", "codec_seconds", "critical_leaf_codec_seconds"), 0.0
+            )
+            return cls(stamps.eval_end - stamps.round_start, measured, None, info)
         replies = [LeafTiming.from_payload(name, leaves[name]) for name in sorted(leaves)]
         slowest = max(replies, key=lambda leaf: leaf.replied_at)
         measured = {

@@ -35,12 +35,14 @@ class PocEnv:
 @dataclasses.dataclass(frozen=True)
 class ProdEnv:
     """A provisioned deployment (``--env prod``): the job is submitted with the admin's ``startup_kit`` and its run
-    folder downloaded into ``output_dir`` (or ``<workspace>/runs/...``) when it ends."""
+    folder downloaded into ``output_dir`` (or ``<workspace>/runs/...``) when it ends. A signal to this process aborts
+    the job, or with ``leave_job_running`` stops following it and leaves it running."""
 
     startup_kit: str
     workspace: str = "workspace"
     job_timeout: float = 24 * 3600.0
     log_level: str = "WARNING"
+    leave_job_running: bool = False
     name: ClassVar[str] = "prod"
 
 

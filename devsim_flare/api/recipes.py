@@ -77,6 +77,7 @@ class JobRecipe:
         args.leaves_per_host = getattr(env, "leaves_per_host", None)
         args.job_timeout = getattr(env, "job_timeout", args.job_timeout)
         args.startup_kit = getattr(env, "startup_kit", None)
+        args.leave_job_running = getattr(env, "leave_job_running", False)
         args.export_to = export_to
         return raiser, args
 

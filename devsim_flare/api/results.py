@@ -99,7 +99,13 @@ class Run:
         self.folder = folder
 
     def get_status(self) -> str:
-        return "FINISHED:COMPLETED" if self.exit_code == 0 else f"FAILED (exit code {self.exit_code})"
+        """``FINISHED:COMPLETED``; ``STOPPED (SIGINT)`` / ``STOPPED (SIGTERM)`` for a run stopped by a signal (its
+        checkpoint continues with ``resume_from``); else ``FAILED (exit code N)``."""
+        if self.exit_code == 0:
+            return "FINISHED:COMPLETED"
+        if self.exit_code in (130, 143):
+            return f"STOPPED ({'SIGINT' if self.exit_code == 130 else 'SIGTERM'})"
+        return f"FAILED (exit code {self.exit_code})"
 
     def get_result(self) -> RunResult:
         """The run's :class:`RunResult`; raises RecipeError when the run left no results file."""

@@ -24,6 +24,7 @@ from devsim_flare.deployment.prod_job import (
 )
 from devsim_flare.deployment.workspace import DeploymentError
 from devsim_flare.execution import report_results, wait_for_job
+from devsim_flare.run_signals import StopOnSignals
 
 PROD_POLL_SECONDS = 1.0
 """prod: one job-status and one results.json read through the admin session a second."""
@@ -41,7 +42,8 @@ def run_on_deployment(
     A synchronous run that lost a leaf goes on without it. When that leaf's client connects again (its host was
     restarted), NVFlare cannot start the running job there, so the job is aborted and submitted again to
     continue from its last checkpoint (carried in the new job) with every leaf; rounds after the checkpoint are
-    trained again. Returns the exit code.
+    trained again. Ctrl-C or SIGTERM aborts the job (``--leave-job-running``: leaves it running), downloads
+    what the server wrote and returns 128 + the signal's number; otherwise returns the exit code.
     """
     from nvflare.recipe import ProdEnv
 
@@ -52,6 +54,25 @@ def run_on_deployment(
         print(f"error: --env prod: {error}", file=sys.stderr)
         return 1
     env = ProdEnv(startup_kit_location=kit.folder, username=kit.username, login_timeout=LOGIN_TIMEOUT_SECONDS)
+    with StopOnSignals(None) as signals:
+        code = _submit_and_follow(make_recipe, args, config, download_dir, kit, leaves, env, signals)
+    if signals.signum is None:
+        return code
+    from devsim_flare.run_signals import signal_name
+
+    name = signal_name(signals.signum)
+    if getattr(args, "leave_job_running", False):
+        print(f"{name}: stopped following the job; it goes on running on the deployment", flush=True)
+    else:
+        print(f"{name}: the job was aborted; what the server had written is in {download_dir}", flush=True)
+    return signals.exit_code
+
+
+def _submit_and_follow(make_recipe, args, config, download_dir: str, kit, leaves, env, signals) -> int:
+    """Submit the run (again, to take back leaves that came back), follow it, download it; see
+    :func:`run_on_deployment`. A signal (``signals.signum``) aborts the job, or with ``--leave-job-running``
+    leaves it running, and ends the loop."""
+    leave_running = bool(getattr(args, "leave_job_running", False))
     started = time.perf_counter()
     deadline = time.monotonic() + args.job_timeout
     run_config, checkpoint, resumed_rounds = config, None, 0
@@ -70,6 +91,8 @@ def run_on_deployment(
         returned: list[str] = []
 
         def leaves_came_back(job=job, returned=returned, may_resubmit=attempt < MAX_RESUBMISSIONS) -> bool:
+            if signals.signum is not None:
+                return not leave_running  # abort the job on a signal
             if may_resubmit and job.synchronous:
                 returned[:] = job.returned_leaves()
             return bool(returned)
@@ -81,11 +104,16 @@ def run_on_deployment(
                 job.poll,
                 poll_seconds=PROD_POLL_SECONDS,
                 stop_early=leaves_came_back,
+                detach=lambda: leave_running and signals.signum is not None,
             )
             job.poll()
         finally:
             job.close()
         print(f"job {job_id} status: {status}", flush=True)
+        if signals.signum is not None:
+            if result is not None:
+                copy_run_folder(result, download_dir)
+            return 1
         if not copy_run_folder(result, download_dir):
             if not returned:
                 print(

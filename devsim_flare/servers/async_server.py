@@ -35,6 +35,7 @@ from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
 from devsim.observe.progress import BoundEta, ProgressLine, format_duration, format_metrics
 from devsim.observe.results import RunRecorder
+from devsim.observe.round_timeout import RoundTimeout
 from devsim.observe.startup import StartupClock
 from devsim.observe.timing import RoundTiming, WindowTiming, summarize, with_info
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
@@ -47,7 +48,9 @@ from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_in
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls
+from devsim_flare.leaf_liveness import LeafLiveness
 from devsim_flare.servers.base import central_evaluator, start_run
+from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
 
@@ -130,7 +133,12 @@ class AsyncServer:
         )
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
-        self.calls = LeafCalls(call_timeout=config.round_timeout)
+        self.round_timeout = RoundTimeout(config.round_timeout)
+        self.calls = LeafCalls(
+            call_timeout=self.round_timeout.seconds,
+            liveness=LeafLiveness.for_job(self.leaves, collab.fl_ctx.get_job_id(), collab.fl_ctx),
+        )
+        stop = StopRequest(output_dir)  # honoured at model versions: a checkpoint there resumes the same run
         self.exchange = open_exchange(config.shared_memory)
         self._waiting: dict[JobKey, dict] = {}
         # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit
@@ -263,8 +271,20 @@ class AsyncServer:
                     if stopping and not self.scheduler.done:
                         self._drain()
                         version = self.scheduler.version
+                        self._mark_stopped(recorder, "--stop-after-version")
                         print(f"[server] stopped at version {version}; continue with --resume {output_dir}", flush=True)
                         return
+                reason = stop() if new_version and not self.scheduler.done else None
+                if reason:
+                    arrivals.flush()
+                    self._checkpoint(output_dir, recorder, accepted)
+                    self._mark_stopped(recorder, reason)
+                    print(
+                        f"[server] stopped ({reason}) at version {self.scheduler.version}; continue with --resume "
+                        f"{output_dir}",
+                        flush=True,
+                    )
+                    return
             arrivals.flush()
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
@@ -279,6 +299,11 @@ class AsyncServer:
             print(summarize(timings, unit="window"), flush=True)
         recorder.data["startup"] = startup.record()
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
+
+    def _mark_stopped(self, recorder: RunRecorder, reason: str) -> None:
+        """Record in results.json that the run stopped early (the command stops the processes once it reads it)."""
+        recorder.data["stopped"] = {"at_version": self.scheduler.version, "reason": reason}
+        recorder.flush()
 
     def _dispatch(self, jobs: list[DeviceJob]) -> None:
         """Retain the current version for newly dispatched jobs, gather them (see :class:`JobGatherer`) and send
@@ -470,12 +495,15 @@ class AsyncServer:
         guessed jobs (``gather.stale``) are dropped as they come."""
         while key not in self._waiting and key not in self._failed_jobs:
             waited = time.time()
+            self.calls.call_timeout = self.round_timeout.seconds
             try:
                 outcome = self.calls.next()
             except LeafCallError as error:
-                raise AsyncRunError(f"waiting for job {key[0]}: {error} (--round-timeout)") from error
+                raise AsyncRunError(f"waiting for job {key[0]}: {error} ({self.round_timeout.describe()})") from error
             window.add_wait(time.time() - waited)
             dispatched_at, keys = outcome.tag
+            if outcome.error is None:
+                self.round_timeout.observe(time.time() - dispatched_at)
             self._in_flight.difference_update(keys)
             if outcome.error is not None:
                 self._lose_leaf(outcome.leaf, outcome.error, keys)

@@ -31,6 +31,7 @@ from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation
 from devsim.observe.progress import ProgressLine, format_metrics
 from devsim.observe.results import RunRecorder
+from devsim.observe.round_timeout import RoundTimeout
 from devsim.observe.startup import StartupClock
 from devsim.observe.timing import RoundTiming, ServerStamps, summarize, with_info
 from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
@@ -41,8 +42,10 @@ from devsim.resources.collection import PeriodicCollector
 from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
-from devsim_flare.leaf_calls import LeafCallError, LeafCalls
+from devsim_flare.leaf_calls import LeafCallError, LeafCalls, RunStopped
+from devsim_flare.leaf_liveness import LeafLiveness
 from devsim_flare.servers.base import group_evaluators, start_run
+from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
 
@@ -118,6 +121,7 @@ class SyncServer:
         output_dir, device = start_run(self)
         self.device = device
         config = self.config
+        self.round_timeout = RoundTimeout(config.round_timeout)
         self.evaluators = group_evaluators(self.task, config, device)
         self.leaf_groups = {leaf: leaf_group(i, config.hidden_groups) for i, leaf in enumerate(self.leaves)}
         population = DevicePopulation(config.num_leaf_nodes, config.devices_per_leaf, seed=config.seed)
@@ -140,7 +144,14 @@ class SyncServer:
         if recorder.data["rounds"]:
             sim_clock.now = float(recorder.data["rounds"][-1].get("simulated_time", 0.0))
             traffic.load_totals(recorder.data["rounds"][-1].get("bytes_total", {}))
-        calls = LeafCalls(call_timeout=config.round_timeout)
+        stop = StopRequest(output_dir)
+        # a round in flight is abandoned on a stop request unless the leaves keep uplink state (error-feedback
+        # residuals) that its training already changed: then it is finished, so that --resume gives the same run
+        calls = LeafCalls(
+            call_timeout=self.round_timeout.seconds,
+            liveness=LeafLiveness.for_job(self.leaves, collab.fl_ctx.get_job_id(), collab.fl_ctx),
+            stop=None if keeps_state(codec_spec(config)) else stop,
+        )
         self.exchange = open_exchange(config.shared_memory)
         self.dead_leaves: set[str] = set()
         self.validator = UpdateValidator(
@@ -167,9 +178,14 @@ class SyncServer:
         startup.mark("server_ready")
         try:
             for round_num in range(start_round, config.num_rounds):
+                reason = stop()
+                if reason:
+                    self._stop_run(output_dir, round_num, recorder, reason)
+                    return
                 startup.mark("first_round_started")
                 collector.maybe_collect()
                 round_started = time.time()
+                sim_time_before = self.sim_time
                 selected, to_train, clock = self._select(population, round_num)
                 on_dead_leaves = self._devices_on_dead_leaves(population, selected)
                 assignments = {
@@ -179,10 +195,18 @@ class SyncServer:
                 }
                 models = self.leaf_models(list(assignments))
                 dispatched = time.time()
-                payloads = self._call_leaves(calls, round_num, models, assignments)
+                calls.call_timeout = self.round_timeout.seconds
+                try:
+                    payloads = self._call_leaves(calls, round_num, models, assignments)
+                except RunStopped as stopped:  # the round in flight is abandoned: state as after the last one
+                    self.sim_time = sim_time_before
+                    self._stop_run(output_dir, round_num, recorder, str(stopped))
+                    return
                 results_in = time.time()
                 for leaf, payload in payloads.items():
                     startup.leaf_reply(leaf, payload)
+                if payloads:
+                    self.round_timeout.observe(results_in - dispatched)
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
                 record["devices_on_dead_leaves"] = on_dead_leaves
                 _count_traffic(traffic, payloads, model_bytes, len(assignments), record)
@@ -192,7 +216,10 @@ class SyncServer:
                     record.update(sim_clock.round_seconds(round_num, answered))
                 for payload in payloads.values():
                     self.participation.add(payload["device_metrics"]["device_id"])
-                record.update(self.aggregate(round_num, payloads, assignments))
+                if payloads:
+                    record.update(self.aggregate(round_num, payloads, assignments))
+                else:  # every selected device sat on a lost leaf (counted by --min-leaves): the model stays
+                    record["no_updates"] = True
                 aggregated = time.time()
                 record.update(
                     train_seconds=aggregated - round_started, device_train_loss=_mean_metric(payloads, "loss")
@@ -227,6 +254,7 @@ class SyncServer:
                 ):
                     self._checkpoint(output_dir, done, recorder)
                 if stopping:
+                    self._mark_stopped(recorder, done, "--stop-after-round")
                     print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
                     return
         finally:
@@ -275,6 +303,18 @@ class SyncServer:
             },
         )
 
+    def _stop_run(self, output_dir: str, rounds_done: int, recorder: RunRecorder, reason: str) -> None:
+        """End the run on a stop request after ``rounds_done`` complete rounds: checkpoint, results marked."""
+        self._checkpoint(output_dir, rounds_done, recorder)
+        self._mark_stopped(recorder, rounds_done, reason)
+        print(f"[server] stopped ({reason}) after round {rounds_done}; continue with --resume {output_dir}", flush=True)
+
+    @staticmethod
+    def _mark_stopped(recorder: RunRecorder, rounds_done: int, reason: str) -> None:
+        """Record in results.json that the run stopped early (the command stops the processes once it reads it)."""
+        recorder.data["stopped"] = {"after_round": rounds_done, "reason": reason}
+        recorder.flush()
+
     def _leaf_uplink_states(self) -> dict[str, dict]:
         """Each live leaf's uplink state (error-feedback residuals, top-k momentum) when the codec keeps any."""
         if not keeps_state(codec_spec(self.config)):
@@ -282,7 +322,7 @@ class SyncServer:
         states = {}
         for leaf in self.leaves:
             if leaf not in self.dead_leaves:
-                for _, state in collab.get_clients([leaf])(timeout=self.config.round_timeout).uplink_state():
+                for _, state in collab.get_clients([leaf])(timeout=self.round_timeout.seconds).uplink_state():
                     states[leaf] = state
         missing = sorted(set(self.leaves) - self.dead_leaves - set(states))
         if missing:
@@ -294,7 +334,7 @@ class SyncServer:
         restored = 0
         for leaf, state in sorted(states.items()):
             if leaf in self.leaves:
-                for _, done in collab.get_clients([leaf])(timeout=self.config.round_timeout).load_uplink_state(
+                for _, done in collab.get_clients([leaf])(timeout=self.round_timeout.seconds).load_uplink_state(
                     state=state
                 ):
                     restored += int(bool(done))
@@ -408,7 +448,7 @@ class SyncServer:
             if alive < self.config.min_leaves:
                 raise LeafRoundError(
                     f"round {round_num + 1}: {len(errors)} of {len(assignments)} leaves gave no result "
-                    f"(--round-timeout {self.config.round_timeout:g}s) and only {alive} of {len(self.leaves)} leaves "
+                    f"({self.round_timeout.describe()}) and only {alive} of {len(self.leaves)} leaves "
                     f"remain, fewer than --min-leaves {self.config.min_leaves}: {reasons}"
                 )
             print(
@@ -457,6 +497,9 @@ def _dropouts_by_cause(records: list[dict]) -> dict[str, int]:
 
 
 def _mean_metric(payloads: dict[str, dict], name: str) -> float:
+    """Sample-weighted mean of a per-device metric over the replies (NaN without any)."""
+    if not payloads:
+        return float("nan")
     values = [p["device_metrics"][name] for p in payloads.values()]
     weights = [p["device_metrics"]["num_samples"] for p in payloads.values()]
     return float(np.average(np.concatenate(values), weights=np.concatenate(weights)))

@@ -1,0 +1,218 @@
+"""SIGINT and SIGTERM to the job command: stop the run in a known state, then every process the command started.
+
+NVFlare starts its simulator (and each leaf worker under it) in a session of its own, so a terminal's Ctrl-C
+reaches only the command's process, and a SIGTERM to the command left the simulator running, orphaned. While the
+command runs a job, :class:`StopOnSignals` takes both signals:
+
+1. The first asks the server to stop (:func:`devsim_flare.stop_request.request_stop`): the server abandons or
+   finishes the round in flight, writes its checkpoint and ``results.json`` (marked ``stopped``), and the command
+   then stops the processes (:class:`devsim_flare.execution.SimExitWatcher`). When the server has not done so
+   :data:`STOP_GRACE_SECONDS` later (still starting, or deep in a long step), the processes are stopped anyway;
+   the run's last periodic checkpoint and every round already in ``results.json`` remain.
+2. A second signal stops every process at once (SIGKILL).
+
+The command then exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+
+from devsim_flare.stop_request import clear_stop, request_stop
+
+STOP_GRACE_SECONDS = 3.0
+"""Seconds the server gets after the first signal to stop at a safe point before its processes are stopped."""
+TERM_SECONDS = 1.0
+"""Seconds processes get after SIGTERM before SIGKILL, when the command stops them."""
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ... for a signal number."""
+    return signal.Signals(signum).name
+
+
+def signal_exit_codes() -> tuple[int, ...]:
+    """The exit codes of a run stopped by one of :data:`SIGNALS` (130, 143)."""
+    return tuple(128 + signum for signum in SIGNALS)
+
+
+def exit_now(code: int) -> None:
+    """Flush the console and end this process with ``code`` at once: the interpreter's own teardown (PyTorch,
+    NVFlare) takes 1-2 s more that a stopped run need not wait for; every child process is already stopped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def descendants() -> list:
+    """``psutil.Process`` objects of every process below this one (taken as one snapshot: a process whose parent
+    is stopped first would otherwise be re-parented out of reach)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process().children(recursive=True)
+    return []
+
+
+_STOPPED_PIDS: set[int] = set()
+"""Ids of the processes :func:`stop_processes` stopped in this command (for :func:`remove_orphan_exchanges`)."""
+
+
+def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_seconds: float = 0.05) -> None:
+    """SIGTERM ``processes``; SIGKILL those still running ``term_seconds`` later (0: SIGKILL at once)."""
+    import psutil
+
+    _STOPPED_PIDS.update(process.pid for process in processes)
+    if term_seconds > 0:
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        deadline = time.monotonic() + term_seconds
+        alive = still_running(processes)
+        while alive and time.monotonic() < deadline:
+            time.sleep(poll_seconds)
+            alive = still_running(alive)
+    else:
+        alive = processes
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def still_running(processes: list) -> list:
+    """The ``psutil.Process`` objects of ``processes`` that have not exited: zombies count as exited.
+
+    The simulator's server and leaf processes are grandchildren of the command; once the simulator process exits
+    they belong to PID 1, and where PID 1 reaps late (a container's init, this project's sandbox: 1-2 s) a
+    ``psutil.wait_procs`` on them waited for the reaping, which held the command's exit that long after the run.
+    """
+    import psutil
+
+    running = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
+
+
+def remove_orphan_exchanges() -> list[str]:
+    """Remove ``/dev/shm`` exchange folders whose server process is gone (a server stopped by a signal cannot):
+    those of processes this command stopped, even while their zombies wait to be reaped (a re-parented process is
+    reaped by PID 1, late in some containers), and any other whose process no longer exists."""
+    import shutil
+
+    import psutil
+
+    from devsim.shared_arrays import FOLDER_PREFIX, remove_orphans, shared_memory_root
+
+    root = shared_memory_root()
+    if not root:
+        return []
+    removed = []
+    stopped = {p for p in _STOPPED_PIDS if not still_running([_process(p)] if _process(p) else [])}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name[len(FOLDER_PREFIX) :].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
+            if pid.isdigit() and int(pid) in stopped:
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(os.path.join(root, name))
+    with contextlib.suppress(psutil.Error):
+        removed += remove_orphans(root)
+    return removed
+
+
+def _process(pid: int):
+    """``psutil.Process(pid)``, or None when no such process exists."""
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+class StopOnSignals:
+    """While active (a ``with`` block in the main thread), SIGINT and SIGTERM stop the run as the module says.
+
+    ``server_stopped()`` says whether the server has honoured the request (for the console line only).
+    ``output_dir`` is the run folder the server writes to (where the stop request goes; None where the server is
+    on another host: then only :attr:`signum` is set, for the caller's wait loop to act on). ``force`` stops the
+    processes (default: every descendant of this process); it gets the seconds between SIGTERM and SIGKILL.
+    :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
+    """
+
+    def __init__(
+        self, output_dir: str | None, force=None, grace_seconds: float = STOP_GRACE_SECONDS, server_stopped=None
+    ):
+        self.output_dir = output_dir
+        self._server_stopped = server_stopped or (lambda: False)
+        self.grace_seconds = grace_seconds
+        self._force = force or (lambda term_seconds: stop_processes(descendants(), term_seconds))
+        self.signum: int | None = None
+        self.forced = threading.Event()
+        self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.signum is None else 128 + self.signum
+
+    def __enter__(self) -> StopOnSignals:
+        clear_stop(self.output_dir)
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self._timer is not None:
+            self._timer.cancel()
+        clear_stop(self.output_dir)
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal_name(signum)
+        if self.signum is None:
+            self.signum = signum
+            if self.output_dir:
+                request_stop(self.output_dir, name)
+            what = (
+                "stopping the run at its next safe point (checkpoint and results are kept)"
+                if self.output_dir
+                else "stopping"
+            )
+            print(f"\n{name}: {what}; Ctrl-C again to stop at once", file=sys.stderr, flush=True)
+            if self.output_dir:  # a stop was requested: the server gets the grace period to honour it
+                self._timer = threading.Timer(self.grace_seconds, self._stop_late)
+                self._timer.daemon = True
+                self._timer.start()
+            return
+        print(f"{name} again: stopping every process now", file=sys.stderr, flush=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.forced.set()
+        self._force(0.0)
+
+    def _stop_late(self) -> None:
+        """The server did not stop within the grace period: stop the processes."""
+        if descendants():
+            if self._server_stopped():
+                print("the server stopped at a checkpoint; stopping the processes", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"the server did not stop within {self.grace_seconds:g}s; stopping its processes (rounds in "
+                    "results.json and the last periodic checkpoint are kept)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.forced.set()
+            self._force(TERM_SECONDS)

@@ -1,0 +1,215 @@
+"""Stopping a run: the stop request file, signals to the command, leaf liveness, the round timeout (fast)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from devsim.observe.round_timeout import FIRST_SECONDS, FLOOR_SECONDS, MULTIPLE, RoundTimeout
+from devsim_flare.leaf_calls import LeafCalls, LeafLost, LeafOutcome, RunStopped
+from devsim_flare.leaf_liveness import CONNECTION_CLOSED, DEAD_JOB_REPORTED, LeafLiveness
+from devsim_flare.run_signals import StopOnSignals, stop_processes
+from devsim_flare.stop_request import STOP_FILE, StopRequest, clear_stop, request_stop
+
+
+def test_round_timeout_explicit_wins_and_auto_follows_the_slowest_reply():
+    assert RoundTimeout(20.0).seconds == 20.0
+    timeout = RoundTimeout()
+    assert timeout.seconds == FIRST_SECONDS
+    timeout.observe(0.3)
+    assert timeout.seconds == FLOOR_SECONDS
+    timeout.observe(30.0)
+    timeout.observe(2.0)  # only the slowest counts
+    assert timeout.seconds == MULTIPLE * 30.0
+    assert "auto" in timeout.describe() and "20s" in RoundTimeout(20.0).describe()
+    with pytest.raises(ValueError):
+        RoundTimeout(0.0)
+
+
+def test_round_timeout_flag_unset_by_default_and_checked():
+    from devsim.config import ConfigError, SimulationConfig
+
+    assert SimulationConfig().round_timeout is None
+    with pytest.raises(ConfigError, match="--round-timeout"):
+        SimulationConfig(round_timeout=-1.0).validate()
+
+
+def test_stop_request_round_trip(tmp_path):
+    stop = StopRequest(str(tmp_path), min_interval=0.0)
+    assert stop() is None
+    request_stop(str(tmp_path), "SIGINT")
+    assert stop() == "SIGINT"
+    clear_stop(str(tmp_path))
+    assert not (tmp_path / STOP_FILE).exists()
+    assert stop() == "SIGINT"  # a stop once seen stays seen
+
+
+class _Cell:
+    def __init__(self, agents):
+        self.agents = dict.fromkeys(agents)
+
+
+def test_liveness_reports_a_closed_connection_once_and_never_a_leaf_not_seen():
+    cells = [_Cell(["site-1.job", "site-2.job"])]
+    liveness = LeafLiveness({"site-1": "site-1.job", "site-2": "site-2.job", "site-3": "site-3.job"}, lambda: cells)
+    assert liveness.check() == {}
+    cells[0] = _Cell(["site-1.job"])
+    assert liveness.check() == {"site-2": CONNECTION_CLOSED}
+    assert liveness.check() == {}  # each loss is reported once
+    assert "site-3" not in liveness.lost  # never connected straight to this process (POC): no verdict
+
+
+def test_liveness_reads_dead_job_reports():
+    reports: set[str] = set()
+    liveness = LeafLiveness({"site-1": "site-1.job"}, lambda: [], lambda: reports)
+    assert liveness.check() == {}
+    reports.add("site-1")
+    assert liveness.check() == {"site-1": DEAD_JOB_REPORTED}
+
+
+class _FakeCalls(LeafCalls):
+    """LeafCalls whose submit only records the pending call (no NVFlare)."""
+
+    def submit(self, leaf, method, tag, **kwargs):
+        self._outstanding[tag] = leaf
+
+
+def test_pending_call_to_a_lost_leaf_ends_at_once():
+    lost = {"site-2": "gone"}
+
+    class Liveness:
+        def __init__(self):
+            self.lost = {}
+
+        def check(self):
+            self.lost = dict(lost)
+
+    calls = _FakeCalls(call_timeout=600.0, liveness=Liveness())
+    calls.submit("site-1", "train_round", tag=(0, "site-1"))
+    calls.submit("site-2", "train_round", tag=(0, "site-2"))
+    started = time.monotonic()
+    outcome = calls.next()
+    assert time.monotonic() - started < 1.0
+    assert outcome.leaf == "site-2" and isinstance(outcome.error, LeafLost) and "gone" in str(outcome.error)
+    assert calls.pending == 1
+    calls._outcomes.put(LeafOutcome("site-1", (0, "site-1"), result={"ok": 1}))
+    assert calls.next().result == {"ok": 1}
+
+
+def test_stop_callback_ends_the_wait():
+    calls = _FakeCalls(call_timeout=600.0, stop=lambda: "SIGTERM")
+    calls.submit("site-1", "train_round", tag=1)
+    started = time.monotonic()
+    with pytest.raises(RunStopped, match="SIGTERM"):
+        calls.next()
+    assert time.monotonic() - started < 1.0
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_first_signal_requests_a_stop_second_forces(tmp_path):
+    forced = []
+    with StopOnSignals(str(tmp_path), force=forced.append, grace_seconds=30.0) as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert signals.signum == signal.SIGINT and signals.exit_code == 130
+        assert (tmp_path / STOP_FILE).read_text().strip() == "SIGINT"
+        assert forced == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert forced == [0.0] and signals.forced.is_set()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert not (tmp_path / STOP_FILE).exists()  # cleared for a later --resume
+
+
+def test_grace_period_forces_the_stop(tmp_path):
+    child = _sleeper()
+    try:
+        with StopOnSignals(str(tmp_path), grace_seconds=0.2) as signals:
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert signals.exit_code == 143 and signals.forced.is_set()
+        assert child.poll() is not None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_stop_processes_kills_what_ignores_sigterm():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    )
+    import psutil
+
+    time.sleep(0.3)
+    started = time.monotonic()
+    stop_processes([psutil.Process(child.pid)], term_seconds=0.3)
+    assert child.wait(timeout=5) == -signal.SIGKILL
+    assert time.monotonic() - started < 3
+
+
+class _FakeRun:
+    """A job that stays RUNNING until aborted."""
+
+    def __init__(self):
+        self.aborted = False
+
+    def get_status(self):
+        return "FINISHED:ABORTED" if self.aborted else "RUNNING"
+
+    def abort(self):
+        self.aborted = True
+
+    def get_result(self, timeout=0.0):
+        return "/result" if self.aborted else None
+
+
+def test_wait_for_job_aborts_on_stop_and_leaves_the_job_on_detach():
+    from devsim_flare.execution import wait_for_job
+
+    run = _FakeRun()
+    assert wait_for_job(run, 30.0, poll_seconds=0.01, stop_early=lambda: True) == ("FINISHED:ABORTED", "/result")
+    assert run.aborted
+    run = _FakeRun()
+    assert wait_for_job(run, 30.0, poll_seconds=0.01, detach=lambda: True) == ("RUNNING", None)
+    assert not run.aborted
+
+
+def test_prod_flag_to_leave_the_job_running_is_listed():
+    from devsim_flare.cli import build_parser
+
+    assert build_parser("").parse_args(["--leave-job-running"]).leave_job_running
+
+
+def test_exchange_folder_of_a_stopped_server_is_removed_while_its_zombie_waits():
+    import psutil
+
+    from devsim.shared_arrays import FOLDER_PREFIX, shared_memory_root
+    from devsim_flare.run_signals import remove_orphan_exchanges
+
+    root = shared_memory_root()
+    if root is None:
+        pytest.skip("no writable /dev/shm")
+    child = _sleeper()
+    folder = os.path.join(root, f"{FOLDER_PREFIX}{child.pid}-test")
+    os.makedirs(folder)
+    try:
+        stop_processes([psutil.Process(child.pid)], term_seconds=0.0)
+        deadline = time.monotonic() + 5
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert folder in remove_orphan_exchanges()  # not reaped yet: a zombie, still counted as stopped
+        assert not os.path.exists(folder)
+    finally:
+        child.wait()
+        if os.path.isdir(folder):
+            os.rmdir(folder)
