@@ -229,3 +229,20 @@ def test_methods_without_dp_refuse_it_in_one_line(config_cls):
 def test_dp_off_leaves_every_setting_valid():
     SimulationConfig(dp_clip=1.0).validate()
     dp_config().validate()
+
+
+def test_local_dp_aggregate_noise_has_the_expected_standard_deviation():
+    """Local DP: m devices each add z * S to a zero update; the aggregate's deviation is sqrt(m) z S / expected."""
+    plan = PrivacyPlan.from_settings(dp_config(dp="local", dp_noise_multiplier=0.6, dp_clip=0.5))
+    aggregator = PrivateAggregator(plan, seed=2, num_leaves=2)
+    device = aggregator.device_privacy()
+    assert device.local_noise_std == pytest.approx(0.3) and aggregator.server_noise_std(2) == 0.0
+    devices = 9
+    summed = {k: np.zeros(s, dtype=np.float32) for k, s in SHAPES.items()}
+    for device_id in range(devices):
+        update = [torch.zeros(s) for s in SHAPES.values()]
+        device.apply_(update, 0, device_id)
+        for key, t in zip(SHAPES, update, strict=True):
+            summed[key] += t.numpy()
+    deviation = _deviation(aggregator, 0, [LeafSum(summed, devices)])
+    assert deviation.std() == pytest.approx(math.sqrt(devices) * 0.3 / plan.denominator, rel=0.05)
