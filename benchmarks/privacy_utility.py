@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         at8 = next((r for r in rows if r["target_epsilon"] == 8.0), None)
         shown = [
             figure(
-                f"accuracy at epsilon {r['target_epsilon']:g} (no DP {baseline:.4f})",
-                f"{r['final_accuracy']:.4f}",
+                f"privacy-utility: accuracy at epsilon {r['target_epsilon']:g}, {args.devices} devices",
+                f"{r['final_accuracy']:.4f} (no DP {baseline:.4f})",
                 "epsilon 8 within 5 points of no DP" if r is at8 else "reported",
                 invocation(),
                 date,
