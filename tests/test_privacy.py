@@ -246,3 +246,16 @@ def test_local_dp_aggregate_noise_has_the_expected_standard_deviation():
             summed[key] += t.numpy()
     deviation = _deviation(aggregator, 0, [LeafSum(summed, devices)])
     assert deviation.std() == pytest.approx(math.sqrt(devices) * 0.3 / plan.denominator, rel=0.05)
+
+
+def test_leaf_placement_also_accounts_one_leaf_sum_alone():
+    """With noise split over L leaves, one leaf's sum carries z / sqrt(L): its epsilon is reported beside the run's."""
+    plan = PrivacyPlan.from_settings(dp_config(dp_noise_at="leaves", num_leaf_nodes=4, devices_per_leaf=25))
+    aggregator = PrivateAggregator(plan, seed=0, num_leaves=4)
+    _, record = aggregator.aggregate(0, _zero_sum(), [LeafSum(_zero_sum(), 3)])
+    alone = PrivacyPlan.from_settings(dp_config(dp_noise_multiplier=0.5, num_leaf_nodes=4, devices_per_leaf=25))
+    assert record["dp_epsilon_one_leaf_sum"] == pytest.approx(alone.new_accountant().epsilon_at(1))
+    assert record["dp_epsilon_one_leaf_sum"] > record["dp_epsilon"]
+    resumed = PrivateAggregator(plan, seed=0, num_leaves=4)
+    resumed.load_state(aggregator.state())
+    assert resumed.leaf_accountant.rounds == 1

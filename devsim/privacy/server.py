@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from devsim.privacy.accountant import RunAccountant
 from devsim.privacy.clipping import next_clip
 from devsim.privacy.device import DevicePrivacy
 from devsim.privacy.noise import gaussian_like
@@ -45,6 +46,10 @@ class PrivateAggregator:
         self.plan, self.seed, self.num_leaves, self.global_lr = plan, int(seed), int(num_leaves), float(global_lr)
         self.clip = plan.clip
         self.accountant = plan.new_accountant()
+        self.leaf_accountant = None  # leaf placement: one leaf's sum alone carries 1/L of the noise variance
+        if plan.mode == "central" and plan.noise_at == "leaves" and self.num_leaves > 1:
+            leaf_z = plan.noise_multiplier / math.sqrt(self.num_leaves)
+            self.leaf_accountant = RunAccountant(plan.event(leaf_z), plan.delta, plan.accountant, plan.replace_one)
 
     def device_privacy(self) -> DevicePrivacy:
         """What each device applies this round: clip to the current S; local DP: noise std ``z * S``."""
@@ -104,15 +109,22 @@ class PrivateAggregator:
             self.clip = next_clip(clip, fraction, plan.target_quantile, plan.clip_lr)
             record["dp_noised_fraction_below"] = float(fraction)
         record["dp_epsilon"] = self.accountant.step()
+        if self.leaf_accountant is not None:
+            record["dp_epsilon_one_leaf_sum"] = self.leaf_accountant.step()
         return new_weights, record
 
     def state(self) -> dict:
         """What a checkpoint keeps: the accountant's state and the current clip norm."""
-        return {"accountant": self.accountant.state(), "clip": self.clip}
+        state = {"accountant": self.accountant.state(), "clip": self.clip}
+        if self.leaf_accountant is not None:
+            state["leaf_accountant"] = self.leaf_accountant.state()
+        return state
 
     def load_state(self, state: dict) -> None:
         """Restore :meth:`state` (``--resume``)."""
         self.accountant.load_state(state["accountant"])
+        if self.leaf_accountant is not None:
+            self.leaf_accountant.load_state(state["leaf_accountant"])
         self.clip = float(state["clip"])
 
     def describe(self) -> str:
