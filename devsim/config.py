@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from devsim.privacy.settings import PrivacySettings
+
 DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
 MODELS = ("cnn", "resnet18", "resnet18_nonorm")
 DEVICE_BATCH_WORDS = ("auto", "off")
@@ -58,8 +60,8 @@ def _help(text: str) -> dict[str, str]:
 
 
 @dataclass
-class SimulationConfig:
-    """Everything that defines a synchronous hierarchical FedAvg run.
+class SimulationConfig(PrivacySettings):
+    """Everything that defines a synchronous hierarchical FedAvg run (the ``--dp-*`` section: PrivacySettings).
 
     Units: learning rates are plain multipliers; sizes are counts; timeouts are seconds.
     """
@@ -437,6 +439,7 @@ class SimulationConfig:
         _check_choice("compile", self.compile, COMPILE_SETTINGS)
         _check_codec_and_network(self)
         _check_heterogeneity(self)
+        self.check_privacy(population)
         if self.task is not None:
             if not self.task.strip():
                 raise ConfigError("task", "give a file path (my_task.py) or a module name (package.module)")

@@ -82,11 +82,13 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     config_cls = type(defaults)
     asynchronous = issubclass(config_cls, AsyncConfig)
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    group = parser.add_argument_group("simulation")
+    groups = {"simulation": parser.add_argument_group("simulation")}
     parser.set_defaults(config_cls=config_cls)
-    for f in dataclasses.fields(config_cls):
+    for f in sorted(dataclasses.fields(config_cls), key=lambda f: "section" in f.metadata):
         if f.metadata.get("internal") or (asynchronous and f.metadata.get("sync_only")):
             continue
+        section = f.metadata.get("section", "simulation")
+        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(section))
         optional = "None" in str(f.type)
         base = str(f.type).replace("| None", "").strip()
         default = getattr(defaults, f.name)
@@ -233,6 +235,31 @@ def task_config(parser: argparse.ArgumentParser, config: SimulationConfig) -> Si
     return config
 
 
+def with_privacy(parser: argparse.ArgumentParser, config: SimulationConfig, resumed: bool = False) -> SimulationConfig:
+    """``config`` with its DP noise multiplier resolved (solved from ``--dp-epsilon`` for the run's rounds) and the
+    mechanism checked; a target it cannot reach, or both flags given, ends the program with one line."""
+    if config.dp == "off":
+        return config
+    from devsim.privacy.plan import PrivacyPlan, resolve_noise_multiplier
+
+    if config.dp_epsilon is not None and config.dp_noise_multiplier is not None and not resumed:
+        parser.error("--dp-epsilon: give it or --dp-noise-multiplier, not both")
+    try:
+        z = resolve_noise_multiplier(config, config.num_rounds)
+    except ValueError as error:
+        parser.error(f"--dp-epsilon: {error}")
+    if config.dp_noise_multiplier is None:
+        print(
+            f"--dp-epsilon {config.dp_epsilon:g}: noise multiplier {z:.4f} for {config.num_rounds} rounds", flush=True
+        )
+    config = dataclasses.replace(config, dp_noise_multiplier=z)
+    try:
+        _ = PrivacyPlan.from_settings(config).sum_noise_multiplier  # adaptive clipping: the count leaves some
+    except ValueError as error:
+        parser.error(f"--dp-count-noise: {error}")
+    return config
+
+
 def default_output_dir(workspace: str, method: str) -> str:
     """A fresh, absolute run folder under ``<workspace>/runs``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -321,6 +348,7 @@ def run_job(parser: argparse.ArgumentParser, args: argparse.Namespace, server_cl
         share_digits(config, args.workspace)  # first, so this process too reads the shared file, not scikit-learn
     prepare_data(parser, config)
     config = task_config(parser, config)
+    config = with_privacy(parser, config, resumed=bool(args.resume))
     args.results_dir = None if exporting else (download_dir or config.output_dir)
     leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host

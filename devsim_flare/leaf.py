@@ -26,6 +26,8 @@ from devsim.observe.startup import SetupParts, process_started
 from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
+from devsim.privacy.device import DevicePrivacy
+from devsim.privacy.noise import with_gaussian
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
 from devsim.resources.precision import apply_tf32
@@ -189,17 +191,27 @@ class LeafNode:
         assignments: dict,
         exchange_folder: str | None = None,
         shared_weights: dict | None = None,
+        dp: dict | None = None,
     ) -> dict:
         """Train this leaf's devices in ``assignments`` (site name -> int64 device ids) from ``weights``; with
         ``exchange_folder`` the weights and the float32 ``delta_sum`` travel as files of it (see
-        :meth:`train_jobs`)."""
+        :meth:`train_jobs`). ``dp`` (differential privacy; the server's ``_leaf_privacy``) holds this round's clip
+        norm, each device's local noise std and this leaf's share of the central noise (std, 0: none)."""
         received_at = time.time()
         weights = received_weights(weights, exchange_folder, shared_weights)
         self._collector.maybe_collect()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
-        result = self._runner.run_round(round_num, weights, device_ids, self._dropout, self._faults, max_norm)
+        privacy = None
+        if dp is not None:
+            privacy = DevicePrivacy(float(dp["clip"]), float(dp["local_noise_std"]), int(self.settings.get("seed", 0)))
+        result = self._runner.run_round(round_num, weights, device_ids, self._dropout, self._faults, max_norm, privacy)
         payload = result.to_payload()
+        if dp is not None and float(dp["leaf_noise_std"]):
+            seed = int(self.settings.get("seed", 0))
+            payload["delta_sum"] = with_gaussian(
+                payload["delta_sum"], float(dp["leaf_noise_std"]), seed, "dp-leaf-noise", round_num, self._leaf_index
+            )
         wire_fault = self._faults.wire_fault(round_num, self._leaf_index)
         if wire_fault is not None:
             payload["delta_sum"] = FaultInjector.corrupt(payload["delta_sum"], wire_fault)

@@ -2,6 +2,7 @@
 
 .venv/bin/python scripts/doc_flag_tables.py combined   # simulation flags: one column of defaults per job
 .venv/bin/python scripts/doc_flag_tables.py run        # run flags shared by every job
+.venv/bin/python scripts/doc_flag_tables.py privacy    # the --dp-* flags (docs/privacy.md)
 """
 
 from __future__ import annotations
@@ -38,12 +39,16 @@ def actions(parser: argparse.ArgumentParser, title: str) -> dict[str, argparse.A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "mode", nargs="?", default="combined", choices=("combined", "run"), help="which table (default: combined)"
+        "mode",
+        nargs="?",
+        default="combined",
+        choices=("combined", "run", "privacy"),
+        help="which table (default: combined)",
     )
     mode = parser.parse_args().mode
-    if mode == "run":
+    if mode in ("run", "privacy"):
         print("| flag | default | meaning |\n| --- | --- | --- |")
-        for action in actions(build_parser(""), "run").values():
+        for action in actions(build_parser(""), mode).values():
             print(f"| {flag(action)} | {shown(action)} | {(action.help or '').replace('|', '/')} |")
         return
     tables = {name: actions(build_parser("", recipe.defaults), "simulation") for name, recipe in RECIPES.items()}

@@ -1,6 +1,7 @@
 """What a leaf does with each device it trained in a synchronous round, in order: drop it (dropout), corrupt it
 (fault injection, testing), send it over the uplink (:class:`~devsim.compression.UplinkCompressor`), check it
-(finite, within the norm limit) and add it, weighted by its samples, to the worker's sum.
+(finite, within the norm limit) and add it, weighted by its samples, to the worker's sum. Under differential
+privacy each update is clipped (and in local DP noised) before the uplink and counts once in the sum.
 
 :func:`admit` takes one device's delta; :func:`admit_rows` a batched group's stacked ``(D, *shape)`` deltas, which
 cross the uplink together and are then checked and summed device by device in the same order, so both give the
@@ -17,6 +18,7 @@ import torch
 from devsim.compression import UplinkCompressor, UplinkStats
 from devsim.population.dropout import DROPPED, DropoutModel
 from devsim.population.faults import FaultInjector
+from devsim.privacy.device import DevicePrivacy
 from devsim.training.local import DeviceMetrics
 
 
@@ -39,6 +41,7 @@ class RoundChecks:
     faults: FaultInjector | None
     max_norm: float | None
     uplink: UplinkCompressor
+    privacy: DevicePrivacy | None = None
 
     def outcome(self, round_num: int, device_id: int) -> str:
         return self.dropout.outcome(round_num, device_id) if self.dropout is not None and self.dropout.enabled else "ok"
@@ -57,7 +60,9 @@ def admit(
         result.counts["dropped"] += 1
         return
     _inject_fault(delta, metrics.device_id, round_num, checks)
-    _accept(result, checks.uplink.transmit(metrics.device_id, round_num, delta, result.uplink), metrics, checks)
+    below = checks.privacy.apply_(delta, round_num, metrics.device_id) if checks.privacy is not None else None
+    received = checks.uplink.transmit(metrics.device_id, round_num, delta, result.uplink)
+    _accept(result, received, metrics, checks, below)
 
 
 def admit_rows(
@@ -79,9 +84,10 @@ def admit_rows(
     for row, i in enumerate(kept):
         _inject_fault([t[row] for t in rows], metrics[i].device_id, round_num, checks)
     ids = [metrics[i].device_id for i in kept]
+    below = checks.privacy.apply_rows_(rows, round_num, ids) if checks.privacy is not None else [None] * len(ids)
     received = checks.uplink.transmit_rows(ids, round_num, rows, result.uplink)
     for row, i in enumerate(kept):
-        _accept(result, [t[row] for t in received], metrics[i], checks)
+        _accept(result, [t[row] for t in received], metrics[i], checks, below[row])
 
 
 def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, checks: RoundChecks) -> None:
@@ -91,8 +97,11 @@ def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, che
         _corrupt_tensors(delta, fault)
 
 
-def _accept(result: ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetrics, checks: RoundChecks) -> None:
-    """Add a received delta, weighted by its samples, to the chunk's sum unless it is non-finite or too large."""
+def _accept(
+    result: ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetrics, checks: RoundChecks, below: bool | None
+) -> None:
+    """Add a received delta to the chunk's sum unless it is non-finite or too large: weighted by its samples, or
+    under DP by 1 (each device's clipped update counts once; ``below``: its norm was within the clip norm)."""
     device_id = metrics.device_id
     norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
     max_norm = checks.max_norm
@@ -101,8 +110,11 @@ def _accept(result: ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetri
         reason = "non-finite values" if not np.isfinite(norm) else f"norm {norm:.3g} exceeds {max_norm:.3g}"
         result.rejections.append(f"device {device_id}: {reason}")
         return
-    torch._foreach_add_(result.accumulator, delta, alpha=float(metrics.num_samples))
+    weight = 1.0 if checks.privacy is not None else float(metrics.num_samples)
+    torch._foreach_add_(result.accumulator, delta, alpha=weight)
     result.metrics.append(metrics)
+    if below:
+        result.counts["dp_below_clip"] = result.counts.get("dp_below_clip", 0) + 1
 
 
 def _corrupt_tensors(delta: list[torch.Tensor], kind: str) -> None:

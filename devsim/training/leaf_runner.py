@@ -26,6 +26,7 @@ from devsim.compression import CodecSpec, Encoded, UplinkCompressor, UplinkStats
 from devsim.observe.cpu import TRAINING
 from devsim.population.dropout import DROPPED, SILENT, DropoutModel
 from devsim.population.faults import FaultInjector
+from devsim.privacy.device import DevicePrivacy
 from devsim.resources.leaf_plan import balanced_groups, deal_groups
 from devsim.training.admission import ChunkResult, RoundChecks, admit, admit_rows
 from devsim.training.local import DeviceMetrics
@@ -144,12 +145,15 @@ class LeafRoundRunner:
         dropout: DropoutModel | None = None,
         faults: FaultInjector | None = None,
         max_norm: float | None = None,
+        privacy: DevicePrivacy | None = None,
     ) -> LeafRoundResult:
         """Train ``device_ids`` (any order; sorted internally) from ``global_weights``.
 
         Devices that ``dropout`` makes silent are not trained; dropped ones are trained and discarded.
         A device whose delta is non-finite or (with ``max_norm``) whose L2 norm exceeds it is rejected
-        and reported with its id; only accepted devices enter the sum and the total weight.
+        and reported with its id; only accepted devices enter the sum and the total weight. With ``privacy`` each
+        device's update is clipped (and noised, local DP) before it leaves the device and enters the sum unweighted;
+        ``counts["dp_below_clip"]`` then counts the accepted devices whose norm was within the clip norm.
         """
         started = time.perf_counter()
         devices = sorted(int(d) for d in device_ids)
@@ -165,7 +169,7 @@ class LeafRoundRunner:
                 chunks[w],
                 round_num,
                 global_tensors,
-                RoundChecks(dropout, faults, max_norm, self.uplink),
+                RoundChecks(dropout, faults, max_norm, self.uplink, privacy),
                 self.device_batch,
             )
             for w in range(num_workers)
@@ -176,7 +180,9 @@ class LeafRoundRunner:
         for partial in partials[1:]:
             torch._foreach_add_(accumulator, partial.accumulator)
         metrics = sorted((m for p in partials for m in p.metrics), key=lambda m: m.device_id)
-        counts = {k: sum(p.counts[k] for p in partials) for k in ("dropped", "silent", "rejected")}
+        counts = {k: sum(p.counts.get(k, 0) for p in partials) for k in ("dropped", "silent", "rejected")}
+        if privacy is not None:
+            counts["dp_below_clip"] = sum(p.counts.get("dp_below_clip", 0) for p in partials)
         rejections = [r for p in partials for r in p.rejections]
         uplink = UplinkStats()
         for partial in partials:

@@ -38,6 +38,7 @@ from devsim.observe.traffic import TrafficCounter, array_bytes, with_bytes
 from devsim.population.devices import DevicePopulation
 from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
+from devsim.privacy.sampling import poisson_select
 from devsim.resources.collection import PeriodicCollector
 from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim.training.evaluation import EvalResult
@@ -78,6 +79,8 @@ class SyncServer:
 
     def aggregate(self, round_num: int, payloads: dict[str, dict], assignments: dict[str, np.ndarray]) -> dict:
         """Fold the leaves' replies into the model(s); returns extra fields for the round record."""
+        if self.privacy is not None:
+            return self._aggregate_private(round_num, payloads)
         updates = [
             LeafUpdate(leaf, payloads[leaf]["delta_sum"], payloads[leaf]["total_weight"], len(assignments[leaf]))
             for leaf in self.leaves
@@ -85,6 +88,22 @@ class SyncServer:
         ]
         self.weights = self.strategy.aggregate(self.weights, updates)
         return {}
+
+    def _aggregate_private(self, round_num: int, payloads: dict[str, dict]) -> dict:
+        """DP-FedAvg: the leaves' sums of clipped updates plus noise over the fixed denominator (privacy.server)."""
+        from devsim.privacy.server import LeafSum
+
+        sums = [
+            LeafSum(
+                payloads[leaf]["delta_sum"],
+                len(payloads[leaf]["device_metrics"]["device_id"]),
+                int(payloads[leaf].get("counts", {}).get("dp_below_clip", 0)),
+            )
+            for leaf in self.leaves
+            if leaf in payloads
+        ]
+        self.weights, record = self.privacy.aggregate(round_num, self.weights, sums)
+        return record
 
     def strategy_state(self) -> dict:
         return {}
@@ -129,6 +148,7 @@ class SyncServer:
         self.sim_time = 0.0
         self.participation = Participation(config.num_devices)
         self.setup_strategy(config)
+        self.privacy = private_aggregator(config, len(self.leaves))
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
         start_round = self._resume(config, recorder) if config.resume_from else 0
         model_bytes = array_bytes(self.weights)
@@ -155,8 +175,12 @@ class SyncServer:
         self.exchange = open_exchange(config.shared_memory)
         self.dead_leaves: set[str] = set()
         self.validator = UpdateValidator(
-            self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
+            self.weights,
+            max_norm=config.max_update_norm,
+            max_norm_factor=config.update_norm_factor if self.privacy is None else None,
         )
+        if self.privacy is not None:
+            print(f"[server] {self.privacy.describe()}", flush=True)
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
@@ -182,6 +206,8 @@ class SyncServer:
                 if reason:
                     self._stop_run(output_dir, round_num, recorder, reason)
                     return
+                if self._over_budget(round_num, recorder):
+                    break
                 startup.mark("first_round_started")
                 collector.maybe_collect()
                 round_started = time.time()
@@ -284,6 +310,7 @@ class SyncServer:
                 "participation": self.participation.summary(),
                 "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
+                **self._privacy_summary(recorder),
             }
         )
         print(f"[server] done; final model {final_path}", flush=True)
@@ -299,6 +326,7 @@ class SyncServer:
                 "config": self.config.to_dict(),
                 "sim_time": self.sim_time,
                 "participation": self.participation.state(),
+                "privacy": self.privacy.state() if self.privacy is not None else None,
                 "leaf_uplink": self._leaf_uplink_states(),
             },
         )
@@ -347,6 +375,8 @@ class SyncServer:
         self.load_strategy_state(state["strategy"])
         self._restore_leaf_uplinks(state.get("leaf_uplink", {}))
         recorder.data["rounds"] = list(state["records"])
+        if self.privacy is not None:
+            self.privacy.load_state(state["privacy"])
         if "participation" in state:
             self.sim_time = float(state["sim_time"])
             self.participation.load(state["participation"])
@@ -362,7 +392,10 @@ class SyncServer:
         """
         config = self.config
         if self.population_model is None:
-            selected = population.select(round_num, config.device_selection_size)
+            if self.privacy is not None and self.privacy.plan.sampling == "poisson":
+                selected = poisson_select(config.seed, round_num, population.size, self.privacy.plan.rate)
+            else:
+                selected = population.select(round_num, config.device_selection_size)
             return selected, selected, {}
         plan = self.population_model.plan_round(
             round_num, self.sim_time, config.device_selection_size, job_work(config)
@@ -395,7 +428,8 @@ class SyncServer:
                 print(f"[server] round {round_num + 1}: {leaf} rejected {reason}", flush=True)
             if isinstance(payload, dict) and payload.get("total_weight") == 0:
                 continue
-            self.validator.max_norm = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
+            if self.privacy is None:  # under DP each device's norm is bounded; a leaf-sum limit would depend on others
+                self.validator.max_norm = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
             rejection = self.validator.check_leaf_payload(payload, leaf)
             if rejection is not None:
                 rejected[leaf] = rejection.reason
@@ -405,7 +439,8 @@ class SyncServer:
         answered = sum(len(p["device_metrics"]["device_id"]) for p in accepted.values())
         record.update(answered_devices=answered, rejected_leaves=rejected, **counts)
         record["dead_leaves"] = sorted(self.dead_leaves)
-        min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
+        if selected or self.privacy is None:  # Poisson sampling may select nobody: then the round is noise only
+            min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
         return accepted
 
     def _call_leaves(
@@ -419,6 +454,8 @@ class SyncServer:
                 written[id(model)] = shared_or_inline(folder, model, keep=True)
             arrays = weights_for_call(model, folder, written[id(model)])
             tag = (round_num, leaf)
+            if self.privacy is not None:
+                arrays["dp"] = self._leaf_privacy()
             calls.submit(leaf, "train_round", tag=tag, round_num=round_num, assignments={leaf: device_ids}, **arrays)
         payloads, errors = {}, {}
         try:
@@ -457,6 +494,51 @@ class SyncServer:
                 flush=True,
             )
         return payloads
+
+    def _leaf_privacy(self) -> dict:
+        """This round's device clip norm and noise, as the leaves apply them (``LeafNode.train_round``'s ``dp``)."""
+        device = self.privacy.device_privacy()
+        return {
+            "clip": device.clip,
+            "local_noise_std": device.local_noise_std,
+            "leaf_noise_std": self.privacy.leaf_noise_std(),
+        }
+
+    def _over_budget(self, round_num: int, recorder: RunRecorder) -> bool:
+        """True (and says so) when round ``round_num + 1`` would take epsilon above ``--dp-budget``."""
+        if self.privacy is None:
+            return False
+        after = self.privacy.would_exceed(self.config.dp_budget)
+        if after is None:
+            return False
+        recorder.data["dp_stopped"] = (
+            f"stopped before round {round_num + 1}: its epsilon {after:.4g} would exceed --dp-budget "
+            f"{self.config.dp_budget:g} (epsilon after {round_num} rounds: {self.privacy.accountant.epsilon:.4g})"
+        )
+        print(f"[server] {recorder.data['dp_stopped']}", flush=True)
+        return True
+
+    def _privacy_summary(self, recorder: RunRecorder) -> dict:
+        """The summary's ``dp_*`` fields: final epsilon, delta, rounds accounted, why the run stopped early."""
+        if self.privacy is None:
+            return {}
+        return {
+            "dp_epsilon": self.privacy.accountant.epsilon,
+            "dp_delta": self.privacy.plan.delta,
+            "dp_noise_multiplier": self.privacy.plan.noise_multiplier,
+            "dp_rounds_accounted": self.privacy.accountant.rounds,
+            "dp_stopped": recorder.data.get("dp_stopped"),
+        }
+
+
+def private_aggregator(config: SimulationConfig, num_leaves: int):
+    """The run's :class:`~devsim.privacy.server.PrivateAggregator`, or None without ``--dp``."""
+    if config.dp == "off":
+        return None
+    from devsim.privacy.plan import PrivacyPlan
+    from devsim.privacy.server import PrivateAggregator
+
+    return PrivateAggregator(PrivacyPlan.from_settings(config), config.seed, num_leaves, config.global_lr)
 
 
 class FedAvgServer(SyncServer):
@@ -497,8 +579,8 @@ def _dropouts_by_cause(records: list[dict]) -> dict[str, int]:
 
 
 def _mean_metric(payloads: dict[str, dict], name: str) -> float:
-    """Sample-weighted mean of a per-device metric over the replies (NaN without any)."""
-    if not payloads:
+    """Sample-weighted mean of a per-device metric over the replies (NaN without any device)."""
+    if not any(len(p["device_metrics"][name]) for p in payloads.values()):
         return float("nan")
     values = [p["device_metrics"][name] for p in payloads.values()]
     weights = [p["device_metrics"]["num_samples"] for p in payloads.values()]
@@ -524,4 +606,6 @@ def _round_summary(record: dict) -> str:
             text += "  re-split " + "|".join(",".join(part) for part in check["parts"])
         elif check["rounds"]:
             text += f"  re-split pending {check['rounds']}"
+    if "dp_epsilon" in record:
+        text += f"  epsilon {record['dp_epsilon']:.3f}"
     return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"

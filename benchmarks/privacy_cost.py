@@ -1,0 +1,91 @@
+"""What user-level DP costs a synchronous round on the batched path, measured side by side in one process.
+
+One leaf's round (``devsim.training.leaf_runner.LeafRoundRunner``, batched devices, no NVFlare) and the server's
+aggregation of its sum, alternately without DP (sample-weighted sum, :class:`~devsim.aggregation.FedAvg`) and with
+central DP (each device's update clipped where it is computed, counted once; the server's
+:class:`~devsim.privacy.server.PrivateAggregator` adds seeded Gaussian noise to the sum, divides by the fixed
+denominator and steps the accountant). Both settings train the same devices from the same model each round; the
+first round of each is a warm-up. Printed: the median round of each and their ratio (target: DP <= 1.10x).
+
+    .venv/bin/python benchmarks/privacy_cost.py
+    .venv/bin/python benchmarks/privacy_cost.py --accountant pld --json   # benchmarks/results/privacy_cost-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
+from devsim.codec import model_to_numpy  # noqa: E402
+from devsim.config import SimulationConfig  # noqa: E402
+from devsim.models import build_model  # noqa: E402
+from devsim.privacy.plan import PrivacyPlan  # noqa: E402
+from devsim.privacy.server import LeafSum, PrivateAggregator  # noqa: E402
+from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
+from processors.task_processor import TaskDeviceProcessor  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=20, help="devices trained per round")
+    parser.add_argument("--device-batch", type=int, default=10, help="devices per batched computation")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds per setting (the first is a warm-up)")
+    parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp")
+    parser.add_argument("--json", action="store_true", help="write benchmarks/results/privacy_cost-<date>.json")
+    args = parser.parse_args(argv)
+    load_start = load()
+    settings = dict(dataset="digits", samples_per_device=50, partition="iid", batch_size=10, seed=0)
+    runner = LeafRoundRunner([TaskDeviceProcessor.from_settings(settings)], device_batch=args.device_batch)
+    config = SimulationConfig(
+        dp="central", dp_noise_multiplier=1.0, dp_clip=1.0, dp_accountant=args.accountant, devices_per_leaf=500
+    )
+    aggregator = PrivateAggregator(PrivacyPlan.from_settings(config), seed=0, num_leaves=1)
+    fedavg = FedAvg()
+    weights = model_to_numpy(build_model("cnn"))
+    devices = list(range(args.devices))
+    times: dict[str, list[float]] = {"plain": [], "dp": []}
+    try:
+        for round_num in range(args.rounds):
+            for name in ("plain", "dp") if round_num % 2 == 0 else ("dp", "plain"):
+                started = time.perf_counter()
+                if name == "plain":
+                    result = runner.run_round(round_num, weights, devices)
+                    update = LeafUpdate("leaf", result.delta_sum, result.total_weight, len(devices))
+                    fedavg.aggregate(weights, [update])
+                else:
+                    result = runner.run_round(round_num, weights, devices, privacy=aggregator.device_privacy())
+                    leaf = LeafSum(result.delta_sum, len(devices), result.counts.get("dp_below_clip", 0))
+                    aggregator.aggregate(round_num, weights, [leaf])
+                if round_num:
+                    times[name].append(time.perf_counter() - started)
+    finally:
+        runner.close()
+    plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
+    ratio = private / plain
+    print(f"machine: {machine(load_start)}")
+    print(f"round without DP {plain * 1000:.1f} ms, with DP ({args.accountant}) {private * 1000:.1f} ms: {ratio:.3f}x")
+    if args.json:
+        date = time.strftime("%Y-%m-%d")
+        payload = {"settings": vars(args), "load_start": load_start, "seconds": times, "ratio": ratio}
+        shown = figure(
+            f"DP round / plain round, batched path ({args.accountant})",
+            f"{ratio:.3f}x",
+            "<= 1.10x",
+            invocation(),
+            date,
+            machine(load_start),
+        )
+        print(f"wrote {write_results(f'privacy_cost-{args.accountant}', payload, [shown])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The server's side of user-level DP-FedAvg: noise on the round's sum, the fixed denominator, adaptive clipping's
+noised count, and the accountant fed one event per applied round.
+
+Sums run in float64 over the leaves in the order given (leaf-name order), so the result does not depend on which
+leaf answered first; every noise draw is a pure function of ``(seed, round)`` (:mod:`devsim.privacy.noise`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from devsim.privacy.accountant import RunAccountant
+from devsim.privacy.clipping import next_clip
+from devsim.privacy.device import DevicePrivacy
+from devsim.privacy.noise import gaussian_like
+from devsim.privacy.plan import PrivacyPlan
+from devsim.seeding import derive_rng
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class LeafSum:
+    """One leaf's contribution: the sum of its devices' clipped (noised, with leaf placement) updates, how many
+    devices it holds and how many of them had norms within the clip norm (adaptive clipping)."""
+
+    delta_sum: Weights
+    devices: int
+    below_clip: int = 0
+
+
+class PrivateAggregator:
+    """DP-FedAvg at the server: ``w <- w + global_lr * (sum_leaves + noise) / expected_devices``.
+
+    ``num_leaves`` is L, the leaves that share the noise with ``noise_at == "leaves"``: each adds standard deviation
+    ``z_sum * S / sqrt(L)``, and the server adds the shares of leaves whose sum did not arrive (none selected, lost,
+    rejected), so the total variance is ``(z_sum * S)^2`` in every round.
+    """
+
+    def __init__(self, plan: PrivacyPlan, seed: int, num_leaves: int, global_lr: float = 1.0):
+        if plan.target_quantile is not None and plan.noise_at == "leaves":
+            raise ValueError("adaptive clipping counts at the server; use server noise placement")
+        self.plan, self.seed, self.num_leaves, self.global_lr = plan, int(seed), int(num_leaves), float(global_lr)
+        self.clip = plan.clip
+        self.accountant = plan.new_accountant()
+        self.leaf_accountant = None  # leaf placement: one leaf's sum alone carries 1/L of the noise variance
+        if plan.mode == "central" and plan.noise_at == "leaves" and self.num_leaves > 1:
+            leaf_z = plan.noise_multiplier / math.sqrt(self.num_leaves)
+            self.leaf_accountant = RunAccountant(plan.event(leaf_z), plan.delta, plan.accountant, plan.replace_one)
+
+    def device_privacy(self) -> DevicePrivacy:
+        """What each device applies this round: clip to the current S; local DP: noise std ``z * S``."""
+        local = self.plan.noise_multiplier * self.clip if self.plan.mode == "local" else 0.0
+        return DevicePrivacy(self.clip, local, self.seed)
+
+    def leaf_noise_std(self) -> float:
+        """The standard deviation each leaf adds to its own sum this round (0 unless noise is at the leaves)."""
+        if self.plan.mode != "central" or self.plan.noise_at != "leaves":
+            return 0.0
+        return self.plan.sum_noise_multiplier * self.clip / math.sqrt(self.num_leaves)
+
+    def server_noise_std(self, noised_leaves: int) -> float:
+        """The standard deviation the server adds given ``noised_leaves`` leaf sums that carry their share."""
+        if self.plan.mode != "central":
+            return 0.0
+        full = self.plan.sum_noise_multiplier * self.clip
+        if self.plan.noise_at == "server":
+            return full
+        missing = max(self.num_leaves - noised_leaves, 0)
+        return full * math.sqrt(missing / self.num_leaves)
+
+    def would_exceed(self, budget: float | None) -> float | None:
+        """Epsilon after one more round when it would exceed ``budget`` (None: within budget, or no budget)."""
+        if budget is None:
+            return None
+        after = self.accountant.epsilon_at(self.accountant.rounds + 1)
+        return after if after > budget else None
+
+    def aggregate(self, round_num: int, global_weights: Weights, leaves: list[LeafSum]) -> tuple[Weights, dict]:
+        """New global weights from this round's leaf sums, and the round record's ``dp_*`` fields."""
+        plan, clip = self.plan, self.clip
+        std = self.server_noise_std(len(leaves))
+        shapes = {name: value.shape for name, value in global_weights.items()}
+        noise = gaussian_like(shapes, std, self.seed, "dp-noise", round_num) if std else None
+        scale = self.global_lr / plan.denominator
+        new_weights: Weights = {}
+        for name, value in global_weights.items():
+            summed = np.zeros(value.shape, dtype=np.float64)
+            for leaf in leaves:
+                summed += leaf.delta_sum[name]
+            if noise is not None:
+                summed += noise[name]
+            new_weights[name] = (value + scale * summed).astype(np.float32)
+        devices = sum(leaf.devices for leaf in leaves)
+        record = {
+            "dp_clip": clip,
+            "dp_devices": devices,
+            "dp_noise_std": plan.sum_noise_multiplier * clip if plan.mode == "central" else 0.0,
+        }
+        if plan.mode == "local":
+            record["dp_local_noise_std"] = plan.noise_multiplier * clip
+        if plan.target_quantile is not None:
+            below = sum(leaf.below_clip for leaf in leaves)
+            centred = below - devices / 2.0 + derive_rng(self.seed, "dp-count", round_num).normal(0.0, plan.count_noise)
+            fraction = centred / plan.denominator + 0.5
+            self.clip = next_clip(clip, fraction, plan.target_quantile, plan.clip_lr)
+            record["dp_noised_fraction_below"] = float(fraction)
+        record["dp_epsilon"] = self.accountant.step()
+        if self.leaf_accountant is not None:
+            record["dp_epsilon_one_leaf_sum"] = self.leaf_accountant.step()
+        return new_weights, record
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: the accountant's state and the current clip norm."""
+        state = {"accountant": self.accountant.state(), "clip": self.clip}
+        if self.leaf_accountant is not None:
+            state["leaf_accountant"] = self.leaf_accountant.state()
+        return state
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state` (``--resume``)."""
+        self.accountant.load_state(state["accountant"])
+        if self.leaf_accountant is not None:
+            self.leaf_accountant.load_state(state["leaf_accountant"])
+        self.clip = float(state["clip"])
+
+    def describe(self) -> str:
+        """One line: the mechanism and what it costs."""
+        plan = self.plan
+        sampling = (
+            f"Poisson q={plan.rate:.4g}" if plan.sampling == "poisson" else f"fixed {plan.expected}/{plan.population}"
+        )
+        where = f"noise at the {plan.noise_at}" if plan.mode == "central" else "noise on each device"
+        clip = (
+            f"adaptive S from {plan.clip:g} (quantile {plan.target_quantile:g})"
+            if plan.target_quantile
+            else f"S={plan.clip:g}"
+        )
+        return (
+            f"DP {plan.mode}: {clip}, z={plan.noise_multiplier:.4g}, {where}, {sampling}, denominator "
+            f"{plan.denominator:g}, delta={plan.delta:.3g}, {plan.accountant.upper()} accountant"
+        )
