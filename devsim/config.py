@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from devsim.config_errors import ConfigError, flag_name  # noqa: F401  (flag_name: imported from here by many)
 from devsim.privacy.settings import PrivacySettings
 
 DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
@@ -40,19 +41,6 @@ INLINE_TENSOR_MAX_BYTES = 2 * 2**20
 own download chunk size). Measured (benchmarks/collab_echo_memory.py, 2-core CPU): inline is 1.7x faster at 4 MB
 and 1.5x at 12 MB each way but costs 30-150 MB more server memory, and at 45 MB it is 1.7x slower and holds 0.5 GB
 more; async calls stack several versions and return one delta per job, so the bound sits well below the crossing."""
-
-
-class ConfigError(ValueError):
-    """A configuration value is not allowed; the message names the flag and what is allowed."""
-
-    def __init__(self, field_name: str, message: str):
-        self.field_name = field_name
-        super().__init__(f"{flag_name(field_name)}: {message}")
-
-
-def flag_name(field_name: str) -> str:
-    """Command-line flag of a configuration field, e.g. ``num_rounds`` -> ``--num-rounds``."""
-    return "--" + field_name.replace("_", "-")
 
 
 def _help(text: str) -> dict[str, str]:

@@ -237,25 +237,14 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
     def _batched_trainer(self) -> BatchedTrainer | CompiledGroups:
         """This worker's batched trainer: compiled and padded to buckets when :meth:`compile_choice` says so."""
         if self._batched is None:
-            trainer = self._ready()
-            choice = self.compile_choice()
-            batched = BatchedTrainer(
-                trainer.model,
-                trainer.spec,
-                self.torch_device,
-                self.objective,
-                self._example_input(),
-                compile_options=choice.options if choice.enabled else None,
-            )
-            if choice.enabled:
+            trainer, choice = self._ready(), self.compile_choice()
 
-                def eager() -> BatchedTrainer:
-                    return BatchedTrainer(
-                        trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input()
-                    )
+            def build(options: dict | None = None) -> BatchedTrainer:
+                return BatchedTrainer(
+                    trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input(), options
+                )
 
-                batched = CompiledGroups(batched, fallback=eager)
-            self._batched = batched
+            self._batched = CompiledGroups(build(choice.options), fallback=build) if choice.enabled else build()
         return self._batched
 
     def compile_choice(self) -> CompileChoice:

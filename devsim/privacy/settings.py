@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from devsim.config_errors import ConfigError
+
 DP_MODES = ("off", "central", "local")
 NOISE_PLACEMENTS = ("server", "leaves")
 SAMPLINGS = ("poisson", "fixed")
@@ -94,7 +96,6 @@ class PrivacySettings:
     def check_privacy(self, population: bool = True) -> None:
         """Raise ConfigError naming the first bad ``--dp-*`` flag, or the flag DP cannot be combined with.
         ``population=False`` skips the checks against the population size."""
-        from devsim.config import ConfigError
 
         def choice(name: str, allowed: tuple[str, ...]) -> None:
             if getattr(self, name) not in allowed:
@@ -150,7 +151,6 @@ class PrivacySettings:
 
 def _check_combinations(settings: Any) -> None:
     """Options that DP cannot be combined with, each refused in one line naming the option."""
-    from devsim.config import ConfigError
 
     if hasattr(settings, "kd_iterations") or hasattr(settings, "similarity_on"):
         reason = (

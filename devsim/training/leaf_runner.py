@@ -16,7 +16,6 @@ import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,49 +28,9 @@ from devsim.population.faults import FaultInjector
 from devsim.privacy.device import DevicePrivacy
 from devsim.resources.leaf_plan import balanced_groups, deal_groups
 from devsim.training.admission import ChunkResult, RoundChecks, admit, admit_rows
-from devsim.training.local import DeviceMetrics
+from devsim.training.local import DeviceMetrics, DeviceWorker
 
 MAX_REPORTED_REJECTIONS = 20
-
-
-class DeviceWorker(Protocol):
-    """What the leaf needs from a device task processor to run it in a worker thread."""
-
-    keys: list[str]
-    torch_device: torch.device
-
-    def train_device(self, device_id: int, round_num: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
-        """Train ``device_id`` from the global weights; the trained state stays in the worker."""
-
-    def accumulate_delta(
-        self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float
-    ) -> None:
-        """``accumulator += weight * (trained - global)``."""
-
-    def train_with_seed(self, device_id: int, train_seed: int, global_tensors: list[torch.Tensor]) -> DeviceMetrics:
-        """Train ``device_id`` with batch order fixed by ``train_seed`` (asynchronous jobs)."""
-
-    def delta(self, global_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``trained - global`` of the device trained last."""
-
-    def delta_into(self, out: list[torch.Tensor], global_tensors: list[torch.Tensor]) -> None:
-        """Write ``trained - global`` of the device trained last into ``out`` (no allocation)."""
-
-    def label_histogram(self, device_id: int) -> np.ndarray:
-        """Samples per class in the device's shard."""
-
-    def round_seed(self, device_id: int, round_num: int) -> int:
-        """Batch-order seed of ``device_id`` in synchronous round ``round_num`` (as ``train_device`` uses)."""
-
-    def train_devices_batched(
-        self,
-        device_ids: list[int],
-        train_seeds: list[int],
-        global_tensors: list[torch.Tensor],
-        per_device_base: bool = False,
-    ) -> tuple[list[torch.Tensor], list[DeviceMetrics]]:
-        """Train several devices at once; (D, *shape) deltas per key and metrics (``device_batch`` > 1). With
-        ``per_device_base`` the global tensors are stacked (D, *shape), one start per device."""
 
 
 @dataclass

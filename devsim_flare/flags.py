@@ -1,0 +1,119 @@
+"""The job command line's flags: one per field of the job's configuration (help and default shown), plus the run
+flags (environment, workspace, startup kit, log level, NVFlare's own ``--export`` / ``--export-dir`` convention,
+consumed by NVFlare's recipe module at import and listed here so ``--help`` shows them)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from devsim.config import AsyncConfig, SimulationConfig, flag_name
+from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS
+
+
+def int_or_word(text: str) -> int | str:
+    """An integer when ``text`` is all digits, else the word itself (fields typed ``int | str``)."""
+    return int(text) if text.isdigit() else text
+
+
+_PARSERS = {"int": int, "float": float, "str": str, "int | str": int_or_word}
+_UNSET = ("none", "None", "null")
+
+
+def _optional(parse):
+    """Parser for a flag that may be unset: ``none`` gives None, anything else goes to ``parse``."""
+
+    def parse_optional(text: str):
+        return None if text in _UNSET else parse(text)
+
+    parse_optional.__name__ = parse.__name__
+    return parse_optional
+
+
+def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
+    """Parser with one flag per field of ``type(defaults)`` (default values from it) and the run flags.
+
+    Asynchronous configurations leave out the fields that only synchronous rounds use.
+    """
+    defaults = defaults or SimulationConfig()
+    config_cls = type(defaults)
+    asynchronous = issubclass(config_cls, AsyncConfig)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    groups = {"simulation": parser.add_argument_group("simulation")}
+    parser.set_defaults(config_cls=config_cls)
+    for f in sorted(dataclasses.fields(config_cls), key=lambda f: "section" in f.metadata):
+        if f.metadata.get("internal") or (asynchronous and f.metadata.get("sync_only")):
+            continue
+        section = f.metadata.get("section", "simulation")
+        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(section))
+        optional = "None" in str(f.type)
+        base = str(f.type).replace("| None", "").strip()
+        default = getattr(defaults, f.name)
+        if base == "bool":
+            group.add_argument(
+                flag_name(f.name),
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f.metadata["help"],
+            )
+        else:
+            parse = _optional(_PARSERS[base]) if optional else _PARSERS[base]
+            help_text = f.metadata["help"] + ("; 'none' unsets it" if optional else "")
+            group.add_argument(flag_name(f.name), type=parse, default=default, help=help_text)
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--env",
+        choices=ENVIRONMENTS,
+        default="sim",
+        help="sim: NVFlare simulator on this machine; poc: real processes on this machine; "
+        "prod: a provisioned deployment (needs --startup-kit)",
+    )
+    run.add_argument(
+        "--gpus",
+        default=None,
+        metavar="IDS",
+        help="sim only: GPU ids to spread the leaf processes over, e.g. 0,1 "
+        "(leaf i sees only the (i mod n)-th listed GPU); default: every leaf and the server use the first visible GPU",
+    )
+    run.add_argument(
+        "--leaves-per-host",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how many leaf processes share one host's cores (and GPU), which sizes each leaf's worker pool; "
+        "default: every leaf in sim and poc, 1 in prod (one leaf client per machine)",
+    )
+    run.add_argument("--workspace", default="workspace", help="folder for NVFlare workspaces and run outputs")
+    run.add_argument("--startup-kit", default=None, help="admin startup kit folder for --env prod")
+    run.add_argument(
+        "--leave-job-running",
+        action="store_true",
+        help="prod: on Ctrl-C or SIGTERM stop following the submitted job and leave it running on the deployment "
+        "(default: abort it; in sim and poc a signal always stops the run at a checkpoint)",
+    )
+    run.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", help="NVFlare console log level")
+    run.add_argument(
+        "--job-timeout",
+        type=float,
+        default=24 * 3600.0,
+        help="seconds to wait for a poc/prod job before aborting it",
+    )
+    run.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="start from a preset in app_configs/presets (or a JSON file); explicit flags override it",
+    )
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last checkpoint, with the configuration it was started with",
+    )
+    run.add_argument(
+        "--export",
+        action="store_true",
+        help="write the job folder instead of running it (for `nvflare simulator DIR`)",
+    )
+    run.add_argument("--export-dir", default="fl_job", help="folder the job is exported to with --export")
+    return parser
