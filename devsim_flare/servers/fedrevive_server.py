@@ -120,7 +120,7 @@ class FedReviveServer(AsyncServer):
         landed = self.reviver.on_version(self.weights, self.scheduler.version)
         if landed["landed"]:
             self.revive_cpu_seconds += float(landed.get("cpu_seconds", 0.0))
-            self.revive_seconds += float(landed["synth_seconds"]) + float(landed["kd_seconds"])
+            self.revive_seconds += float(landed["seconds"])
         self.revive_wait_seconds += landed["waited_seconds"]
 
     def close_method(self) -> None:

@@ -283,7 +283,7 @@ class Reviver:
         :class:`ReviverConfig`) and a teacher is buffered. ``global_weights`` (``w_v``) is copied, the teacher
         list taken as it is now. Returns what landed: ``landed`` (bool), ``waited_seconds`` (wall seconds spent
         waiting for the thread) and the work's own info (``synthesized``, ``distilled``, ``synth_seconds``,
-        ``kd_seconds``, ``cpu_seconds`` of the background thread, losses).
+        ``kd_seconds``, ``seconds`` (wall) and ``cpu_seconds`` of the work on the background thread, losses).
         """
         if not self.background:
             return {"landed": False, "waited_seconds": 0.0}
@@ -319,7 +319,7 @@ class Reviver:
         """One version's background work (on the background thread; one at a time, in the order started):
         synthesis and then KD from ``weights`` (``w_version``) and the teachers ``live``."""
         cfg = self.config
-        cpu_started = time.thread_time()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         warm = version > cfg.warmup_version
         info: dict[str, Any] = {"synthesized": False, "distilled": False, "synth_seconds": 0.0, "kd_seconds": 0.0}
         teachers = self._loaded_teachers(live)
@@ -357,6 +357,7 @@ class Reviver:
             self.state.kd_runs += 1
             self.state.kd_seconds += info["kd_seconds"]
         info["cpu_seconds"] = time.thread_time() - cpu_started
+        info["seconds"] = time.perf_counter() - started
         return delta_kd, info
 
     def settle(self) -> None:
