@@ -1,4 +1,4 @@
-"""The batched step over flat tuples against the dict-and-``functional_call`` step it replaces, bit for bit."""
+"""The batched step over tuples against the dict-and-``functional_call`` step it replaces, bit for bit."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_flat_step_is_bit_identical_to_the_dict_step(name):
     )
     assert len(got_grads) == len(param_keys)
     for key, got, want in zip(param_keys, got_grads, want_grads, strict=True):
-        assert got.shape == want.shape and got.is_contiguous(), key
+        assert got.shape == want.shape, key
         assert torch.equal(got, want), key
     assert torch.equal(got_loss, want_loss) and torch.equal(got_out, want_out)
     for key, got, want, before in zip(buffer_keys, buffers, old_buffers, buffers_before, strict=True):
@@ -92,7 +92,7 @@ def test_flat_step_is_bit_identical_to_the_dict_step(name):
         assert isinstance(tensor, nn.Parameter), name_
 
 
-def test_mixed_dtypes_take_one_tensor_per_parameter():
+def test_mixed_dtypes_are_stepped_alike():
     mixed = nn.Sequential(nn.Linear(4, 3), _ToDouble(), nn.Linear(3, 2).double())
     param_keys = [n for n, _ in mixed.named_parameters()]
     named = dict(mixed.named_parameters())

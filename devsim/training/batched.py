@@ -2,7 +2,8 @@
 
 :class:`BatchedTrainer` keeps one copy of the model's state per device, stacked along a new leading
 dimension (``(D, *shape)`` for D devices), and takes every device's step together: ``torch.func.vmap``
-of ``torch.func.grad`` of a ``functional_call`` of the shared module with the task's loss. It reproduces
+of ``torch.func.grad`` of the shared module called with each device's tensors and the task's loss
+(:func:`devsim.training.flat_step.batched_step`). It reproduces
 :class:`~devsim.training.local.LocalTrainer` device by device, up to float rounding:
 
 - each device sees exactly its own batches (same generator, same reshuffled passes, same augmentation);
