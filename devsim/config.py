@@ -848,6 +848,13 @@ class FedReviveConfig(AsyncConfig):
         default=1, metadata=_help("distil on one eligible arrival in N, reuse that KD delta between (1: paper)")
     )
     pool_capacity: int = field(default=16000, metadata=_help("synthetic image pool size (FIFO)"))
+    distill_lag: int = field(
+        default=0,
+        metadata=_help(
+            "synthesis and KD on a background thread, each reading version v and landing at v + N "
+            "(kd-interval then counts versions); 0: inline on each arrival (paper)"
+        ),
+    )
 
     def validate(self, population: bool = True) -> FedReviveConfig:
         super().validate(population)
@@ -866,4 +873,5 @@ class FedReviveConfig(AsyncConfig):
             "pool_capacity",
         ):
             _check_min(name, getattr(self, name), 1)
+        _check_min("distill_lag", self.distill_lag, 0)
         return self

@@ -398,3 +398,74 @@ def test_reviver_state_dict_round_trip() -> None:
     delta_b, info_b = second.on_arrival(global_w, 10, base, client, q, 4)
     assert info_a["synth_loss"] == info_b["synth_loss"] and info_a["kd_loss"] == info_b["kd_loss"]
     assert all(np.array_equal(delta_a[k], delta_b[k]) for k in delta_a)
+
+
+def _background_run(delays: list[float], stop_at: int | None = None, resume: dict | None = None):
+    """Versions 1..12 with two arrivals each (the second client a little different); the background work is slowed
+    by ``delays`` (seconds, cycled), as a busy machine would. Returns the arrivals' deltas and the landings; with
+    ``stop_at`` also the state at that version (and stops), with ``resume`` continues from such a state."""
+    import itertools
+    import time as clock
+
+    torch.manual_seed(0)  # the generator's initial weights
+    reviver = _reviver(generation_interval=2, kd_interval=3, distill_lag=2)
+    original = reviver._revive
+    pauses = itertools.cycle(delays)
+
+    def slowed(*args):
+        clock.sleep(next(pauses))
+        return original(*args)
+
+    reviver._revive = slowed
+    start = 1
+    if resume is not None:
+        reviver.load_state_dict(resume["state"])
+        start = resume["version"] + 1
+    global_w, base, client = _arrival_inputs(2)
+    other = {k: v + np.float32(0.02) for k, v in client.items()}
+    q = one_hot_q((0, 1, 2, 3))
+    deltas, landings = [], []
+    try:
+        for version in range(start, 13):
+            weights = {k: v + np.float32(0.001 * version) for k, v in global_w.items()}
+            landed = reviver.on_version(weights, version)  # the version is made, then its arrivals come
+            landings.append((version, landed["landed"], landed.get("synthesized"), landed.get("distilled")))
+            for client_w in (client, other):
+                delta, info = reviver.on_arrival(weights, version, base, client_w, q, 4)
+                deltas.append(delta)
+                assert not info["synthesized"] and not info["distilled"]  # never on the arrival path
+            if version == stop_at:
+                return deltas, landings, reviver.state_dict()
+    finally:
+        reviver.close()
+    return deltas, landings, None
+
+
+def test_background_distillation_lands_by_version_whatever_the_timing() -> None:
+    fast, landings, _ = _background_run([0.0])
+    slow, _, _ = _background_run([0.05, 0.0, 0.2])
+    assert len(fast) == len(slow) == 24
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(fast, slow, strict=True) for k in a)
+    # freeze 5, warm-up 8: synthesis from version 6 (every 2), KD from 9 (every 3), each landing 2 versions later
+    started = {v: (v >= 5 and v % 2 == 0, v > 8 and v % 3 == 0) for v in range(2, 13)}  # a teacher from 2 on
+    for version, landed, synthesized, distilled in landings:
+        source = started.get(version - 2, (False, False))
+        assert landed == any(source), version
+        if landed:
+            assert (synthesized, distilled) == source, version
+    plain = {k: fast[0][k] for k in fast[0]}
+    blended = [i for i, d in enumerate(fast) if any(not np.array_equal(d[k], plain[k]) for k in ("fc3.weight",))]
+    # the first KD work reads version 9 and lands at 11: the arrivals of versions 11 and 12 blend it (the first
+    # client's arrivals are compared: the second client's delta differs from the first's anyway)
+    first_client = [i for i in blended if i % 2 == 0]
+    assert first_client == [20, 22]
+
+
+def test_background_distillation_resumes_from_a_checkpoint_bit_for_bit() -> None:
+    whole, _, _ = _background_run([0.0])
+    head, _, state = _background_run([0.1], stop_at=9)
+    tail, _, _ = _background_run([0.0], resume={"state": state, "version": 9})
+    assert len(head) + len(tail) == len(whole)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(whole, head + tail, strict=True) for k in a)
+    with pytest.raises(ValueError, match="distill_lag"):
+        ReviverConfig(distill_lag=-1)

@@ -2,7 +2,8 @@
 
 :class:`BatchedTrainer` keeps one copy of the model's state per device, stacked along a new leading
 dimension (``(D, *shape)`` for D devices), and takes every device's step together: ``torch.func.vmap``
-of ``torch.func.grad`` of a ``functional_call`` of the shared module with the task's loss. It reproduces
+of ``torch.func.grad`` of the shared module called with each device's tensors and the task's loss
+(:func:`devsim.training.flat_step.batched_step`). It reproduces
 :class:`~devsim.training.local.LocalTrainer` device by device, up to float rounding:
 
 - each device sees exactly its own batches (same generator, same reshuffled passes, same augmentation);
@@ -30,11 +31,11 @@ import time
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
 
 from devsim.codec import float_state_keys
 from devsim.data.device_shards import ShardPool
 from devsim.training.channels_last import fold_channels_last, folds_channels_last
+from devsim.training.flat_step import batched_step
 from devsim.training.local import DeviceMetrics, LocalTrainingSpec, Objective, batch_orders, crop_and_flip
 from devsim.training.stacked import OPTIMIZER_STATES, StackedOptimizer, StackedRows
 
@@ -138,13 +139,7 @@ class BatchedTrainer:
         missing = set(self.param_keys) - set(self.keys)
         if missing:
             raise ValueError(f"batched training needs floating-point parameters; not float: {sorted(missing)}")
-        loss_fn = self.objective.loss
-
-        def loss_and_outputs(params: dict, buffers: dict, inputs: torch.Tensor, targets: torch.Tensor):
-            outputs = functional_call(self.model, (params, buffers), (inputs,))
-            return loss_fn(outputs, targets), outputs
-
-        self._step = vmap(grad_and_value(loss_and_outputs, has_aux=True), in_dims=(0, 0, 1, 1))
+        self._step = batched_step(self.model, self.objective.loss, self.param_keys, self.buffer_keys)
         if compile_options is not None:
             self._step = torch.compile(self._step, **{"dynamic": False, **compile_options})
         self.fold_channels_last = self.device.type == "cpu" and folds_channels_last(self.model, example)
@@ -313,9 +308,9 @@ class _Lockstep:
             source = self.globals_by_key[key] if key in self.globals_by_key else model_buffers[key]
             return source.detach().unsqueeze(0).repeat(count, *([1] * source.dim()))
 
-        self.params = {k: stacked(k) for k in trainer.param_keys}
-        self.buffers = {k: stacked(k) for k in trainer.buffer_keys}
-        self.optimizer = StackedOptimizer(trainer.spec, list(self.params.values()))
+        self.params = [stacked(k) for k in trainer.param_keys]
+        self.buffers = [stacked(k) for k in trainer.buffer_keys]
+        self.optimizer = StackedOptimizer(trainer.spec, self.params)
         if min(sizes) == max(sizes):
             self.device_rows = torch.stack(indices).to(device)
         else:
@@ -348,18 +343,19 @@ class _Lockstep:
             inputs = torch.stack([trainer.augment(inputs[:, j], g) for j, g in enumerate(generators)], dim=1)
             if fold:
                 inputs = fold_channels_last(inputs)
-        params = {k: rows.take(v) for k, v in self.params.items()}
-        buffers = {k: rows.take(v) for k, v in self.buffers.items()}
+        params = tuple(rows.take(v) for v in self.params)
+        buffers = tuple(rows.take(v) for v in self.buffers)
         grads, (loss, outputs) = trainer._step(params, buffers, inputs, targets)
-        self.optimizer.step([grads[k] for k in trainer.param_keys], rows, list(params.values()), step + 1)
-        rows.put(list(self.buffers.values()), list(buffers.values()))
+        self.optimizer.step(list(grads), rows, list(params), step + 1)
+        rows.put(self.buffers, list(buffers))
         rows.add(self.loss_sum, loss.detach())
         if trainer.objective.classification:
             rows.add(self.correct, (outputs.detach().argmax(dim=-1) == targets.t()).sum(dim=1))
 
     def finish(self) -> tuple[list[torch.Tensor], list[float], list[int]]:
         """Per key the (D, *shape) deltas, and per device its summed loss and correct predictions."""
-        trained = {**self.params, **self.buffers}
+        trainer = self.trainer
+        trained = dict(zip([*trainer.param_keys, *trainer.buffer_keys], [*self.params, *self.buffers], strict=True))
         bases = self.globals_by_key
-        deltas = [trained[k] - (bases[k] if self.per_device_base else bases[k].unsqueeze(0)) for k in self.trainer.keys]
+        deltas = [trained[k] - (bases[k] if self.per_device_base else bases[k].unsqueeze(0)) for k in trainer.keys]
         return deltas, self.loss_sum.tolist(), self.correct.tolist()

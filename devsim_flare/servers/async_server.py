@@ -89,6 +89,13 @@ class AsyncServer:
         """The delta that enters the buffer for an accepted arrival (FedBuff: the device's own)."""
         return result["delta"]
 
+    def on_new_version(self) -> None:
+        """Called once with each new global version, after ``self.weights`` changed (FedRevive: starts and lands
+        background distillation)."""
+
+    def close_method(self) -> None:
+        """Stop what :meth:`setup_method` started (FedRevive: the background thread); called however the run ends."""
+
     def method_record(self) -> dict:
         """Extra fields for each results record."""
         return {}
@@ -228,6 +235,7 @@ class AsyncServer:
                 new_version = self.scheduler.record_accepted(job)
                 if new_version:
                     self.weights = self.buffer.apply(self.weights)
+                    self.on_new_version()
                     self._apply_planned_losses()
                 window.add("server_aggregate", time.time() - started)
                 if new_version and record_due(self.scheduler.version, config, self.scheduler.done):
@@ -289,6 +297,7 @@ class AsyncServer:
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
         finally:
+            self.close_method()
             self.calls.close()
             if self.exchange is not None:
                 self.exchange.remove()

@@ -67,6 +67,7 @@ class FedReviveServer(AsyncServer):
                 generation_interval=config.generation_interval,
                 teacher_capacity=config.teacher_capacity,
                 kd_interval=config.kd_interval,
+                distill_lag=config.distill_lag,
                 dfkd=dfkd,
             ),
             device,
@@ -78,11 +79,18 @@ class FedReviveServer(AsyncServer):
         self.probe_model = self.task.build_model(track_features=True).to(device)
         self.revive_seconds = 0.0
         self.revive_cpu_seconds = 0.0
+        self.revive_wait_seconds = 0.0
         self.arrivals = 0
+        schedule = (
+            f"synthesis and KD in the background, each landing {config.distill_lag} version(s) after the version it "
+            f"reads, KD every {config.kd_interval} version(s)"
+            if config.distill_lag
+            else f"KD every {config.kd_interval} eligible arrival(s)"
+        )
         print(
             f"[server] FedRevive: s_max {s_max:g}, freeze at version {config.freeze_version}, "
             f"warm-up until version {config.warmup_version}, class proportions {config.class_proportions}, "
-            f"KD every {config.kd_interval} eligible arrival(s), {_describe(space)}",
+            f"{schedule}, {_describe(space)}",
             flush=True,
         )
 
@@ -108,6 +116,16 @@ class FedReviveServer(AsyncServer):
         self.arrivals += 1
         return delta
 
+    def on_new_version(self) -> None:
+        landed = self.reviver.on_version(self.weights, self.scheduler.version)
+        if landed["landed"]:
+            self.revive_cpu_seconds += float(landed.get("cpu_seconds", 0.0))
+            self.revive_seconds += float(landed["seconds"])
+        self.revive_wait_seconds += landed["waited_seconds"]
+
+    def close_method(self) -> None:
+        self.reviver.close()
+
     def method_record(self) -> dict:
         state = self.reviver.state
         return {
@@ -116,6 +134,7 @@ class FedReviveServer(AsyncServer):
             "synth_steps": int(state.synth_steps),
             "revive_seconds_per_arrival": self.revive_seconds / max(self.arrivals, 1),
             "revive_cpu_seconds_per_arrival": self.revive_cpu_seconds / max(self.arrivals, 1),
+            "revive_wait_seconds": self.revive_wait_seconds,
         }
 
     def method_state(self) -> dict:
@@ -124,6 +143,7 @@ class FedReviveServer(AsyncServer):
             "estimator": self.estimator.state_dict() if self.estimator is not None else None,
             "revive_seconds": self.revive_seconds,
             "revive_cpu_seconds": self.revive_cpu_seconds,
+            "revive_wait_seconds": self.revive_wait_seconds,
             "arrivals": self.arrivals,
         }
 
@@ -133,6 +153,7 @@ class FedReviveServer(AsyncServer):
             self.estimator.load_state_dict(state["estimator"])
         self.revive_seconds = float(state["revive_seconds"])
         self.revive_cpu_seconds = float(state.get("revive_cpu_seconds", 0.0))
+        self.revive_wait_seconds = float(state.get("revive_wait_seconds", 0.0))
         self.arrivals = int(state["arrivals"])
 
 

@@ -2,12 +2,23 @@
 
 Applying the returned delta (buffering ``B`` deltas, ``w += eta_g * mean(buffer)``, ``v += 1``: step 5 of the
 spec) is the caller's job; this module produces the per-arrival delta only.
+
+Two schedules for the synthesis and KD work (``ReviverConfig.distill_lag``):
+
+- inline (``distill_lag`` 0, the paper's literal order): :meth:`Reviver.on_arrival` synthesises and distils on the
+  arrival that needs it, before returning its delta;
+- background (``distill_lag`` N >= 1): :meth:`Reviver.on_version`, called with each new global version ``v``,
+  starts that version's work (synthesis when ``v`` is a generation version, KD when ``v`` is a KD version) on one
+  background thread, reading ``w_v`` and the teachers buffered at that moment, and waits for and installs the
+  work started at ``v - N``. Arrivals blend the ``delta_KD`` installed last. What each piece of work reads and
+  where its result lands depend on versions alone, never on how long the work took, so a run repeats bit for bit.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,6 +52,12 @@ class ReviverConfig:
     in ``kd_interval`` and blend the most recent ``delta_KD`` into the eligible arrivals between (each with its
     own ``beta``). The reused ``delta_KD`` is at most ``kd_interval - 1`` eligible arrivals old: it was distilled
     from a global model that many versions older and misses the newest teachers (docs/concepts.md, FedRevive).
+
+    ``distill_lag`` (versions; default 0, inline): with N >= 1 synthesis and KD run in the background, once per
+    version interval instead of per arrival: synthesis from every version ``v >= freeze_version`` with
+    ``v % generation_interval == 0``, KD from every ``v > warmup_version`` with ``v % kd_interval == 0`` (here
+    ``kd_interval`` counts versions), both reading ``w_v`` and the teachers of that moment; the result lands at
+    version ``v + N``, from which stale arrivals blend it.
     """
 
     s_max: float = 75.0
@@ -49,11 +66,14 @@ class ReviverConfig:
     generation_interval: int = 1
     teacher_capacity: int = 8
     kd_interval: int = 1
+    distill_lag: int = 0
     dfkd: DFKDConfig = field(default_factory=DFKDConfig)
 
     def __post_init__(self) -> None:
         if not self.s_max > 0:
             raise ValueError(f"s_max must be > 0, got {self.s_max}")
+        if self.distill_lag < 0:
+            raise ValueError(f"distill_lag must be >= 0 versions, got {self.distill_lag}")
         if self.generation_interval < 1 or self.teacher_capacity < 1 or self.kd_interval < 1:
             raise ValueError("generation_interval, teacher_capacity and kd_interval must be >= 1")
 
@@ -104,6 +124,15 @@ class Reviver:
         self._spare_modules: list[nn.Module] = []
         self._ensemble: tuple[tuple[int, ...], TeacherEnsemble] | None = None
         self._delta_kd: Weights | None = None
+        self._pending: dict[int, Future | tuple[Weights | None, dict[str, Any]]] = {}
+        """Background work by the version its result lands at: running (a future) or done (restored)."""
+        self._executor: ThreadPoolExecutor | None = None
+        self._threads = torch.get_num_threads()
+
+    @property
+    def background(self) -> bool:
+        """Whether synthesis and KD run on the background thread (``distill_lag`` >= 1)."""
+        return self.config.distill_lag > 0
 
     @property
     def kd_updates(self) -> int:
@@ -120,9 +149,10 @@ class Reviver:
         """The synthetic input pool (:class:`devsim.aggregation.fedrevive.pool.SyntheticPool`)."""
         return self.synthesizer.pool
 
-    def _loaded_teachers(self) -> list[tuple[nn.Module, np.ndarray]]:
-        """``(module, q)`` for the buffered teachers, newest first, reusing modules already holding a teacher."""
-        live = list(self.teachers)
+    def _loaded_teachers(self, live: list | None = None) -> list[tuple[nn.Module, np.ndarray]]:
+        """``(module, q)`` for ``live`` (default: the buffered teachers, newest first), reusing modules already
+        holding a teacher."""
+        live = list(self.teachers) if live is None else live
         live_uids = {teacher.uid for teacher in live}
         for uid in [uid for uid in self._teacher_modules if uid not in live_uids]:
             self._spare_modules.append(self._teacher_modules.pop(uid))
@@ -133,11 +163,14 @@ class Reviver:
                 self._teacher_modules[teacher.uid] = module.eval()
         return [(self._teacher_modules[teacher.uid], teacher.q) for teacher in live]
 
-    def _teacher_ensemble(self, teachers: list[tuple[nn.Module, np.ndarray]]) -> TeacherEnsemble | None:
-        """The buffered teachers stacked for vectorised forwards (rebuilt when the buffer changed), or None."""
+    def _teacher_ensemble(
+        self, teachers: list[tuple[nn.Module, np.ndarray]], live: list | None = None
+    ) -> TeacherEnsemble | None:
+        """The teachers ``live`` (default: the buffered ones) stacked for vectorised forwards (rebuilt when they
+        changed), or None."""
         if self.config.dfkd.teacher_batching == "off":
             return None
-        uids = tuple(teacher.uid for teacher in self.teachers)
+        uids = tuple(teacher.uid for teacher in (self.teachers if live is None else live))
         if self._ensemble is None or self._ensemble[0] != uids:
             self._ensemble = (uids, TeacherEnsemble([module for module, _ in teachers]))
         return self._ensemble[1]
@@ -182,6 +215,16 @@ class Reviver:
             "synth_seconds": 0.0,
             "kd_seconds": 0.0,
         }
+        if self.background:
+            if weight > 0 and warm and self._delta_kd is not None:
+                kd_start = time.perf_counter()
+                for name, value in self._delta_kd.items():
+                    delta[name] = ((1.0 - weight) * delta[name] + weight * value).astype(np.float32)
+                info["kd_seconds"] = time.perf_counter() - kd_start
+                info["kd_reused"] = True
+                self.state.kd_updates += 1
+            info["seconds"] = time.perf_counter() - start
+            return delta, info
         synthesize = version % cfg.generation_interval == 0
         if weight > 0 and version >= cfg.freeze_version and (synthesize or (warm and len(self.pool) > 0)):
             fresh = self._delta_kd is None or self.state.kd_since_run >= cfg.kd_interval
@@ -232,14 +275,114 @@ class Reviver:
         info["seconds"] = time.perf_counter() - start
         return delta, info
 
+    def on_version(self, global_weights: Weights, version: int) -> dict[str, Any]:
+        """Background schedule (``distill_lag`` >= 1; nothing otherwise): called once with each new global version.
+
+        Waits for the work started at ``version - distill_lag`` and installs its ``delta_KD`` (when it distilled),
+        then starts this version's work when ``version`` is a generation or KD version (see
+        :class:`ReviverConfig`) and a teacher is buffered. ``global_weights`` (``w_v``) is copied, the teacher
+        list taken as it is now. Returns what landed: ``landed`` (bool), ``waited_seconds`` (wall seconds spent
+        waiting for the thread) and the work's own info (``synthesized``, ``distilled``, ``synth_seconds``,
+        ``kd_seconds``, ``seconds`` (wall) and ``cpu_seconds`` of the work on the background thread, losses).
+        """
+        if not self.background:
+            return {"landed": False, "waited_seconds": 0.0}
+        cfg = self.config
+        out: dict[str, Any] = {"landed": False, "waited_seconds": 0.0}
+        landing = self._pending.pop(version, None)
+        if landing is not None:
+            waited = time.perf_counter()
+            delta_kd, info = landing.result() if isinstance(landing, Future) else landing
+            out.update(info, landed=True, waited_seconds=time.perf_counter() - waited)
+            if delta_kd is not None:
+                self._delta_kd = delta_kd
+        synthesize = version >= cfg.freeze_version and version % cfg.generation_interval == 0
+        distil = version > cfg.warmup_version and version % cfg.kd_interval == 0
+        if (synthesize or distil) and len(self.teachers) > 0:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="fedrevive-distill",
+                    initializer=torch.set_num_threads,
+                    initargs=(self._threads,),
+                )
+            weights = {name: np.array(value, np.float32) for name, value in global_weights.items()}
+            live = list(self.teachers)
+            self._pending[version + cfg.distill_lag] = self._executor.submit(
+                self._revive, weights, version, live, synthesize, distil
+            )
+        return out
+
+    def _revive(
+        self, weights: Weights, version: int, live: list, synthesize: bool, distil: bool
+    ) -> tuple[Weights | None, dict[str, Any]]:
+        """One version's background work (on the background thread; one at a time, in the order started):
+        synthesis and then KD from ``weights`` (``w_version``) and the teachers ``live``."""
+        cfg = self.config
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        warm = version > cfg.warmup_version
+        info: dict[str, Any] = {"synthesized": False, "distilled": False, "synth_seconds": 0.0, "kd_seconds": 0.0}
+        teachers = self._loaded_teachers(live)
+        ensemble = None
+        if synthesize or cfg.dfkd.teacher_batching == "all":
+            ensemble = self._teacher_ensemble(teachers, live)
+        if synthesize:
+            synth_start = time.perf_counter()
+            if warm:
+                load_numpy_into_model(self._student, weights)
+            losses = self.synthesizer.synthesize(teachers, self._student if warm else None, warm, ensemble)
+            info["synth_seconds"] = time.perf_counter() - synth_start
+            info.update({f"synth_{key}": value for key, value in losses.items()})
+            info["synthesized"] = True
+            self.state.synth_steps += 1
+            self.state.synth_seconds += info["synth_seconds"]
+        delta_kd = None
+        if distil and len(self.pool) > 0:
+            kd_start = time.perf_counter()
+            kd_losses: list[float] = []
+            full = distill(
+                weights,
+                teachers,
+                self.pool,
+                cfg.dfkd,
+                student=self._student,
+                generator=self.kd_rng,
+                losses=kd_losses,
+                ensemble=ensemble,
+            )
+            delta_kd = {name: full[name] for name in full if name in self._param_names}
+            info["kd_seconds"] = time.perf_counter() - kd_start
+            info["kd_loss"] = kd_losses[-1] if kd_losses else float("nan")
+            info["distilled"] = True
+            self.state.kd_runs += 1
+            self.state.kd_seconds += info["kd_seconds"]
+        info["cpu_seconds"] = time.thread_time() - cpu_started
+        info["seconds"] = time.perf_counter() - started
+        return delta_kd, info
+
+    def settle(self) -> None:
+        """Wait for the background work started so far (its results stay pending until their versions)."""
+        for version, work in list(self._pending.items()):
+            if isinstance(work, Future):
+                self._pending[version] = work.result()
+
+    def close(self) -> None:
+        """Stop the background thread (waits for the work it is running; unstarted work is dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
     def state_dict(self) -> dict:
-        """Checkpoint: generator, meta-optimizer, pool, teacher buffer, last ``delta_KD``, random states, counters."""
+        """Checkpoint: generator, meta-optimizer, pool, teacher buffer, last ``delta_KD``, random states, counters,
+        and the background work started but not landed yet (waited for first, so the state is the one after it)."""
+        self.settle()
         return {
             "synthesizer": self.synthesizer.state_dict(),
             "teachers": self.teachers.state_dict(),
             "kd_rng": self.kd_rng.get_state(),
             "delta_kd": self._delta_kd,
             "counters": asdict(self.state),
+            "pending": dict(self._pending),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -248,6 +391,7 @@ class Reviver:
         self.teachers.load_state_dict(state["teachers"])
         self.kd_rng.set_state(state["kd_rng"])
         self._delta_kd = state.get("delta_kd")
+        self._pending = dict(state.get("pending", {}))
         self._ensemble = None
         self.state = FedReviveServerState(**state["counters"])
         self._spare_modules.extend(self._teacher_modules.values())

@@ -1,0 +1,180 @@
+"""Per-device cost of the batched trainer's groups of a few digits CNNs, this checkout against a baseline checkout.
+
+One process per measurement trains groups of ``--groups`` devices (default 2, 4 and 10) with
+``TaskDeviceProcessor.train_devices_batched`` as an asynchronous leaf does: digits, the built-in CNN, 100 samples a
+device (Dirichlet), 1 local epoch at batch 10, SGD, one torch thread (a leaf's worker). Each measurement times
+``--calls`` calls per group size after a warm-up call and keeps the fastest (wall and the thread's CPU time: on a
+shared machine the fastest call is the one least disturbed); the rounds alternate the two trees
+(this, baseline, this, baseline, ...) so both see the same load. Printed per group size: milliseconds per device
+of each tree (median over ``--rounds``), the speed-up, and whether both trees returned the same updates bit for bit
+(the same seeds, the same devices).
+
+    git worktree add /tmp/base <commit>   # the code before the change
+    .venv/bin/python benchmarks/batched_step.py --baseline-tree /tmp/base --json
+
+``--json`` writes ``benchmarks/results/batched_step-<date>.json``. ``--profile`` prints cProfile's top entries of
+this tree's step for each group size instead (where the per-step time goes).
+Medians over rounds of each measurement's fastest call are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import json
+import os
+import pstats
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SETTINGS = {
+    "dataset": "digits",
+    "partition": "dirichlet",
+    "samples_per_device": 100,
+    "batch_size": 10,
+    "local_epochs": 1,
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "seed": 0,
+    "augment": False,
+}
+
+
+def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dict:
+    """Milliseconds per device for each group size, with ``tree``'s code (imported from it), and a digest of the
+    updates of each group size (to compare trees bit for bit)."""
+    sys.path.insert(0, tree)
+    import torch
+
+    from processors.task_processor import TaskDeviceProcessor
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the starting model's initialisation, the same in both trees
+    processor = TaskDeviceProcessor.from_settings(SETTINGS)
+    start = [t.clone() for t in processor._ready().state_tensors]
+    out: dict = {"ms_per_device": {}, "cpu_ms_per_device": {}, "digest": {}}
+    for size in groups:
+        ids = list(range(size))
+        deltas, _ = processor.train_devices_batched(ids, ids, start)
+        digest = hashlib.sha256()
+        for delta in deltas:
+            digest.update(delta.contiguous().numpy().tobytes())
+        out["digest"][str(size)] = digest.hexdigest()[:16]
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+        times, cpu = [], []
+        for _ in range(calls):
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            processor.train_devices_batched(ids, ids, start)
+            times.append(time.perf_counter() - started)
+            cpu.append(time.thread_time() - cpu_started)
+        if profile:
+            profiler.disable()
+            print(f"--- group of {size}: {1000 * statistics.median(times):.1f} ms a call")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+        out["ms_per_device"][str(size)] = 1000 * statistics.median(times) / size
+        out["cpu_ms_per_device"][str(size)] = 1000 * statistics.median(cpu) / size
+    return out
+
+
+def measure_in(tree: str, groups: list[int], calls: int) -> dict:
+    """:func:`measure_here` in a fresh process importing ``tree``'s code."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--inner", tree, "--groups", ",".join(map(str, groups))]
+    cmd += ["--calls", str(calls)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tree)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring {tree} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline-tree", default="", help="another checkout (git worktree) to compare against")
+    parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
+    parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
+    parser.add_argument("--profile", action="store_true", help="cProfile this tree's calls instead")
+    parser.add_argument("--json", action="store_true", help="write benchmarks/results/batched_step-<date>.json")
+    parser.add_argument("--inner", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    if not groups or min(groups) < 2:
+        parser.error(f"--groups must list sizes >= 2, got {args.groups!r}")
+    if args.inner:
+        print(json.dumps(measure_here(args.inner, groups, args.calls, profile=False)))
+        return 0
+    if args.profile:
+        measure_here(REPO, groups, args.calls, profile=True)
+        return 0
+    sys.path.insert(0, REPO)
+    from benchmarks.figures import figure, invocation, load, machine, short_commit, write_results
+
+    started_load = load()
+    trees = {"this": REPO, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for round_index in range(args.rounds):
+        for name, tree in trees.items():
+            runs[name].append(measure_in(tree, groups, args.calls))
+            per = ", ".join(f"{g}: {runs[name][-1]['ms_per_device'][str(g)]:.2f}" for g in groups)
+            print(f"round {round_index + 1} {name}: ms per device {per}", flush=True)
+    rows = []
+    for size in groups:
+        row: dict = {"group": size}
+        for name in trees:
+            for unit in ("ms_per_device", "cpu_ms_per_device"):
+                row[f"{name}_{unit}"] = statistics.median(r[unit][str(size)] for r in runs[name])
+        if "baseline" in trees:
+            row["speedup"] = row["baseline_ms_per_device"] / row["this_ms_per_device"]
+            row["speedup_cpu"] = row["baseline_cpu_ms_per_device"] / row["this_cpu_ms_per_device"]
+            row["bit_identical"] = all(
+                r["digest"][str(size)] == b["digest"][str(size)] for r in runs["this"] for b in runs["baseline"]
+            )
+        rows.append(row)
+        line = f"group of {size:3d}: this {row['this_ms_per_device']:.2f} ms per device"
+        if "baseline" in trees:
+            line += (
+                f", baseline {row['baseline_ms_per_device']:.2f} -> {row['speedup']:.2f}x faster "
+                f"(CPU {row['baseline_cpu_ms_per_device']:.2f} -> {row['this_cpu_ms_per_device']:.2f}: "
+                f"{row['speedup_cpu']:.2f}x), "
+                f"updates bit-identical: {row['bit_identical']}"
+            )
+        print(line)
+    if args.json:
+        base_commit = short_commit(args.baseline_tree) if args.baseline_tree else None
+        command = invocation()
+        if args.baseline_tree:
+            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
+        where = machine(started_load) + ", shared with other work"
+        figures = [
+            figure(
+                f"batched group of {row['group']} digits CNNs: per-device cost vs baseline",
+                f"{row['speedup']:.2f}x faster ({row['baseline_ms_per_device']:.2f} -> {row['this_ms_per_device']:.2f} "
+                f"ms a device; CPU {row['speedup_cpu']:.2f}x; bit-identical {row['bit_identical']})",
+                ">= 1.3x at 2 and 4" if row["group"] < 10 else "(reference)",
+                command,
+                time.strftime("%Y-%m-%d"),
+                where,
+            )
+            for row in rows
+            if "speedup" in row
+        ]
+        payload = {
+            "baseline_commit": base_commit,
+            "settings": SETTINGS,
+            "calls": args.calls,
+            "runs": runs,
+            "rows": rows,
+        }
+        print(f"wrote {write_results('batched_step', payload, figures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
