@@ -15,7 +15,6 @@ A recipe takes a task (a file path, a module name, an imported module, or the ta
 thing in both, and bad input raises :class:`RecipeError` with the message the command line prints.
 """
 
-from devsim_flare.api.edge_recipe import EdgeRecipe
 from devsim_flare.api.environments import Environment, PocEnv, ProdEnv, SimEnv
 from devsim_flare.api.errors import RecipeError
 from devsim_flare.api.recipes import (
@@ -49,3 +48,12 @@ __all__ = [
     "recipe_settings",
     "task_spec",
 ]
+
+
+def __getattr__(name: str):
+    """``EdgeRecipe`` on first use: it imports NVFlare's edge stack, which the other jobs do not need."""
+    if name == "EdgeRecipe":
+        from devsim_flare.api.edge_recipe import EdgeRecipe
+
+        return EdgeRecipe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

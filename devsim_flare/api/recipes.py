@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 from typing import Any, ClassVar
@@ -13,10 +14,6 @@ from devsim_flare.api.environments import Environment, SimEnv
 from devsim_flare.api.errors import RaisingParser, check_setting_names
 from devsim_flare.api.results import Run
 from devsim_flare.api.task_objects import task_spec
-from devsim_flare.servers.async_server import FedBuffServer
-from devsim_flare.servers.cluster_server import ClusterServer
-from devsim_flare.servers.fedrevive_server import FedReviveServer
-from devsim_flare.servers.sync_server import FedAvgServer
 
 
 def recipe_settings(config_cls: type[SimulationConfig]) -> set[str]:
@@ -37,7 +34,9 @@ class JobRecipe:
     same names with ``-``. ``preset`` names a file of app_configs/presets (or a JSON path) applied first."""
 
     method: ClassVar[str]
-    server_cls: ClassVar[type]
+    server: ClassVar[str]
+    """The job's server program as ``module:class`` under ``devsim_flare.servers``, imported when the job runs (a
+    job script imports its own server only)."""
     defaults: ClassVar[SimulationConfig]
 
     def __init__(self, task: Any = None, *, preset: str | None = None, **settings: Any):
@@ -52,9 +51,15 @@ class JobRecipe:
         return (cls.__doc__ or cls.method).strip().splitlines()[0]
 
     @classmethod
+    def server_cls(cls) -> type:
+        """The job's server program class (imports its module)."""
+        module, name = cls.server.split(":")
+        return getattr(importlib.import_module(f"devsim_flare.servers.{module}"), name)
+
+    @classmethod
     def command_line(cls, argv: list[str] | None = None) -> int:
         """The job script: this recipe's flags parsed from ``argv`` (default: ``sys.argv``), run; the exit code."""
-        return cli.job_main(cls.description(), cls.server_cls, cls.defaults, argv)
+        return cli.job_main(cls.description(), cls.server_cls(), cls.defaults, argv)
 
     def _args(self, env: Environment, export_to: str | None = None):
         parser = cli.build_parser(self.description(), self.defaults)
@@ -88,14 +93,14 @@ class JobRecipe:
 
         stamp_command_start()
         parser, args = self._args(env or SimEnv())
-        code = cli.run_job(parser, args, self.server_cls)
+        code = cli.run_job(parser, args, self.server_cls())
         return Run(code, args.results_dir)
 
     def export(self, job_dir: str, env: Environment | None = None) -> str:
         """Write the job folder into ``job_dir`` (for ``nvflare simulator``, POC or production) and return the
         job's own folder inside it."""
         parser, args = self._args(env or SimEnv(), export_to=job_dir)
-        cli.run_job(parser, args, self.server_cls)
+        cli.run_job(parser, args, self.server_cls())
         return os.path.join(os.path.abspath(job_dir), f"devsim_{self.method}")
 
     def config(self) -> dict[str, Any]:
@@ -112,7 +117,7 @@ class FedAvgRecipe(JobRecipe):
     """Synchronous hierarchical FedAvg: a server, leaf nodes under it, many simulated devices per leaf."""
 
     method = "fedavg"
-    server_cls = FedAvgServer
+    server = "sync_server:FedAvgServer"
     defaults = SimulationConfig()
 
 
@@ -124,7 +129,7 @@ class FedBuffRecipe(JobRecipe):
     after 400 versions, with swings of 5-7 points, for the paper's B=2 at server lr 0.3 (lr 1.0 diverged at B=2)."""
 
     method = "fedbuff"
-    server_cls = FedBuffServer
+    server = "async_server:FedBuffServer"
     defaults = AsyncConfig(
         concurrency=20, buffer_size=10, min_open_slots=1, max_versions=100, eval_frequency=10, global_lr=1.0
     )
@@ -146,7 +151,7 @@ class FedReviveRecipe(JobRecipe):
     where versions come fast (docs/concepts.md, FedRevive)."""
 
     method = "fedrevive"
-    server_cls = FedReviveServer
+    server = "fedrevive_server:FedReviveServer"
     defaults = FedReviveConfig(
         concurrency=20,
         buffer_size=1,
@@ -176,7 +181,7 @@ class ClusterRecipe(JobRecipe):
     """Cluster aggregation across leaf nodes: leaves whose models point the same way share a model."""
 
     method = "cluster"
-    server_cls = ClusterServer
+    server = "cluster_server:ClusterServer"
     defaults = ClusterConfig(num_leaf_nodes=6, devices_per_leaf=20, device_selection_size=60, hidden_groups=2)
 
 

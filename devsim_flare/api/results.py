@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 from devsim_flare.api.errors import RecipeError
-from devsim_flare.edge.job import RESULTS_FILE as EDGE_RESULTS_FILE
 
 
 @dataclasses.dataclass
@@ -29,6 +28,7 @@ class RunResult:
         """The result in ``folder``: a job's ``results.json``, or the edge job's ``edge_results.json`` (its records
         are per evaluated version; its summary is the last record's figures). RecipeError when there is neither."""
         from devsim.observe.results import load_results
+        from devsim_flare.edge.job import RESULTS_FILE as EDGE_RESULTS_FILE
 
         folder = os.path.abspath(folder)
         if os.path.isfile(os.path.join(folder, "results.json")):
