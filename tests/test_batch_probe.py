@@ -135,13 +135,16 @@ def test_the_probe_allows_models_that_batch_exactly():
     assert gru.obstacle is None
 
 
-def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says_why():
+def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says_why(monkeypatch):
     dropout = probe_batching(Dropped, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle
     assert dropout.startswith("vmap cannot run the model") and "random" in dropout
     drifting = probe_batching(Drifting, LocalTrainingSpec(), Objective(), _features(), CPU).obstacle
     assert drifting.startswith("batched updates differ from one-at-a-time updates")
+    # The LSTM's per-sample loop is detected from vmap's own warning; its timing sits near the 0.8x margin on this
+    # CPU (0.85-1.07x at batch 32, measured), so the timed comparison is fixed here to "not faster".
+    monkeypatch.setattr("devsim.training.batch_probe._timed", lambda *args: (0.040, 0.040))
     lstm = probe_batching(CharLSTM, LocalTrainingSpec(batch_size=32), Objective(), _tokens(), CPU).obstacle
-    assert lstm is not None and "no batching rule for aten::" in lstm and "ms batched against" in lstm
+    assert lstm is not None and "no batching rule for aten::" in lstm and "40.0 ms batched against 40.0 ms" in lstm
     rmsprop = probe_batching(_mlp, LocalTrainingSpec(optimizer="rmsprop"), Objective(), _features(), CPU).obstacle
     assert "optimizer 'rmsprop'" in rmsprop
 

@@ -243,8 +243,9 @@ def test_explicit_device_batch_is_honoured_or_refused_with_the_reason():
 
 
 def test_processor_reports_what_the_leaf_sizes_from():
+    torch.manual_seed(0)  # the model's initial weights: Adam's exactness margin on the probe moves with them
     worker = _processors(1, model="cnn", optimizer="adam")[0]
-    assert worker.batching_obstacle() is None
+    assert worker.batching_obstacle(timed=False) is None  # exactness only: the timed verdict moves with load
     assert worker.batched_device_bytes() == batched_device_bytes(build_model("cnn"), worker._ready().spec, 40)
 
 

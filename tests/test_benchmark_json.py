@@ -18,7 +18,7 @@ from tests.conftest import REPO
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 # Entry scripts that may print research tables without a --json flag: none of them has a figure in the README's
 # table (a figure in benchmarks/results/ needs the flag, see the first test).
-NO_PUBLISHED_FIGURES = {"cluster_replay.py", "cluster_similarity_layers.py", "gpu_suite.py"}
+NO_PUBLISHED_FIGURES = {"cluster_replay.py", "cluster_similarity_layers.py", "gpu_suite.py", "gpu_suite_check.py"}
 SCRIPT_IN_COMMAND = re.compile(r"benchmarks/(\w+\.py)")
 
 
