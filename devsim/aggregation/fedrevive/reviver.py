@@ -149,6 +149,19 @@ class Reviver:
         """The synthetic input pool (:class:`devsim.aggregation.fedrevive.pool.SyntheticPool`)."""
         return self.synthesizer.pool
 
+    def _synthesize(self, teachers, weights, warm: bool, ensemble, info: dict[str, Any]) -> None:
+        """One synthesis step into the pool (the student, warm, starts from ``weights``); its seconds and losses go
+        into ``info`` and the run's counters."""
+        synth_start = time.perf_counter()
+        if warm:
+            load_numpy_into_model(self._student, weights)
+        losses = self.synthesizer.synthesize(teachers, self._student if warm else None, warm, ensemble)
+        info["synth_seconds"] = time.perf_counter() - synth_start
+        info.update({f"synth_{key}": value for key, value in losses.items()})
+        info["synthesized"] = True
+        self.state.synth_steps += 1
+        self.state.synth_seconds += info["synth_seconds"]
+
     def _loaded_teachers(self, live: list | None = None) -> list[tuple[nn.Module, np.ndarray]]:
         """``(module, q)`` for ``live`` (default: the buffered teachers, newest first), reusing modules already
         holding a teacher."""
@@ -237,15 +250,7 @@ class Reviver:
                 if synthesize or cfg.dfkd.teacher_batching == "all":
                     ensemble = self._teacher_ensemble(teachers)
             if synthesize:
-                synth_start = time.perf_counter()
-                if warm:
-                    load_numpy_into_model(self._student, global_weights)
-                losses = self.synthesizer.synthesize(teachers, self._student if warm else None, warm, ensemble)
-                info["synth_seconds"] = time.perf_counter() - synth_start
-                info.update({f"synth_{key}": value for key, value in losses.items()})
-                info["synthesized"] = True
-                self.state.synth_steps += 1
-                self.state.synth_seconds += info["synth_seconds"]
+                self._synthesize(teachers, global_weights, warm, ensemble, info)
             if warm and len(self.pool) > 0:
                 kd_start = time.perf_counter()
                 if fresh:
@@ -327,15 +332,7 @@ class Reviver:
         if synthesize or cfg.dfkd.teacher_batching == "all":
             ensemble = self._teacher_ensemble(teachers, live)
         if synthesize:
-            synth_start = time.perf_counter()
-            if warm:
-                load_numpy_into_model(self._student, weights)
-            losses = self.synthesizer.synthesize(teachers, self._student if warm else None, warm, ensemble)
-            info["synth_seconds"] = time.perf_counter() - synth_start
-            info.update({f"synth_{key}": value for key, value in losses.items()})
-            info["synthesized"] = True
-            self.state.synth_steps += 1
-            self.state.synth_seconds += info["synth_seconds"]
+            self._synthesize(teachers, weights, warm, ensemble, info)
         delta_kd = None
         if distil and len(self.pool) > 0:
             kd_start = time.perf_counter()
