@@ -7,6 +7,7 @@ May import `devsim`, `processors` and `nvflare`; never `jobs`.
 
 import warnings
 
+from devsim_flare.launch.forked_process import route_simulator_workers
 from devsim_flare.sim_polling import shorten_simulator_polls_by_default
 
 # The job scripts take NVFlare's own --export / --export-dir convention on purpose (NVFlare's recipe module strips
@@ -18,3 +19,4 @@ warnings.filterwarnings(
     category=UserWarning,
 )
 shorten_simulator_polls_by_default()
+route_simulator_workers()

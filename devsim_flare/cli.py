@@ -201,18 +201,24 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
     if args.preset:
         parser.set_defaults(**load_preset(parser, args.preset, type(defaults)))
         args = parser.parse_args(argv)
-    code = run_job(parser, args, server_cls)
+    code = run_job(parser, args, server_cls, fork_server=True)
     if code in signal_exit_codes():
         exit_now(code)  # every process the run started is stopped; skip the interpreter's teardown
     return code
 
 
-def run_job(parser: argparse.ArgumentParser, args: argparse.Namespace, server_cls: type) -> int:
+def run_job(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, server_cls: type, fork_server: bool = False
+) -> int:
     """Everything a job does after its flags are parsed: environment checks, the validated and task-fitted
     configuration, then export or run. ``parser.error`` reports bad input (the command line ends the program;
     :mod:`devsim_flare.api` raises instead). Sets ``args.results_dir`` to the run folder this command writes or
-    downloads (None when exporting). Returns the exit code."""
-    from devsim_flare.recipe import build_recipe
+    downloads (None when exporting). Returns the exit code.
+
+    With ``fork_server`` (the job command, a fresh single-threaded process that has run no PyTorch computation yet),
+    a simulation run here starts NVFlare's simulator processes from a fork server holding PyTorch and NVFlare
+    (:mod:`devsim_flare.launch.fork_server`), forked before the checks below."""
+    from devsim_flare.launch.fork_server import start_fork_server
 
     check_env_args(parser, args)
     exporting = export_requested() or bool(getattr(args, "export_to", None))
@@ -228,6 +234,19 @@ def run_job(parser: argparse.ArgumentParser, args: argparse.Namespace, server_cl
     config = config_from_args(parser, args)
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
+    simulated_here = args.env == "sim" and not exporting
+    server = start_fork_server() if fork_server and simulated_here else None
+    try:
+        return _checked_run(parser, args, server_cls, config, gpu_ids, exporting, download_dir)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_ids, exporting: bool, download_dir):
+    """:func:`run_job` from the shared-memory check on: data, task, privacy, then export or run."""
+    from devsim_flare.recipe import build_recipe
+
     simulated_here = args.env == "sim" and not exporting
     try:
         config = with_shared_memory(config, args.env, simulated_here)

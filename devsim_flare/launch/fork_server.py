@@ -1,0 +1,305 @@
+"""A fork server for NVFlare's simulator processes: forked from the job command, it holds PyTorch, NumPy and NVFlare's
+simulator modules already imported and forks each simulator process that NVFlare asks for.
+
+NVFlare 2.9's simulator starts its server process and one worker process per leaf as new interpreters
+(``python -m nvflare.private.fed.app.simulator.simulator`` / ``...simulator_worker``); each imports PyTorch and
+NVFlare again before it reaches the job, about 1-2 s of CPU a process. :func:`start_fork_server` forks this
+(single-threaded) job command before it has run any PyTorch computation; the fork imports NVFlare's simulator and
+client modules while the command goes on validating the run, then listens on a Unix socket. For every request
+(:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what ``python -m <module>
+<args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder and session
+(``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's packages
+dropped from ``sys.modules`` (the job imports them from its own ``custom/`` folder, as NVFlare deploys it), fresh
+signal handlers, exit handlers and logging, and the glibc arena limit of ``MALLOC_ARENA_MAX`` applied. The
+module then runs as ``__main__``. The job folder, the processes, their command lines and NVFlare's own code are
+unchanged; only the interpreter start and the imports are skipped.
+
+The fork server reaps its children and reports each exit status over the request's connection. It ends when the
+job command closes it (:meth:`ForkServer.close`), when the command's end of its pipe closes (the command died), or on
+SIGTERM, after its children have exited (at most :data:`CHILD_EXIT_WAIT_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from devsim_flare.launch.forked_process import (
+    JOB_CONFIG_MODULE,
+    SOCKET_ENV,
+    fork_server_enabled,
+    recv_frame,
+    route_popen,
+    send_frame,
+    unroute_popen,
+)
+
+WARM_IMPORTS = (
+    "numpy",
+    "torch",
+    "torch._dynamo",  # imported by the first optimizer a process builds (~1 s)
+    "torch.func",
+    "nvflare.private.fed.app.simulator.simulator_runner",
+    "nvflare.private.fed.app.simulator.simulator_worker",
+    "nvflare.private.fed.app.simulator.simulator",
+    "nvflare.collab",
+    "nvflare.apis.dxo",
+    "nvflare.edge.simulation.device_task_processor",
+    "nvflare.edge.web.models.job_response",
+    "nvflare.edge.web.models.task_response",
+)
+"""Imported by the fork server before it serves (a name that fails to import is skipped)."""
+SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
+"""Dropped from a child's ``sys.modules``: the job ships them in its ``custom/`` folder (see
+:data:`devsim_flare.recipe.SHIPPED_PACKAGES`)."""
+CHILD_EXIT_WAIT_SECONDS = 10.0
+POLL_SECONDS = 0.02
+M_ARENA_MAX = -8  # glibc's mallopt parameter for MALLOC_ARENA_MAX
+
+
+class ForkServer:
+    """The job command's handle on its fork server: the socket path and the server's process."""
+
+    def __init__(self, pid: int, folder: str, socket_path: str, lifeline: int):
+        self.pid = pid
+        self.folder = folder
+        self.socket_path = socket_path
+        self._lifeline = lifeline
+
+    def close(self, wait_seconds: float = CHILD_EXIT_WAIT_SECONDS) -> None:
+        """Stop the fork server (after its children, within ``wait_seconds``), reap it, remove its socket."""
+        unroute_popen(JOB_CONFIG_MODULE)
+        if os.environ.get(SOCKET_ENV) == self.socket_path:
+            del os.environ[SOCKET_ENV]
+        with contextlib.suppress(OSError):
+            os.close(self._lifeline)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    break
+            time.sleep(POLL_SECONDS)
+        else:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_fork_server(warm_imports: tuple[str, ...] = WARM_IMPORTS) -> ForkServer | None:
+    """Fork the fork server from this process, name its socket in :data:`SOCKET_ENV` for the processes this one
+    starts and route this process's start of the simulator to it. None (nothing started) when
+    ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use)
+    or when the platform cannot fork. ``warm_imports``: the modules the fork server imports before it serves."""
+    if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
+        return None
+    folder = tempfile.mkdtemp(prefix="devsim-fork-")
+    path = os.path.join(folder, "fork.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the fork server
+        code = 1
+        try:
+            os.close(write_end)
+            code = _serve(listener, read_end, warm_imports)
+        finally:
+            os._exit(code)
+    listener.close()
+    os.close(read_end)
+    os.environ[SOCKET_ENV] = path
+    importlib.import_module(JOB_CONFIG_MODULE)
+    route_popen(JOB_CONFIG_MODULE, path)  # the simulator's server process, started by this command
+    return ForkServer(pid, folder, path, write_end)
+
+
+def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]) -> int:
+    """The fork server's loop: fork a child per request, report each child's exit; returns the exit code."""
+    closing = []
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # no child yet: a command that ends early waits for nothing
+    atexit._clear()
+    for name in warm_imports:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    signal.signal(signal.SIGTERM, lambda *_: closing.append(True))
+    children: dict[int, socket.socket] = {}
+    closed_at = None
+    while True:
+        _reap(children)
+        if closing and closed_at is None:
+            closed_at = time.monotonic()
+            listener.close()
+        if closed_at is not None and (not children or time.monotonic() - closed_at > CHILD_EXIT_WAIT_SECONDS):
+            return 0
+        if closed_at is not None:
+            time.sleep(POLL_SECONDS)
+            continue
+        readable = select.select([listener, lifeline], [], [], POLL_SECONDS)[0]
+        if lifeline in readable:  # the job command closed its end (or died)
+            closing.append(True)
+        elif listener in readable:
+            conn, _ = listener.accept()
+            _start_child(conn, listener, lifeline, children)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Report the exit of every child that has ended to its requester."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                send_frame(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+            conn.close()
+
+
+def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int, children: dict) -> None:
+    """Read one request from ``conn``, fork its child and answer its pid (the connection then waits for its exit)."""
+    try:
+        request, fds = recv_frame(conn, max_fds=3)
+    except (OSError, ValueError):
+        conn.close()
+        return
+    if request is None or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)  # held until the child has its own handlers
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for sock in (listener, conn, *children.values()):
+                sock.close()
+            os.close(lifeline)
+            code = _become(request, fds)
+        except BaseException:  # noqa: BLE001 - the child must end here whatever happened
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    try:
+        send_frame(conn, {"pid": pid})
+    except OSError:
+        pass
+
+
+def _become(request: dict, fds: list[int]) -> int:
+    """In the forked child: turn into ``python -m <module> <argv>`` as the request describes; run it; its exit code."""
+    import runpy
+
+    if request.get("setsid"):
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    _fresh_stdio(env)
+    os.chdir(request["cwd"])
+    for signum in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    _limit_arenas(env.get("MALLOC_ARENA_MAX"))
+    sys.path[:] = interpreter_path(request["cwd"], env.get("PYTHONPATH", ""), sys.path)
+    for name in [n for n in sys.modules if n.split(".")[0] in SHIPPED_PACKAGES]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    atexit._clear()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    sys.argv = ["-m", *request["argv"]]
+    code = 0
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter does at exit: join the threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return code
+
+
+def _exit_code(code) -> int:
+    """``sys.exit(code)``'s exit status, as the interpreter computes it (a message is printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _fresh_stdio(env: dict[str, str]) -> None:
+    """New ``sys.stdout``/``sys.stderr`` on fds 1 and 2, buffered as a new interpreter would buffer them there."""
+    import io
+
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            open(fd, "wb", closefd=False),  # noqa: SIM115 - lives as long as the process
+            encoding=getattr(old, "encoding", None),
+            errors=getattr(old, "errors", None),
+            line_buffering=unbuffered or fd == 2 or os.isatty(fd),
+            write_through=unbuffered,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _limit_arenas(value: str | None) -> None:
+    """Apply ``MALLOC_ARENA_MAX`` (glibc reads it only when a process starts; a fork inherits the parent's)."""
+    if not value:
+        return
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(value))
+
+
+def interpreter_path(cwd: str, pythonpath: str, current: list[str]) -> list[str]:
+    """The ``sys.path`` of ``python -m`` started in ``cwd`` with ``PYTHONPATH=pythonpath``: the folder, the
+    ``PYTHONPATH`` entries, then the interpreter's own entries (the standard library and site-packages: ``current``
+    from its first entry under the interpreter's prefix on, which drops what a script put in front)."""
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    first = next((i for i, entry in enumerate(current) if entry and entry.startswith(prefixes)), len(current))
+    extra = [os.path.abspath(entry) for entry in pythonpath.split(os.pathsep) if entry]
+    return [cwd, *extra, *[entry for entry in current[first:] if entry not in extra]]

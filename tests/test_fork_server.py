@@ -1,0 +1,131 @@
+"""The fork server runs a module as ``python -m`` would; only the simulator's own commands are routed to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from devsim_flare.launch.fork_server import interpreter_path
+from devsim_flare.launch.forked_process import (
+    SIMULATOR_MODULE,
+    WORKER_MODULE,
+    ForkingSubprocess,
+    fork_server_enabled,
+    forkable,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBE_MODULE = """
+import json, os, sys, time
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+print(json.dumps({
+    "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2], "marker": os.environ.get("PROBE_MARKER"),
+    "project_loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("devsim", "devsim_flare")),
+    "own_session": os.getsid(0) == os.getpid(), "main": __name__,
+}), flush=True)
+sys.exit(3)
+"""
+
+DRIVER = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from devsim_flare.launch.fork_server import start_fork_server
+from devsim_flare.launch.forked_process import ForkedProcess, SOCKET_ENV
+
+server = start_fork_server(warm_imports=())
+assert server is not None and os.environ[SOCKET_ENV] == server.socket_path
+env = dict(os.environ, PYTHONPATH={folder!r}, PROBE_MARKER="from-the-request")
+os.chdir({folder!r})
+done = ForkedProcess(server.socket_path, [sys.executable, "-m", "probe_module", "a", "b"], env, setsid=True)
+code = done.wait(timeout=60)
+sleeper = ForkedProcess(server.socket_path, [sys.executable, "-m", "probe_module", "sleep"], env, setsid=False)
+first_poll = sleeper.poll()
+sleeper.terminate()
+stopped = sleeper.wait(timeout=30)
+server.close(wait_seconds=10)
+left = os.path.exists(server.folder)
+alive = os.path.exists(f"/proc/{{server.pid}}")
+summary = {{"code": code, "first_poll": first_poll, "stopped": stopped, "folder_left": left, "server_alive": alive}}
+print(json.dumps(summary))
+"""
+
+
+def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_path):
+    (tmp_path / "probe_module.py").write_text(PROBE_MODULE)
+    driver = DRIVER.format(repo=REPO, folder=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEVSIM_FORK_SERVER")}
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    child, summary = lines[0], lines[-1]
+    # the child wrote to the requester's stdout (passed over the socket), with its own argv, folder, path and env
+    assert child["argv"] == ["a", "b"] and child["main"] == "__main__"
+    assert child["cwd"] == str(tmp_path) and child["path"] == [str(tmp_path), str(tmp_path)]
+    assert child["marker"] == "from-the-request" and child["own_session"]
+    assert child["project_loaded"] == []  # the job's copies of the project are imported afresh
+    assert summary == {"code": 3, "first_poll": None, "stopped": -15, "folder_left": False, "server_alive": False}
+
+
+def test_only_the_simulator_modules_of_this_interpreter_are_routed(tmp_path):
+    assert forkable([sys.executable, "-m", SIMULATOR_MODULE, "job", "-w", "ws"])
+    assert forkable([sys.executable, "-m", WORKER_MODULE, "-o", "ws"])
+    assert not forkable([sys.executable, "-m", "nvflare.private.fed.app.server.server_train"])
+    assert not forkable(["/other/python", "-m", WORKER_MODULE])
+    assert not forkable(f"{sys.executable} -m {WORKER_MODULE}")
+    routed = ForkingSubprocess(str(tmp_path / "no-such.sock"))
+    plain = routed.Popen([sys.executable, "-c", "pass"])  # not a simulator module: the real Popen
+    assert isinstance(plain, subprocess.Popen) and plain.wait(timeout=60) == 0
+    assert routed.PIPE is subprocess.PIPE  # everything else is the subprocess module's
+
+
+def test_an_unreachable_fork_server_falls_back_to_a_new_process(tmp_path, capsys):
+    routed = ForkingSubprocess(str(tmp_path / "no-such.sock"))
+    args = [sys.executable, "-m", SIMULATOR_MODULE, "--help"]
+    process = routed.Popen(args, env={**os.environ, "PYTHONPATH": ""}, preexec_fn=os.setsid)
+    process.terminate()
+    process.wait(timeout=60)
+    assert isinstance(process, subprocess.Popen)
+    assert "fork server unavailable" in capsys.readouterr().out
+
+
+def test_the_child_path_is_a_fresh_interpreters():
+    base = [os.path.join(sys.base_prefix, "lib", "python311.zip"), os.path.join(sys.prefix, "lib", "site-packages")]
+    current = ["/repo", "/repo/jobs", "/old/pythonpath", *base]
+    assert interpreter_path("/ws/site-1", "/job/custom:/more", current) == ["/ws/site-1", "/job/custom", "/more", *base]
+    assert interpreter_path("/ws", "", current) == ["/ws", *base]
+
+
+def test_the_switch_turns_it_off():
+    assert fork_server_enabled({}) and fork_server_enabled({"DEVSIM_FORK_SERVER": "1"})
+    assert not fork_server_enabled({"DEVSIM_FORK_SERVER": "0"})
+
+
+def test_the_job_command_routes_the_simulator_start_only_while_the_fork_server_runs():
+    from nvflare.job_config import fed_job_config
+
+    from devsim_flare.launch.forked_process import JOB_CONFIG_MODULE, route_popen, unroute_popen
+
+    assert route_popen(JOB_CONFIG_MODULE, "/tmp/x.sock")
+    assert isinstance(fed_job_config.subprocess, ForkingSubprocess)
+    unroute_popen(JOB_CONFIG_MODULE)
+    assert fed_job_config.subprocess is subprocess
+    assert not route_popen("not.a.loaded.module", "/tmp/x.sock")
+
+
+def test_a_fork_server_is_not_started_beside_other_threads():
+    script = textwrap.dedent(
+        f"""
+        import sys, threading, time
+        sys.path.insert(0, {REPO!r})
+        from devsim_flare.launch.fork_server import start_fork_server
+        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        print(start_fork_server(warm_imports=()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "None", done.stderr
