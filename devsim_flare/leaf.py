@@ -108,6 +108,8 @@ class LeafNode:
         if hasattr(first, "_ready_task"):
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
+        if getattr(first, "probe_cached_in", None):
+            print(f"[{collab.site_name}] batching verdict from {first.probe_cached_in} (delete it to probe again)")
         if compiled:
             print(f"[{collab.site_name}] {compiled}", flush=True)
         print(

@@ -36,6 +36,7 @@ from devsim.training.batch_probe import TOLERANCE, ProbeOutcome, probe_batching
 from devsim.training.batched import BatchedTrainer, batched_device_bytes
 from devsim.training.compiled_step import CompileChoice, CompiledGroups, probe_compiled, resolve_compile
 from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec, Objective
+from devsim.training.probe_cache import cached_probe, task_probe_key
 
 _SHARED_LOCK = threading.Lock()
 _SHARED_SOURCES: dict[tuple, DeviceDataSource] = {}
@@ -81,6 +82,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
     and their data settings), the partition and the local training settings."""
 
     track_features = False
+    probe_cached_in: str | None = None  # the file the batching verdict came from (None: probed here, or not yet)
 
     def __init__(
         self,
@@ -306,13 +308,16 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         if outcome is None:
             task = self._ready_task()
             with one_torch_thread():
-                outcome = probe_batching(
-                    lambda: task.build_model(track_features=self.track_features),
-                    trainer.spec,
-                    self.objective,
-                    self._data.shard_pool([]),
-                    self.torch_device,
-                    timed=timed,
+                outcome, self.probe_cached_in = cached_probe(
+                    task_probe_key(task, trainer.spec, self.objective, self.torch_device, timed, self.track_features),
+                    lambda: probe_batching(
+                        lambda: task.build_model(track_features=self.track_features),
+                        trainer.spec,
+                        self.objective,
+                        self._data.shard_pool([]),
+                        self.torch_device,
+                        timed=timed,
+                    ),
                 )
             with _SHARED_LOCK:
                 _PROBES.clear()

@@ -37,6 +37,19 @@ def single_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def probe_cache_in_tmp(tmp_path_factory):
+    """The batching probe's verdict cache (``DEVSIM_CACHE_DIR``) in a temporary folder for the whole session, for
+    this process and the jobs it starts, never in the user's cache."""
+    previous = os.environ.get("DEVSIM_CACHE_DIR")
+    os.environ["DEVSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("devsim-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("DEVSIM_CACHE_DIR", None)
+    else:
+        os.environ["DEVSIM_CACHE_DIR"] = previous
+
+
 def isolated_env(tmp_path) -> dict[str, str]:
     """Environment whose HOME and NVFlare POC workspace live under ``tmp_path``."""
     env = dict(os.environ)
