@@ -1,21 +1,27 @@
-"""Where the digits demo's start-up goes, with and without this project's start-up cuts, measured side by side.
+"""Where a short run's start-up goes, with and without this project's start-up cuts, measured side by side.
 
-    .venv/bin/python benchmarks/startup.py [--runs 4] [--baseline-tree DIR] [--json]
+    .venv/bin/python benchmarks/startup.py [--job digits|penguins|fedbuff] [--runs 5] [--arms project,spawned]
+                                           [--baseline-tree DIR] [--json]
 
-Runs the digits demo (``jobs/pt_job_fedavg.py --dataset digits``) ``--runs`` times per arm, the arms in turn
-(A B A B ...), each arm in its own temporary workspace after one uncounted warm-up run (which writes the
-workspace's shared digits file, as a user's first run does). Arms:
+Runs the job ``--runs`` times per arm, the arms in turn (A B A B ...), each arm in its own temporary workspace after
+one uncounted warm-up run (which writes the workspace's shared digits file and the batching probe's verdict, as a
+user's first run does). Jobs: ``digits`` (the demo: ``jobs/pt_job_fedavg.py --dataset digits``), ``penguins`` (the
+tabular user task file ``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
+--dataset digits``). Arms (``--arms``, comma-separated; ``baseline`` is added by ``--baseline-tree``):
 
 - ``project``: this checkout with its defaults;
-- ``nvflare-waits``: this checkout with ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its
-  one-second polls (and NVFlare's streaming and glibc defaults);
+- ``spawned``: ``DEVSIM_FORK_SERVER=0``: NVFlare's simulator starts its processes as new interpreters;
+- ``probe-off``: ``DEVSIM_CACHE_DIR=off``: every leaf runs the batching probe;
+- ``nvflare-waits``: ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its one-second polls (and
+  NVFlare's streaming and glibc defaults);
 - ``baseline`` (with ``--baseline-tree DIR``): the same job script from another checkout (``git worktree add DIR
   <commit>``), run with this checkout's virtual environment.
 
 Prints, per arm, the medians of the stages in results.json ``startup`` (command -> server process, server
-process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, and each
-arm's command -> first round against ``project``'s. ``--json`` writes ``benchmarks/results/startup-<date>.json``
-with the figure of benchmarks/README.md.
+process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, each arm's
+command -> first round against ``project``'s, and the final metrics of every run (the same seed must give the same
+metrics in every arm). ``--json`` writes ``benchmarks/results/startup-<date>.json`` (``startup-<job>-<date>.json``
+for the other jobs) with the figure of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -35,7 +41,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.figures import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
-JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]
+JOBS = {
+    "digits": ["jobs/pt_job_fedavg.py", "--dataset", "digits"],
+    "penguins": [
+        *("jobs/pt_job_fedavg.py", "--task", os.path.join(REPO, "examples", "penguins_task.py")),
+        *("--local-epochs", "5", "--batch-size", "4", "--device-selection-size", "40", "--num-rounds", "20"),
+    ],
+    "fedbuff": ["jobs/pt_job_fedbuff.py", "--dataset", "digits"],
+}
+ARMS = {
+    "project": {},
+    "spawned": {"DEVSIM_FORK_SERVER": "0"},
+    "probe-off": {"DEVSIM_CACHE_DIR": "off"},
+    "nvflare-waits": {"DEVSIM_RUNTIME_ENV_DEFAULTS": "0"},
+}
+"""Arm -> the environment variables it sets (over the caller's, without those any arm sets)."""
 STAGES = (
     "command_to_server_process",
     "server_process_to_run",
@@ -43,30 +63,37 @@ STAGES = (
     "command_to_first_round",
     "last_round_to_exit",
 )
-FIGURE = "digits demo start-up: command -> first round / last round -> exit"
-TARGET = "<= 8 s / <= 2 s"
+FIGURE = "{job} start-up: command -> first round / last round -> exit"
+LABELS = {"digits": "digits demo", "penguins": "tabular task (penguins)", "fedbuff": "digits FedBuff"}
+TARGET = "<= 5 s / <= 1 s"
 RUN_TIMEOUT_S = 300.0
 
 
-def run_once(tree: str, workspace: str, env: dict[str, str]) -> dict[str, float]:
-    """One demo run from ``tree`` in ``workspace``: its start-up stages (seconds) and its wall ``command_s``."""
+def run_once(tree: str, workspace: str, env: dict[str, str], job: list[str]) -> dict[str, float]:
+    """One run of ``job`` from ``tree`` in ``workspace``: its start-up stages (seconds), its wall ``command_s`` and
+    its final metrics (``final``: loss and metrics as one string)."""
     output = os.path.join(workspace, "run")
-    cmd = [PYTHON, *JOB, "--workspace", workspace, "--output-dir", output]
+    cmd = [PYTHON, *job, "--workspace", workspace, "--output-dir", output]
     env = {**env, "DEVSIM_COMMAND_STARTED": repr(time.time())}
+    env.setdefault("DEVSIM_CACHE_DIR", os.path.join(workspace, "cache"))
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr}")
     with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
-        seconds = json.load(stream)["startup"]["seconds"]
-    return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall}
+        results = json.load(stream)
+    seconds = results["startup"]["seconds"]
+    summary = results.get("summary") or {}
+    final = f"loss {summary.get('final_loss')} {json.dumps(summary.get('final_metrics'), sort_keys=True)}"
+    return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall, "final": final}
 
 
-def arms(baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
+def arms(names: list[str], baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
     """Arm name -> (checkout to run the job from, environment)."""
-    base = {k: v for k, v in os.environ.items() if k not in ("DEVSIM_RUNTIME_ENV_DEFAULTS", "DEVSIM_DIGITS_FILE")}
-    chosen = {"project": (REPO, base), "nvflare-waits": (REPO, {**base, "DEVSIM_RUNTIME_ENV_DEFAULTS": "0"})}
+    set_by_arms = {name for values in ARMS.values() for name in values} | {"DEVSIM_DIGITS_FILE"}
+    base = {k: v for k, v in os.environ.items() if k not in set_by_arms}
+    chosen = {name: (REPO, {**base, **ARMS[name]}) for name in names}
     if baseline_tree:
         chosen["baseline"] = (os.path.abspath(baseline_tree), base)
     return chosen
@@ -74,34 +101,45 @@ def arms(baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=4, help="counted runs per arm (default 4)")
-    parser.add_argument("--baseline-tree", help="another checkout whose job script is a third arm")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup-<date>.json")
+    parser.add_argument("--job", choices=sorted(JOBS), default="digits", help="the run to start (default digits)")
+    parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
+    parser.add_argument("--arms", default="project,spawned", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--baseline-tree", help="another checkout whose job script is one more arm")
+    parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup[-<job>]-<date>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")
-    if args.baseline_tree and not os.path.isfile(os.path.join(args.baseline_tree, JOB[0])):
-        parser.error(f"--baseline-tree: {args.baseline_tree} has no {JOB[0]}")
+    names = [name.strip() for name in args.arms.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ARMS]
+    if unknown or "project" not in names:
+        parser.error(f"--arms: {','.join(unknown) or args.arms} not allowed; 'project' and any of {', '.join(ARMS)}")
+    job = JOBS[args.job]
+    if args.baseline_tree and not os.path.isfile(os.path.join(args.baseline_tree, job[0])):
+        parser.error(f"--baseline-tree: {args.baseline_tree} has no {job[0]}")
     load_at_start = load()
-    chosen = arms(args.baseline_tree)
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
+    chosen = arms(names, args.baseline_tree)
+    samples: dict[str, list[dict]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
         workspaces = {name: os.path.join(root, name) for name in chosen}
         for name, (tree, env) in chosen.items():
-            run_once(tree, workspaces[name], env)  # warm-up: writes the workspace's shared digits file
+            run_once(tree, workspaces[name], env, job)  # warm-up: the shared digits file, the probe's verdict
         for index in range(args.runs):
             for name, (tree, env) in chosen.items():
-                samples[name].append(run_once(tree, workspaces[name], env))
+                samples[name].append(run_once(tree, workspaces[name], env, job))
                 first = samples[name][-1]["command_to_first_round"]
                 print(f"run {index + 1}/{args.runs} {name}: {first:.1f} s to the first round", flush=True)
-    medians = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
-    print(f"\n{'arm':<14}" + "".join(f"{k:>27}" for k in (*STAGES, "command_s")))
+    numbers = (*STAGES, "command_s")
+    medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
+    print(f"\n{args.job}, load {load_at_start} -> {load()}\n{'arm':<14}" + "".join(f"{k:>27}" for k in numbers))
     for name, row in medians.items():
-        print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in (*STAGES, "command_s")))
+        print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in numbers))
     project = medians["project"]["command_to_first_round"]
     for name, row in medians.items():
         if name != "project":
             print(f"command -> first round: project / {name} = {project / row['command_to_first_round']:.2f}x")
+    finals = {name: sorted({s["final"] for s in runs}) for name, runs in samples.items()}
+    for name, seen in finals.items():
+        print(f"final metrics, {name}: {' | '.join(seen)}")
     if args.json:
         where = machine(load_at_start)
         p = medians["project"]
@@ -113,19 +151,24 @@ def main() -> int:
             if name != "project"
         )
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
-        value = f"{first:.1f} s / {exit_s:.1f} s (median of {args.runs}; {others})"
+        value = (
+            f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; {others})"
+        )
         command = invocation()
         if args.baseline_tree:  # a scratch path means nothing to a reader: name the commit it held instead
             command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
-        figures = [figure(FIGURE, value, TARGET, command, time.strftime("%Y-%m-%d"), where)]
+        name = FIGURE.format(job=LABELS[args.job])
+        figures = [figure(name, value, TARGET, command, time.strftime("%Y-%m-%d"), where)]
         payload = {
+            "job": job,
             "runs": args.runs,
-            "job": JOB,
+            "arms": {name: ARMS.get(name, {}) for name in chosen},
             "baseline_commit": base_commit,
             "samples": samples,
             "medians": medians,
+            "final_metrics": finals,
         }
-        print(f"wrote {write_results('startup', payload, figures)}")
+        print(f"wrote {write_results('startup' if args.job == 'digits' else f'startup-{args.job}', payload, figures)}")
     return 0
 
 
