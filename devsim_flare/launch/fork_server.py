@@ -4,8 +4,9 @@ simulator modules already imported and forks each simulator process that NVFlare
 NVFlare 2.9's simulator starts its server process and one worker process per leaf as new interpreters
 (``python -m nvflare.private.fed.app.simulator.simulator`` / ``...simulator_worker``); each imports PyTorch and
 NVFlare again before it reaches the job, about 1-2 s of CPU a process. :func:`start_fork_server` forks this
-(single-threaded) job command before it has run any PyTorch computation; the fork imports NVFlare's simulator and
-client modules while the command goes on validating the run, then listens on a Unix socket. For every request
+(single-threaded) job command before it has run any PyTorch computation; the fork listens on a Unix socket and,
+between requests, imports NVFlare's simulator and client modules and ``torch._dynamo`` while the command goes on
+validating the run (:data:`WARM_IMPORTS`). For every request
 (:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what ``python -m <module>
 <args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder and session
 (``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's packages
@@ -49,18 +50,18 @@ from devsim_flare.launch.forked_process import (
 WARM_IMPORTS = (
     "numpy",
     "torch",
-    "torch._dynamo",  # imported by the first optimizer a process builds (~1 s)
-    "torch.func",
+    "nvflare.private.fed.app.simulator.simulator",  # first: the simulator's server process is asked for first
     "nvflare.private.fed.app.simulator.simulator_runner",
     "nvflare.private.fed.app.simulator.simulator_worker",
-    "nvflare.private.fed.app.simulator.simulator",
     "nvflare.collab",
     "nvflare.apis.dxo",
+    "torch._dynamo",  # imported by the first optimizer a process builds (~1 s)
+    "torch.func",
     "nvflare.edge.simulation.device_task_processor",
     "nvflare.edge.web.models.job_response",
     "nvflare.edge.web.models.task_response",
 )
-"""Imported by the fork server before it serves (a name that fails to import is skipped)."""
+"""Imported by the fork server in this order, one between two requests (a name that fails to import is skipped)."""
 SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
 """Dropped from a child's ``sys.modules``: the job ships them in its ``custom/`` folder (see
 :data:`devsim_flare.recipe.SHIPPED_PACKAGES`)."""
@@ -132,16 +133,21 @@ def start_fork_server(warm_imports: tuple[str, ...] = WARM_IMPORTS) -> ForkServe
 
 
 def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]) -> int:
-    """The fork server's loop: fork a child per request, report each child's exit; returns the exit code."""
+    """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The warm
+    imports are taken one by one between requests, so a request that comes early (the simulator's server process)
+    waits for one import at most and gets what is imported by then."""
     closing = []
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # no child yet: a command that ends early waits for nothing
-    atexit._clear()
-    for name in warm_imports:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
-    signal.signal(signal.SIGTERM, lambda *_: closing.append(True))
     children: dict[int, socket.socket] = {}
+
+    def on_sigterm(*_) -> None:
+        if not children:  # nothing to report: a command that ends early waits for nothing
+            os._exit(0)
+        closing.append(True)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
+    signal.signal(signal.SIGTERM, on_sigterm)
+    atexit._clear()
+    pending = list(warm_imports)
     closed_at = None
     while True:
         _reap(children)
@@ -153,12 +159,15 @@ def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]
         if closed_at is not None:
             time.sleep(POLL_SECONDS)
             continue
-        readable = select.select([listener, lifeline], [], [], POLL_SECONDS)[0]
+        readable = select.select([listener, lifeline], [], [], 0.0 if pending else POLL_SECONDS)[0]
         if lifeline in readable:  # the job command closed its end (or died)
             closing.append(True)
         elif listener in readable:
             conn, _ = listener.accept()
             _start_child(conn, listener, lifeline, children)
+        elif pending:
+            with contextlib.suppress(Exception):
+                importlib.import_module(pending.pop(0))
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
