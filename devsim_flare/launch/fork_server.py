@@ -52,6 +52,7 @@ WARM_IMPORTS = (
     "torch",
     "nvflare.private.fed.app.simulator.simulator",  # first: the simulator's server process is asked for first
     "nvflare.private.fed.app.simulator.simulator_runner",
+    "torch.utils.tensorboard",  # the server's metrics writer
     "nvflare.private.fed.app.simulator.simulator_worker",
     "nvflare.collab",
     "nvflare.apis.dxo",
