@@ -137,11 +137,12 @@ def _kill_leaf_worker(job: _Job, leaf: str) -> None:
     """SIGKILL the simulator worker process of ``leaf``, as the OOM killer does."""
     import psutil
 
-    workers = [
-        p
-        for p in psutil.Process(job.proc.pid).children(recursive=True)
-        if "simulator_worker" in " ".join(p.cmdline()) and leaf in p.cmdline()
-    ]
+    def is_worker(process) -> bool:  # a new interpreter names its module; a forked one is named sim-<leaf>
+        if "simulator_worker" in " ".join(process.cmdline()) and leaf in process.cmdline():
+            return True
+        return process.name() == f"sim-{leaf}"
+
+    workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True) if is_worker(p)]
     assert len(workers) == 1, workers
     workers[0].kill()
 

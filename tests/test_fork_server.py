@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from devsim_flare.launch.fork_server import interpreter_path
+from devsim_flare.launch.fork_server import interpreter_path, process_name
 from devsim_flare.launch.forked_process import (
     SIMULATOR_MODULE,
     WORKER_MODULE,
@@ -26,7 +26,7 @@ if sys.argv[1] == "sleep":
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2], "marker": os.environ.get("PROBE_MARKER"),
     "project_loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("devsim", "devsim_flare")),
-    "own_session": os.getsid(0) == os.getpid(), "main": __name__,
+    "own_session": os.getsid(0) == os.getpid(), "main": __name__, "name": open("/proc/self/comm").read().strip(),
 }), flush=True)
 sys.exit(3)
 """
@@ -66,7 +66,9 @@ def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_pa
     # the child wrote to the requester's stdout (passed over the socket), with its own argv, folder, path and env
     assert child["argv"] == ["a", "b"] and child["main"] == "__main__"
     assert child["cwd"] == str(tmp_path) and child["path"] == [str(tmp_path), str(tmp_path)]
-    assert child["marker"] == "from-the-request" and child["own_session"]
+    assert (
+        child["marker"] == "from-the-request" and child["own_session"] and child["name"] == "sim-probe_modul"
+    )  # 15 bytes at most
     assert child["project_loaded"] == []  # the job's copies of the project are imported afresh
     assert summary == {"code": 3, "first_poll": None, "stopped": -15, "folder_left": False, "server_alive": False}
 
@@ -129,3 +131,9 @@ def test_a_fork_server_is_not_started_beside_other_threads():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "None", done.stderr
+
+
+def test_a_forked_leaf_is_named_after_its_site():
+    assert process_name(WORKER_MODULE, ["-o", "ws/site-2", "--client", "site-2", "--token", "t"]) == "sim-site-2"
+    assert process_name(SIMULATOR_MODULE, ["job", "-w", "ws"]) == "sim-simulator"
+    assert len(process_name(WORKER_MODULE, ["--client", "a-very-long-site-name"])) == 15

@@ -253,6 +253,7 @@ def _become(request: dict, fds: list[int]) -> int:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     sys.argv = ["-m", *request["argv"]]
+    _name_process(request["module"], request["argv"])
     code = 0
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -267,6 +268,23 @@ def _become(request: dict, fds: list[int]) -> int:
         with contextlib.suppress(Exception):
             stream.flush()
     return code
+
+
+PR_SET_NAME = 15
+
+
+def process_name(module: str, argv: list[str]) -> str:
+    """The name (``comm``, at most 15 bytes) a forked simulator process takes: ``sim-<site>`` for a leaf's worker
+    (its ``--client``), else ``sim-<module's last part>``. A forked process keeps the job command's command line in
+    ``ps`` (only its name and ``/proc/<pid>/comm`` change), so tools that look for ``simulator_worker`` in command
+    lines should look at its working folder (the site's folder) or this name."""
+    client = argv[argv.index("--client") + 1] if "--client" in argv[:-1] else None
+    return f"sim-{client or module.rpartition('.')[2]}"[:15]
+
+
+def _name_process(module: str, argv: list[str]) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, process_name(module, argv).encode()[:15], 0, 0, 0)
 
 
 def _exit_code(code) -> int:
