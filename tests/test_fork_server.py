@@ -37,7 +37,7 @@ sys.path.insert(0, {repo!r})
 from devsim_flare.launch.fork_server import start_fork_server
 from devsim_flare.launch.forked_process import ForkedProcess, SOCKET_ENV
 
-server = start_fork_server(warm_imports=())
+server = start_fork_server(warm_imports=(), later_imports=())
 assert server is not None and os.environ[SOCKET_ENV] == server.socket_path
 env = dict(os.environ, PYTHONPATH={folder!r}, PROBE_MARKER="from-the-request")
 os.chdir({folder!r})
@@ -126,7 +126,7 @@ def test_a_fork_server_is_not_started_beside_other_threads():
         sys.path.insert(0, {REPO!r})
         from devsim_flare.launch.fork_server import start_fork_server
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
-        print(start_fork_server(warm_imports=()))
+        print(start_fork_server(warm_imports=(), later_imports=()))
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
