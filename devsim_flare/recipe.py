@@ -54,6 +54,9 @@ class DevsimRecipe(CollabRecipe):
         if self._finalized:
             return self._job
         job = super().finalize()
+        # every file of these packages is shipped below: NVFlare need not parse the server's and the leaf's modules
+        # and all they import to find what to copy (~0.6 s of the command's CPU before the simulator starts)
+        job.set_app_packages(list(SHIPPED_PACKAGES))
         job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         targets = self.configured_sites() or [ALL_SITES]
         if self.app_params:
