@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from devsim_flare.launch.fork_server import interpreter_path, process_name
 from devsim_flare.launch.forked_process import (
@@ -137,3 +138,22 @@ def test_a_forked_leaf_is_named_after_its_site():
     assert process_name(WORKER_MODULE, ["-o", "ws/site-2", "--client", "site-2", "--token", "t"]) == "sim-site-2"
     assert process_name(SIMULATOR_MODULE, ["job", "-w", "ws"]) == "sim-simulator"
     assert len(process_name(WORKER_MODULE, ["--client", "a-very-long-site-name"])) == 15
+
+
+def test_a_fork_server_whose_command_died_ends_and_removes_its_socket():
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {REPO!r})
+        from devsim_flare.launch.fork_server import start_fork_server
+        server = start_fork_server(warm_imports=(), later_imports=())
+        print(server.folder, server.pid, flush=True)
+        os._exit(0)  # no close(): the fork server sees its pipe from the command close
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    folder, pid = done.stdout.split()
+    deadline = time.monotonic() + 20
+    while (os.path.exists(folder) or os.path.exists(f"/proc/{pid}")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(folder) and not os.path.exists(f"/proc/{pid}")

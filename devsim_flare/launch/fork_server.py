@@ -134,6 +134,7 @@ def start_fork_server(
             os.close(write_end)
             code = _serve(listener, read_end, warm_imports, later_imports)
         finally:
+            shutil.rmtree(folder, ignore_errors=True)  # also when the command died without closing it
             os._exit(code)
     listener.close()
     os.close(read_end)
