@@ -19,8 +19,7 @@ import math
 import numpy as np
 
 from devsim.aggregation.base import Weights
-
-STALENESS_WEIGHTINGS = ("none", "polynomial")
+from devsim.aggregation.settings import STALENESS_WEIGHTINGS
 
 
 class FedBuff:

@@ -1,10 +1,11 @@
 """User-level differential privacy settings: the ``--dp-*`` flags and their checks.
 
-:class:`PrivacySettings` is a dataclass section that a run configuration inherits; every field is one command-line
-flag (field ``dp_clip`` is ``--dp-clip``) shown in the ``privacy`` group of ``--help``. Its checks run as part of the
-configuration's validation and raise the configuration's ``ConfigError`` naming the flag. Units: the clip norm is an
-L2 norm of a device's model update (``trained - global`` weights); noise multipliers are ratios of a Gaussian's
-standard deviation to that norm; epsilon and delta are those of (epsilon, delta)-DP for adding or removing one device.
+:class:`PrivacySettings` is a dataclass section (:mod:`devsim.sections`) that a run configuration inherits; every
+field is one command-line flag (field ``dp_clip`` is ``--dp-clip``) shown in the ``privacy`` group of ``--help``. Its
+checks run as part of the configuration's validation and raise the configuration's ``ConfigError`` naming the flag.
+Units: the clip norm is an L2 norm of a device's model update (``trained - global`` weights); noise multipliers are
+ratios of a Gaussian's standard deviation to that norm; epsilon and delta are those of (epsilon, delta)-DP for adding
+or removing one device.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devsim.config_errors import ConfigError
+from devsim.sections import check_choice, check_positive_finite, meta
 
 DP_MODES = ("off", "central", "local")
 NOISE_PLACEMENTS = ("server", "leaves")
@@ -23,8 +25,8 @@ MAX_NOISE_MULTIPLIER = 1000.0
 """``--dp-epsilon`` searches the noise multiplier up to this; a target that needs more is refused."""
 
 
-def _privacy(text: str) -> dict[str, str]:
-    return {"help": text, "section": "privacy"}
+def _privacy(text: str) -> dict[str, Any]:
+    return meta("privacy", text)
 
 
 @dataclass
@@ -96,27 +98,16 @@ class PrivacySettings:
     def check_privacy(self, population: bool = True) -> None:
         """Raise ConfigError naming the first bad ``--dp-*`` flag, or the flag DP cannot be combined with.
         ``population=False`` skips the checks against the population size."""
-
-        def choice(name: str, allowed: tuple[str, ...]) -> None:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    name, f"{getattr(self, name)!r} is not one of the allowed values: {', '.join(allowed)}"
-                )
-
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(name, f"{value} is not allowed; it must be a finite number > 0")
-
         for name, allowed in (
             ("dp", DP_MODES),
             ("dp_noise_at", NOISE_PLACEMENTS),
             ("dp_sampling", SAMPLINGS),
             ("dp_accountant", ACCOUNTANTS),
         ):
-            choice(name, allowed)
+            check_choice(name, getattr(self, name), allowed)
         for name in ("dp_clip", "dp_epsilon", "dp_budget", "dp_clip_lr", "dp_count_noise"):
-            positive(name)
+            if getattr(self, name) is not None:
+                check_positive_finite(name, getattr(self, name))
         z = self.dp_noise_multiplier
         if z is not None and not (math.isfinite(z) and z >= 0):
             raise ConfigError("dp_noise_multiplier", f"{z} is not allowed; it must be a finite number >= 0")
