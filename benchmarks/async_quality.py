@@ -29,7 +29,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 
 
 def common_args(args) -> list[str]:

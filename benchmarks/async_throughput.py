@@ -52,8 +52,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import figure, load, machine, run_isolated, write_results  # noqa: E402
 from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
@@ -210,7 +209,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     started = time.strftime("%Y-%m-%d")
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()}", flush=True)
     rows = []
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
@@ -253,9 +252,9 @@ def main() -> None:
         for name, row in measured.items():
             if row["ratio_to_fedavg"] is not None and name != "fedavg":
                 print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s{spread(row)}")
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
-        payload = {"load_end": loadavg(), "rows": rows}
+        payload = {"load_end": load(), "rows": rows}
         print(f"wrote {write_results('async_throughput', payload, figures(rows, started, machine()))}")
 
 

@@ -37,7 +37,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402

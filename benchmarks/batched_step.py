@@ -114,7 +114,7 @@ def main() -> int:
         measure_here(REPO, groups, args.calls, profile=True)
         return 0
     sys.path.insert(0, REPO)
-    from benchmarks.figures import figure, invocation, load, machine, short_commit, write_results
+    from benchmarks.harness import figure, invocation, load, machine, short_commit, write_results
 
     started_load = load()
     trees = {"this": REPO, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}

@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402

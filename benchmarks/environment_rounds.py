@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, machine, write_results  # noqa: E402
+from benchmarks.harness import REPO, figure, machine, write_results  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 

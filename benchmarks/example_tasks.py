@@ -21,8 +21,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import figure, load, machine, run_isolated, write_results  # noqa: E402
 
 PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
 TEXT_LOCAL = ["--local-iterations", "20", "--batch-size", "32", "--optimizer", "adam", "--lr", "0.003"]
@@ -79,7 +78,7 @@ def main() -> None:
     unknown = sorted(set(examples) - set(RUNS))
     if unknown:
         parser.error(f"--examples: unknown {unknown}; allowed: {', '.join(RUNS)}")
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="devsim-examples-") as workdir:
         for example in examples:
@@ -101,7 +100,7 @@ def main() -> None:
                 plot_runs([r["dir"] for r in runs], path, title=f"examples/{example}_task.py")
                 print(f"wrote {path}")
             rows += [{k: v for k, v in r.items() if k != "dir"} for r in runs]
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
         print(f"wrote {write_results('example_tasks', {'rows': rows}, figures(rows, machine()))}")
 

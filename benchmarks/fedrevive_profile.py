@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 

@@ -59,7 +59,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.data.partition import make_partitioner  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402

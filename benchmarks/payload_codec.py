@@ -47,7 +47,7 @@ from torch import nn
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 

@@ -22,7 +22,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.figures import RESULTS, figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import RESULTS, figure, invocation, load, machine, write_results  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402

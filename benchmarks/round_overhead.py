@@ -63,8 +63,14 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    figure,
+    invocation,
+    load,
+    machine,
+    run_isolated,  # noqa: E402
+    write_results,
+)
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -350,7 +356,7 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
             parser.error(f"{cell.model}: rounds ({cell.rounds}) must exceed the warm-up rounds ({cell.warmup_rounds})")
     print(
         f"sweep: {len(cells)} cells, {args.leaves} leaves, every device selected, 1 epoch, batch {args.batch_size}; "
-        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {loadavg()}",
+        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {load()}",
         flush=True,
     )
     rows = []
@@ -369,7 +375,7 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
             continue
         for line in describe(cell, result):
             print(line)
-        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {loadavg()}", flush=True)
+        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}", flush=True)
         rows.append((cell, result))
 
     print()
@@ -396,7 +402,7 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     print(
         "sim round: median of the steady rounds (send -> aggregated), per --device-batch value; tight loop: fastest "
         f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. "
-        f"Load average at end {loadavg()}"
+        f"Load average at end {load()}"
     )
     if args.json:
         write_json(rows, args, args.started_date, args.load_start)
@@ -417,7 +423,7 @@ def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         f"workload: {cell.leaves} leaves x {cell.devices_per_leaf} devices x {cell.samples} samples x 1 epoch, "
         f"model {cell.model}, batch {cell.batch_size}: {cell.total_samples} samples, {cell.steps} SGD steps per round"
     )
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}")
+    print(f"machine: {os.cpu_count()} cores, load average {load()}")
     for line in describe(cell, result):
         print(line)
     if args.json:

@@ -33,7 +33,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 
 PINNED_BYTES = 128 * 1024
 WORKLOADS = ("fedbuff arrival", "evaluation", "fedrevive synthesis", "fedrevive kd")

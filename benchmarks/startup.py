@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
+from benchmarks.harness import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]

@@ -43,8 +43,14 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    figure,
+    invocation,
+    load,
+    machine,
+    run_isolated,  # noqa: E402
+    write_results,
+)
 from devsim_flare.edge.job import find_results  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
@@ -230,7 +236,7 @@ def main() -> int:
         f"{'reloaded per task' if args.reload_data_per_task else 'cached per process'}, "
         f"device threads per leaf {args.stock_workers or 'NVFlare default (4)'}"
     )
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()} at start", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()} at start", flush=True)
 
     root = tempfile.mkdtemp(prefix="devsim-edgecmp-")
     results: dict[str, dict] = {}
@@ -252,7 +258,7 @@ def main() -> int:
                 print(f"[collab] {collab_breakdown(os.path.join(workdir, 'out'), args.warmup_rounds)}")
             print(
                 f"[{side}] {status} after {wall:.1f} s wall; round seconds: {', '.join(f'{t:.2f}' for t in rounds)}; "
-                f"load average {loadavg()}",
+                f"load average {load()}",
                 flush=True,
             )
     finally:
@@ -278,7 +284,7 @@ def main() -> int:
             f"{side:<8} {time_text} {rate_text} {speed_text}   "
             f"{', '.join(f'{t:.2f}' for t in r['rounds'])}  [{r['status']}]"
         )
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
         payload = {"settings": vars(args), "load_start": load_start, "sides": results}
         published = figures(results, date, machine(load_start))

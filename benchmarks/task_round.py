@@ -35,8 +35,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import figure, load, machine, run_isolated, write_results  # noqa: E402
 from benchmarks.round_overhead import steady_parts  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 from devsim.tasks import load_task  # noqa: E402
@@ -176,7 +175,7 @@ def main() -> None:
         parser.error(f"--rounds {args.rounds} must exceed --warmup-rounds {args.warmup_rounds}")
     started = time.strftime("%Y-%m-%d")
     rows = []
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()}", flush=True)
     for task_path in args.task:
         row = measure(os.path.abspath(task_path), args)
         rows.append(row)
@@ -192,9 +191,9 @@ def main() -> None:
                 f"ratio to the tight loop {sim['ratio']:.3f}"
             )
         print(f"tight loop: {', '.join(f'{t} thread(s) {s:.3f} s' for t, s in row['tight_loop_seconds'].items())}")
-    print(f"\nload average at end {loadavg()}")
+    print(f"\nload average at end {load()}")
     if args.json:
-        payload = {"load_end": loadavg(), "rows": rows}
+        payload = {"load_end": load(), "rows": rows}
         print(f"wrote {write_results('task_round', payload, figures(rows, started, machine()))}")
 
 

@@ -35,7 +35,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import figure, invocation, load, machine, write_results  # noqa: E402
 
 WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$", re.MULTILINE)
 
