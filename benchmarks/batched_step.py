@@ -9,8 +9,9 @@ shared machine the fastest call is the one least disturbed); the rounds alternat
 of each tree (median over ``--rounds``), the speed-up, and whether both trees returned the same updates bit for bit
 (the same seeds, the same devices).
 
-    git worktree add /tmp/base <commit>   # the code before the change
-    .venv/bin/python benchmarks/batched_step.py --baseline-tree /tmp/base --json
+    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --json   # REV: the code before the change
+
+The baseline is measured in a temporary git worktree of ``REV``, removed at the end.
 
 ``--json`` writes ``benchmarks/results/batched_step-<date>.json``. ``--profile`` prints cProfile's top entries of
 this tree's step for each group size instead (where the per-step time goes).
@@ -20,12 +21,12 @@ Medians over rounds of each measurement's fastest call are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import hashlib
 import json
 import os
 import pstats
-import shlex
 import statistics
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def measure_in(tree: str, groups: list[int], calls: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline-tree", default="", help="another checkout (git worktree) to compare against")
+    parser.add_argument("--baseline-commit", default="", help="a commit to compare against (in a temporary worktree)")
     parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
@@ -114,16 +115,20 @@ def main() -> int:
         measure_here(REPO, groups, args.calls, profile=True)
         return 0
     sys.path.insert(0, REPO)
-    from benchmarks.harness import figure, invocation, load, machine, short_commit, write_results
+    from benchmarks.harness import Session, commit_of, worktree
 
-    started_load = load()
-    trees = {"this": REPO, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
-    for round_index in range(args.rounds):
-        for name, tree in trees.items():
-            runs[name].append(measure_in(tree, groups, args.calls))
-            per = ", ".join(f"{g}: {runs[name][-1]['ms_per_device'][str(g)]:.2f}" for g in groups)
-            print(f"round {round_index + 1} {name}: ms per device {per}", flush=True)
+    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
+    if args.baseline_commit and base_commit is None:
+        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
+    session = Session("batched_step")
+    with contextlib.ExitStack() as stack:
+        trees = {"this": REPO, **({"baseline": stack.enter_context(worktree(base_commit))} if base_commit else {})}
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for round_index in range(args.rounds):
+            for name, tree in trees.items():
+                runs[name].append(measure_in(tree, groups, args.calls))
+                per = ", ".join(f"{g}: {runs[name][-1]['ms_per_device'][str(g)]:.2f}" for g in groups)
+                print(f"round {round_index + 1} {name}: ms per device {per}", flush=True)
     rows = []
     for size in groups:
         row: dict = {"group": size}
@@ -147,20 +152,12 @@ def main() -> int:
             )
         print(line)
     if args.json:
-        base_commit = short_commit(args.baseline_tree) if args.baseline_tree else None
-        command = invocation()
-        if args.baseline_tree:
-            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
-        where = machine(started_load) + ", shared with other work"
         figures = [
-            figure(
+            session.figure(
                 f"batched group of {row['group']} digits CNNs: per-device cost vs baseline",
                 f"{row['speedup']:.2f}x faster ({row['baseline_ms_per_device']:.2f} -> {row['this_ms_per_device']:.2f} "
                 f"ms a device; CPU {row['speedup_cpu']:.2f}x; bit-identical {row['bit_identical']})",
                 ">= 1.3x at 2 and 4" if row["group"] < 10 else "(reference)",
-                command,
-                time.strftime("%Y-%m-%d"),
-                where,
             )
             for row in rows
             if "speedup" in row
@@ -172,7 +169,9 @@ def main() -> int:
             "runs": runs,
             "rows": rows,
         }
-        print(f"wrote {write_results('batched_step', payload, figures)}")
+        for entry in figures:
+            entry["machine"] += ", shared with other work"
+        session.write(payload, figures)
     return 0
 
 

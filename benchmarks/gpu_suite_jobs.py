@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from benchmarks import harness
 from benchmarks.async_throughput import run_setting, settings, tight_loop_per_update
 
 REPO = harness.REPO
-WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$")
 
 
 class VramMonitor:
@@ -69,20 +67,14 @@ def run_job(script: str, flags: list[str], env_extra: dict[str, str], timeout: f
     progress line of round or version 1; None when none was printed), ``worker_lines`` and ``peak_gpu_memory_mib``
     (None on the CPU).
     """
-    workers: list[str] = []
-
-    def watch(line: str, _seconds: float) -> None:
-        if WORKERS_LINE.match(line):
-            workers.append(line)
-
     device = "cpu" if env_extra.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
     with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir, VramMonitor(device) as monitor:
-        results = harness.run_job(script, flags, workdir, timeout=timeout, env=env_extra, watch=watch)
+        results = harness.run_job(script, flags, workdir, timeout=timeout, env=env_extra)
     return {
         "results": results,
         "wall_seconds": results["wall"],
         "first_round_seconds": results["first_round"],
-        "worker_lines": sorted(workers),
+        "worker_lines": results["worker_lines"],
         "peak_gpu_memory_mib": monitor.peak_mib,
     }
 

@@ -15,24 +15,28 @@ Every benchmark script holds only its measurement and goes through this module f
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
 FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
+WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
 
 
 def load() -> str:
@@ -76,6 +80,31 @@ def short_commit(tree: str = REPO) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout.strip()
+
+
+def commit_of(rev: str) -> str | None:
+    """The short commit ``rev`` names in this repository, or None when it names none."""
+    proc = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return proc.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[str]:
+    """A temporary git worktree of ``rev`` (a baseline checkout to measure side by side with this one), removed
+    when the block ends."""
+    folder = tempfile.mkdtemp(prefix="devsim-baseline-")
+    git = ["git", "-C", REPO, "worktree"]
+    subprocess.run([*git, "add", "--detach", folder, rev], check=True, capture_output=True, timeout=300)
+    try:
+        yield folder
+    finally:
+        subprocess.run([*git, "remove", "--force", folder], capture_output=True, timeout=300)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_results(benchmark: str, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
@@ -230,17 +259,21 @@ def run_job(
     watch: Callable[[str, float], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``) and
-    return its ``results.json`` plus ``wall`` and ``first_round`` (seconds; see the module docstring); RuntimeError
-    with the output's tail when it fails or times out."""
+    return its ``results.json`` plus ``wall`` and ``first_round`` (seconds; see the module docstring) and
+    ``worker_lines`` (each leaf's ``[site-N] workers=...`` plan line, sorted); RuntimeError with the output's tail
+    when it fails or times out."""
     folder = os.path.join(workdir, name)
     out = os.path.join(folder, "out")
     cmd = [sys.executable, os.path.join(tree, "jobs", script), *flags]
     cmd += ["--workspace", os.path.join(folder, "ws"), "--output-dir", out]
     first: list[float] = []
+    workers: list[str] = []
 
     def seen(line: str, seconds: float) -> None:
         if not first and FIRST_PROGRESS.match(line):
             first.append(seconds)
+        if WORKERS_LINE.match(line):
+            workers.append(line)
         if watch is not None:
             watch(line, seconds)
 
@@ -254,4 +287,5 @@ def run_job(
         results = json.load(stream)
     results["wall"] = wall
     results["first_round"] = first[0] if first else None
+    results["worker_lines"] = sorted(workers)
     return results
