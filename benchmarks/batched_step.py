@@ -28,7 +28,6 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 
@@ -87,12 +86,10 @@ def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dic
 
 def measure_in(tree: str, groups: list[int], calls: int) -> dict:
     """:func:`measure_here` in a fresh process importing ``tree``'s code."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--inner", tree, "--groups", ",".join(map(str, groups))]
-    cmd += ["--calls", str(calls)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tree)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring {tree} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from benchmarks.harness import run_child
+
+    args = ["--inner", tree, "--groups", ",".join(map(str, groups)), "--calls", str(calls)]
+    return run_child(os.path.abspath(__file__), args, cwd=tree)
 
 
 def main() -> int:

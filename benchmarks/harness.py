@@ -4,10 +4,12 @@ Every benchmark script holds only its measurement and goes through this module f
 
 - ``run_job(script, flags, workdir)`` runs ``jobs/<script>`` (NVFlare's simulator unless the flags say otherwise)
   in its own process group with HOME, workspace and output inside ``workdir``, and returns its ``results.json``
-  with ``wall`` (seconds, launch to exit) and ``first_round`` (seconds to the first ``round 1``/``version 1``
-  progress line, None when none was printed). ``run_isolated`` is the same for any command; whatever happens,
-  every process either started is gone when it returns (NVFlare's simulator starts its leaf processes in new
-  sessions, so they are tracked by pid and creation time, never a recycled pid).
+  with ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1``/``version 1``
+  progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
+  for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
+  starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
+- ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
+  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
   (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
@@ -146,6 +148,22 @@ class Session:
         return written
 
 
+def run_child(
+    script: str, args: list[str], timeout: float = 1800.0, env: dict[str, str] | None = None, cwd: str = REPO
+) -> Any:
+    """Run ``script`` (a path) with ``args`` in a fresh Python process (environment ``env``, default this one's) and
+    return the JSON its last line of output holds: a measurement kept apart from this process's imports and
+    memory. RuntimeError with its error output when it fails."""
+    proc = subprocess.run(
+        [sys.executable, script, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{os.path.basename(script)} {shlex.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _descendants(pid: int) -> dict[int, float]:
     """pid -> create time of every live descendant of ``pid``."""
     import psutil
@@ -198,9 +216,11 @@ def run_isolated(
     env: dict[str, str] | None = None,
     cwd: str = REPO,
     watch: Callable[[str, float], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> tuple[int | None, float, str]:
     """Run ``cmd`` in its own process group with HOME inside ``workdir`` (``env`` added to this environment),
-    its output to ``workdir/log_name``; ``watch(line, seconds since launch)`` sees each output line as it comes.
+    its output to ``workdir/log_name``; ``watch(line, seconds since launch)`` sees each output line as it comes,
+    ``on_start(pid)`` the command's process id once it runs.
     Returns (exit code, None on timeout; wall seconds; the output's last 4,000 characters). Every process it
     started is gone when this returns."""
     home = os.path.join(workdir, "home")
@@ -223,11 +243,15 @@ def run_isolated(
 
         def pump() -> None:
             for line in proc.stdout:
-                log.write(line)
                 tail.append(line)
+                if log.closed:  # a process that outlived the wait still writes: keep only the tail
+                    continue
+                log.write(line)
                 if watch is not None:
                     watch(line.rstrip("\n"), time.perf_counter() - started)
 
+        if on_start is not None:
+            on_start(proc.pid)
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         rc = None
@@ -257,11 +281,12 @@ def run_job(
     env: dict[str, str] | None = None,
     tree: str = REPO,
     watch: Callable[[str, float], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``) and
-    return its ``results.json`` plus ``wall`` and ``first_round`` (seconds; see the module docstring) and
-    ``worker_lines`` (each leaf's ``[site-N] workers=...`` plan line, sorted); RuntimeError with the output's tail
-    when it fails or times out."""
+    """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``;
+    ``watch`` and ``on_start`` as for ``run_isolated``) and return its ``results.json`` plus ``wall`` and
+    ``first_round`` (seconds; see the module docstring) and ``worker_lines`` (each leaf's ``[site-N] workers=...``
+    plan line, sorted); RuntimeError with the output's tail when it fails or times out."""
     folder = os.path.join(workdir, name)
     out = os.path.join(folder, "out")
     cmd = [sys.executable, os.path.join(tree, "jobs", script), *flags]
@@ -278,7 +303,7 @@ def run_job(
             watch(line, seconds)
 
     os.makedirs(folder, exist_ok=True)
-    rc, wall, tail = run_isolated(cmd, folder, timeout, env=env, cwd=tree, watch=seen)
+    rc, wall, tail = run_isolated(cmd, folder, timeout, env=env, cwd=tree, watch=seen, on_start=on_start)
     found = sorted(glob.glob(os.path.join(out, "**", "results.json"), recursive=True))
     if rc != 0 or not found:
         status = "timed out" if rc is None else f"exited {rc}"
