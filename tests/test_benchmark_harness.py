@@ -74,3 +74,20 @@ def test_session_stamps_figures_and_writes_the_results_file(tmp_path, monkeypatc
     written = json.loads(open(path, encoding="utf-8").read())
     assert written["figures"] == [entry] and written["rows"] == [1] and {"date", "commit", "load_start"} <= set(written)
     assert session.write({}, [], str(tmp_path / "x.json")).endswith("x.json")
+
+
+def test_a_baseline_commit_is_a_temporary_worktree():
+    head = harness.commit_of("HEAD")
+    assert head and harness.commit_of("no-such-revision") is None
+    with harness.worktree(head) as folder:
+        assert os.path.isfile(os.path.join(folder, "benchmarks", "harness.py")) and harness.short_commit(folder) == head
+    assert not os.path.exists(folder)
+
+
+def test_run_child_returns_the_json_its_last_line_prints(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text("import json, sys\nprint('noise')\nprint(json.dumps({'args': sys.argv[1:]}))\n")
+    assert harness.run_child(str(script), ["--x", "1"], timeout=60) == {"args": ["--x", "1"]}
+    script.write_text("import sys\nsys.exit('broken')\n")
+    with pytest.raises(RuntimeError, match="child.py --x 1 exited 1:\nbroken"):
+        harness.run_child(str(script), ["--x", "1"], timeout=60)
