@@ -42,7 +42,19 @@ def tree(tmp_path):
 
 
 def test_run_job_reads_results_and_times_the_run(tree, tmp_path):
-    results = harness.run_job("fake_job.py", ["--seed", "1"], str(tmp_path / "work"), "one", timeout=60, tree=tree)
+    seen, pids = [], []
+    results = harness.run_job(
+        "fake_job.py",
+        ["--seed", "1"],
+        str(tmp_path / "work"),
+        "one",
+        timeout=60,
+        tree=tree,
+        watch=lambda line, seconds: seen.append((line, seconds)),
+        on_start=pids.append,
+    )
+    assert len(pids) == 1 and [line for line, _ in seen][-1] == "round 1/2 accuracy 0.5"
+    assert all(0 < seconds <= results["wall"] for _, seconds in seen)
     assert results["rounds"] == [{"round": 1}] and results["flags"][:2] == ["--seed", "1"]
     assert "--workspace" in results["flags"] and str(tmp_path / "work" / "one") in results["flags"][-1]
     assert 0 < results["first_round"] <= results["wall"]
