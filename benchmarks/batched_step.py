@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import hashlib
 import json
 import os
@@ -112,7 +113,7 @@ def main() -> int:
         measure_here(REPO, groups, args.calls, profile=True)
         return 0
     sys.path.insert(0, REPO)
-    from benchmarks.harness import Session, commit_of, worktree
+    from benchmarks.harness import Session, alternate, commit_of, worktree
 
     base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
     if args.baseline_commit and base_commit is None:
@@ -120,12 +121,13 @@ def main() -> int:
     session = Session("batched_step")
     with contextlib.ExitStack() as stack:
         trees = {"this": REPO, **({"baseline": stack.enter_context(worktree(base_commit))} if base_commit else {})}
-        runs: dict[str, list[dict]] = {name: [] for name in trees}
-        for round_index in range(args.rounds):
-            for name, tree in trees.items():
-                runs[name].append(measure_in(tree, groups, args.calls))
-                per = ", ".join(f"{g}: {runs[name][-1]['ms_per_device'][str(g)]:.2f}" for g in groups)
-                print(f"round {round_index + 1} {name}: ms per device {per}", flush=True)
+
+        def done(index: int, name: str, run: dict) -> None:
+            per = ", ".join(f"{g}: {run['ms_per_device'][str(g)]:.2f}" for g in groups)
+            print(f"round {index + 1} {name}: ms per device {per}", flush=True)
+
+        arms = {name: functools.partial(measure_in, tree, groups, args.calls) for name, tree in trees.items()}
+        runs = alternate(arms, args.rounds, done)
     rows = []
     for size in groups:
         row: dict = {"group": size}

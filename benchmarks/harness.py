@@ -8,8 +8,9 @@ Every benchmark script holds only its measurement and goes through this module f
   progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
   for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
   starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
-- ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
-  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
+- ``alternate(arms, rounds)`` times several settings side by side, in turn. ``run_child(script, args)`` runs a
+  measurement in a fresh Python process and returns the JSON it printed; ``worktree(rev)`` checks out a baseline
+  commit in a temporary git worktree for the duration of a block.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
   (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
@@ -32,7 +33,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+T = TypeVar("T")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -82,6 +86,20 @@ def short_commit(tree: str = REPO) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout.strip()
+
+
+def alternate(
+    arms: dict[K, Callable[[], T]], rounds: int, done: Callable[[int, K, T], None] | None = None
+) -> dict[K, list[T]]:
+    """Side by side: each arm once per round, the arms in turn (A B A B ...), so that every arm sees the same load
+    on a shared machine; arm -> its results in round order. ``done(round, arm, result)`` after each run."""
+    runs: dict[K, list[T]] = {name: [] for name in arms}
+    for index in range(rounds):
+        for name, measure in arms.items():
+            runs[name].append(measure())
+            if done is not None:
+                done(index, name, runs[name][-1])
+    return runs
 
 
 def commit_of(rev: str) -> str | None:

@@ -32,7 +32,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, run_child  # noqa: E402
+from benchmarks.harness import Session, alternate, run_child  # noqa: E402
 
 PINNED_BYTES = 128 * 1024
 WORKLOADS = ("fedbuff arrival", "evaluation", "fedrevive synthesis", "fedrevive kd")
@@ -140,10 +140,7 @@ def main() -> None:
         child(args.child == "pinned")
         return
     session = Session("server_allocator")
-    runs: dict[str, list[dict[str, float]]] = {"pinned": [], "dynamic": []}
-    for _ in range(args.alternations):
-        for arm in ("pinned", "dynamic"):
-            runs[arm].append(arm_run(arm == "pinned"))
+    runs = alternate({"pinned": lambda: arm_run(True), "dynamic": lambda: arm_run(False)}, args.alternations)
     print(f"{session.where()}; ms per call, {args.alternations} alternations (pinned 128 KiB / dynamic)")
     ratios = {}
     for name in WORKLOADS:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -32,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, commit_of, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, commit_of, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]
@@ -74,17 +75,18 @@ def arms(baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
 
 def measure(chosen: dict[str, tuple[str, dict[str, str]]], runs: int) -> dict[str, list[dict[str, float]]]:
     """``runs`` demo runs per arm, the arms in turn, after one warm-up run each: arm -> its runs' stages."""
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
+
+    def done(index: int, name: str, sample: dict[str, float]) -> None:
+        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
-        workspaces = {name: os.path.join(root, name) for name in chosen}
-        for name, (tree, env) in chosen.items():
-            run_once(tree, workspaces[name], env)  # warm-up: writes the workspace's shared digits file
-        for index in range(runs):
-            for name, (tree, env) in chosen.items():
-                samples[name].append(run_once(tree, workspaces[name], env))
-                first = samples[name][-1]["command_to_first_round"]
-                print(f"run {index + 1}/{runs} {name}: {first:.1f} s to the first round", flush=True)
-    return samples
+        arms = {
+            name: functools.partial(run_once, tree, os.path.join(root, name), env)
+            for name, (tree, env) in chosen.items()
+        }
+        for arm in arms.values():
+            arm()  # warm-up: writes the workspace's shared digits file
+        return alternate(arms, runs, done)
 
 
 def main() -> int:

@@ -23,6 +23,7 @@ fixed count's) to ``benchmarks/results/worker_sizing-<date>.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -32,10 +33,10 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, run_job  # noqa: E402
+from benchmarks.harness import Session, alternate, run_job  # noqa: E402
 
 
-def run_setting(args, workers: int | None, workdir: str) -> tuple[list[float], list[str]]:
+def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
     """Per-round train seconds and the leaves' ``workers=`` lines of one sim run."""
     selected = args.leaves * args.devices_per_leaf
     flags = [
@@ -47,7 +48,8 @@ def run_setting(args, workers: int | None, workdir: str) -> tuple[list[float], l
         *("--checkpoint-frequency", "0"),
         *(["--num-workers", str(workers)] if workers is not None else []),
     ]
-    results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
+    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
+        results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
     return [r["train_seconds"] for r in results["rounds"]], results["worker_lines"]
 
 
@@ -68,13 +70,9 @@ def main() -> None:
 
     settings: list[int | None] = [int(c) for c in args.counts.split(",") if c.strip()] + [None]
     samples = args.leaves * args.devices_per_leaf * args.samples
-    results: dict[int | None, tuple[list[float], list[str]]] = {w: ([], []) for w in settings}
-    for _ in range(args.passes):
-        for workers in settings:
-            with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-                rounds, lines = run_setting(args, workers, workdir)
-            results[workers][0].extend(rounds[1:] or rounds)
-            results[workers][1][:] = lines
+    runs = alternate({workers: functools.partial(run_setting, args, workers) for workers in settings}, args.passes)
+    # per setting: the steady rounds (round 1 warms up) of every pass, and the last pass's plan lines
+    results = {w: ([t for rounds, _ in done for t in rounds[1:] or rounds], done[-1][1]) for w, done in runs.items()}
 
     print(
         f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "

@@ -103,3 +103,11 @@ def test_run_child_returns_the_json_its_last_line_prints(tmp_path):
     script.write_text("import sys\nsys.exit('broken')\n")
     with pytest.raises(RuntimeError, match="child.py --x 1 exited 1:\nbroken"):
         harness.run_child(str(script), ["--x", "1"], timeout=60)
+
+
+def test_alternate_runs_the_arms_in_turn():
+    order = []
+    runs = harness.alternate(
+        {"a": lambda: len(order), "b": lambda: -len(order)}, 2, lambda index, name, result: order.append((index, name))
+    )
+    assert order == [(0, "a"), (0, "b"), (1, "a"), (1, "b")] and runs == {"a": [0, 2], "b": [-1, -3]}
