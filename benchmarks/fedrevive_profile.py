@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
     parser.add_argument("--json", action="store_true", help="write the columns and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("fedrevive_profile")
     with open(PRESET, encoding="utf-8") as stream:
         preset = json.load(stream)
     columns = {
@@ -135,23 +135,19 @@ def main() -> None:
     if args.json:
         payload = {
             "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},
-            "load_start": load_start,
             "columns": {
                 name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
                 for name, ((wall, cpu), phases) in results.items()
             },
         }
         published = [
-            figure(
+            session.figure(
                 "FedRevive server thread-CPU per arrival (preset)",
                 f"{results['preset'][0][1]:.3f} s",
                 "<= 0.35 s wall",
-                invocation(),
-                date,
-                machine(load_start),
             )
         ]
-        print(f"wrote {write_results('fedrevive_profile', payload, published)}")
+        session.write(payload, published)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/privacy_cost-<date>.json")
     args = parser.parse_args(argv)
-    load_start = load()
+    session = Session("privacy_cost")
     settings = dict(dataset="digits", samples_per_device=50, partition="iid", batch_size=10, seed=0)
     runner = LeafRoundRunner([TaskDeviceProcessor.from_settings(settings)], device_batch=args.device_batch)
     config = SimulationConfig(
@@ -70,20 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         runner.close()
     plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
     ratio = private / plain
-    print(f"machine: {machine(load_start)}")
+    print(f"machine: {session.where()}")
     print(f"round without DP {plain * 1000:.1f} ms, with DP ({args.accountant}) {private * 1000:.1f} ms: {ratio:.3f}x")
     if args.json:
-        date = time.strftime("%Y-%m-%d")
-        payload = {"settings": vars(args), "load_start": load_start, "seconds": times, "ratio": ratio}
-        shown = figure(
+        payload = {"settings": vars(args), "seconds": times, "ratio": ratio}
+        shown = session.figure(
             f"DP round / plain round, batched path ({args.accountant})",
             f"{ratio:.3f}x",
             "<= 1.10x",
-            invocation(),
-            date,
-            machine(load_start),
         )
-        print(f"wrote {write_results(f'privacy_cost-{args.accountant}', payload, [shown])}")
+        session.benchmark = f"privacy_cost-{args.accountant}"
+        session.write(payload, [shown])
     return 0
 
 

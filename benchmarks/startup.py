@@ -1,6 +1,6 @@
 """Where the digits demo's start-up goes, with and without this project's start-up cuts, measured side by side.
 
-    .venv/bin/python benchmarks/startup.py [--runs 4] [--baseline-tree DIR] [--json]
+    .venv/bin/python benchmarks/startup.py [--runs 4] [--baseline-commit REV] [--json]
 
 Runs the digits demo (``jobs/pt_job_fedavg.py --dataset digits``) ``--runs`` times per arm, the arms in turn
 (A B A B ...), each arm in its own temporary workspace after one uncounted warm-up run (which writes the
@@ -9,8 +9,8 @@ workspace's shared digits file, as a user's first run does). Arms:
 - ``project``: this checkout with its defaults;
 - ``nvflare-waits``: this checkout with ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its
   one-second polls (and NVFlare's streaming and glibc defaults);
-- ``baseline`` (with ``--baseline-tree DIR``): the same job script from another checkout (``git worktree add DIR
-  <commit>``), run with this checkout's virtual environment.
+- ``baseline`` (with ``--baseline-commit REV``): the same job script from a temporary git worktree of ``REV``, run
+  with this checkout's virtual environment.
 
 Prints, per arm, the medians of the stages in results.json ``startup`` (command -> server process, server
 process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, and each
@@ -21,9 +21,10 @@ with the figure of benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, commit_of, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOB = ["jobs/pt_job_fedavg.py", "--dataset", "digits"]
@@ -72,28 +73,37 @@ def arms(baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
     return chosen
 
 
+def measure(chosen: dict[str, tuple[str, dict[str, str]]], runs: int) -> dict[str, list[dict[str, float]]]:
+    """``runs`` demo runs per arm, the arms in turn, after one warm-up run each: arm -> its runs' stages."""
+
+    def done(index: int, name: str, sample: dict[str, float]) -> None:
+        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
+        arms = {
+            name: functools.partial(run_once, tree, os.path.join(root, name), env)
+            for name, (tree, env) in chosen.items()
+        }
+        for arm in arms.values():
+            arm()  # warm-up: writes the workspace's shared digits file
+        return alternate(arms, runs, done)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=4, help="counted runs per arm (default 4)")
-    parser.add_argument("--baseline-tree", help="another checkout whose job script is a third arm")
+    parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is a third arm")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup-<date>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")
-    if args.baseline_tree and not os.path.isfile(os.path.join(args.baseline_tree, JOB[0])):
-        parser.error(f"--baseline-tree: {args.baseline_tree} has no {JOB[0]}")
-    load_at_start = load()
-    chosen = arms(args.baseline_tree)
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in chosen}
-    with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
-        workspaces = {name: os.path.join(root, name) for name in chosen}
-        for name, (tree, env) in chosen.items():
-            run_once(tree, workspaces[name], env)  # warm-up: writes the workspace's shared digits file
-        for index in range(args.runs):
-            for name, (tree, env) in chosen.items():
-                samples[name].append(run_once(tree, workspaces[name], env))
-                first = samples[name][-1]["command_to_first_round"]
-                print(f"run {index + 1}/{args.runs} {name}: {first:.1f} s to the first round", flush=True)
+    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
+    if args.baseline_commit and base_commit is None:
+        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
+    session = Session("startup")
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(worktree(base_commit)) if base_commit else None
+        samples = measure(arms(tree), args.runs)
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
     print(f"\n{'arm':<14}" + "".join(f"{k:>27}" for k in (*STAGES, "command_s")))
     for name, row in medians.items():
@@ -103,9 +113,7 @@ def main() -> int:
         if name != "project":
             print(f"command -> first round: project / {name} = {project / row['command_to_first_round']:.2f}x")
     if args.json:
-        where = machine(load_at_start)
         p = medians["project"]
-        base_commit = (short_commit(args.baseline_tree) or None) if args.baseline_tree else None
         others = "; ".join(
             f"{name}{f' ({base_commit})' if name == 'baseline' else ''}: "
             f"{row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
@@ -114,10 +122,6 @@ def main() -> int:
         )
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
         value = f"{first:.1f} s / {exit_s:.1f} s (median of {args.runs}; {others})"
-        command = invocation()
-        if args.baseline_tree:  # a scratch path means nothing to a reader: name the commit it held instead
-            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
-        figures = [figure(FIGURE, value, TARGET, command, time.strftime("%Y-%m-%d"), where)]
         payload = {
             "runs": args.runs,
             "job": JOB,
@@ -125,7 +129,7 @@ def main() -> int:
             "samples": samples,
             "medians": medians,
         }
-        print(f"wrote {write_results('startup', payload, figures)}")
+        session.write(payload, [session.figure(FIGURE, value, TARGET)])
     return 0
 
 
