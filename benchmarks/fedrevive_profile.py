@@ -40,7 +40,9 @@ sys.path.insert(0, REPO)
 
 from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
+from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
+from devsim.sections import flatten_sections  # noqa: E402
 
 PRESET = os.path.join(REPO, "app_configs", "presets", "fedrevive_small_cpu.json")
 
@@ -108,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     session = Session("fedrevive_profile")
     with open(PRESET, encoding="utf-8") as stream:
-        preset = json.load(stream)
+        preset = flatten_sections(json.load(stream), FedReviveConfig)
     columns = {
         "paper-rate loop": dict(teacher_batching="off", kd_interval=1, generation_interval=5),
         "paper-rate vmap": dict(teacher_batching="all", kd_interval=1, generation_interval=5),
