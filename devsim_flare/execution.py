@@ -301,14 +301,22 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
             return signals.exit_code  # reported by run_recipe
         print(f"job status: {status}; server result folder: {result}")
         if followed.failed_by_leaf and not _summary_written(config, since=submitted):
-            resume = f"; continue with --resume {config.output_dir}" if config.output_dir else ""
-            print(f"error: {followed.failed_by_leaf}{resume}", file=sys.stderr)
+            print(f"error: {followed.failed_by_leaf}{_resume_hint(config.output_dir)}", file=sys.stderr)
             return 1
         if result is None and not _summary_written(config, since=submitted):
             return 1
     if signals.signum is not None:
         return signals.exit_code  # reported by run_recipe
     return report_results(config, config.output_dir, started, args.env == "sim", workspace)
+
+
+def _resume_hint(output_dir: str | None) -> str:
+    """``; continue with --resume DIR`` where the run left a checkpoint, else where its rounds are."""
+    from devsim.observe.checkpoint import CHECKPOINT_NAME
+
+    if output_dir and os.path.isfile(os.path.join(output_dir, CHECKPOINT_NAME)):
+        return f"; continue with --resume {output_dir}"
+    return f"; the rounds so far are in {output_dir}, no checkpoint yet to resume from" if output_dir else ""
 
 
 def report_results(
