@@ -267,7 +267,12 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                             raise
                         run = None  # stopped on purpose once the results were complete, or on a signal
             else:
-                run = make_recipe().execute(env)
+                try:
+                    run = make_recipe().execute(env)
+                except Exception:  # poc: a signal while the system starts (its services were stopped under it)
+                    if signals.signum is None:
+                        raise
+                    return signals.exit_code  # reported by run_recipe
             break
         except RuntimeError as error:
             if signals.signum is not None:
