@@ -23,8 +23,8 @@ MAX_NOISE_MULTIPLIER = 1000.0
 """``--dp-epsilon`` searches the noise multiplier up to this; a target that needs more is refused."""
 
 
-def _privacy(text: str) -> dict[str, str]:
-    return {"help": text, "section": "privacy"}
+def _privacy(text: str, sync_only: bool = False) -> dict[str, Any]:
+    return {"help": text, "section": "privacy", **({"sync_only": True} if sync_only else {})}
 
 
 @dataclass
@@ -67,7 +67,8 @@ class PrivacySettings:
         default="poisson",
         metadata=_privacy(
             f"how devices are selected and accounted, one of {', '.join(SAMPLINGS)} (poisson: each device with "
-            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)"
+            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)",
+            sync_only=True,
         ),
     )
     dp_accountant: str = field(
@@ -139,7 +140,7 @@ class PrivacySettings:
             )
         if self.dp_accountant == "pld" and self.dp_sampling == "fixed" and self.dp == "central":
             raise ConfigError("dp_accountant", "pld accounts Poisson sampling only; with --dp-sampling fixed: rdp")
-        _check_combinations(self)
+        _check_combinations(self, population)
         if population:
             size = int(getattr(self, "num_devices", 0))
             if self.dp_delta is not None and self.dp_delta > 1.0 / size:
@@ -149,7 +150,7 @@ class PrivacySettings:
                 )
 
 
-def _check_combinations(settings: Any) -> None:
+def _check_combinations(settings: Any, population: bool = True) -> None:
     """Options that DP cannot be combined with, each refused in one line naming the option."""
 
     if hasattr(settings, "kd_iterations") or hasattr(settings, "similarity_on"):
@@ -160,7 +161,7 @@ def _check_combinations(settings: Any) -> None:
         )
         raise ConfigError("dp", f"{settings.dp} is not available here: {reason}; allowed: off")
     if hasattr(settings, "buffer_size"):
-        raise ConfigError("dp", f"{settings.dp} is not available for asynchronous runs yet; allowed: off")
+        _check_asynchronous(settings, population)
     if getattr(settings, "update_codec", "none") != "none":
         raise ConfigError(
             "update_codec",
@@ -175,3 +176,27 @@ def _check_combinations(settings: Any) -> None:
         )
     if getattr(settings, "inject_faults", ""):
         raise ConfigError("inject_faults", "testing faults are not allowed with --dp; allowed: '' (none)")
+
+
+def _check_asynchronous(settings: Any, population: bool) -> None:
+    """DP-FedBuff's limits: fixed clipping, RDP, and at least B idle devices (population - K) to sample a buffer
+    from."""
+    if settings.dp_target_quantile is not None:
+        raise ConfigError(
+            "dp_target_quantile",
+            "adaptive clipping is not available in asynchronous runs (a buffer mixes updates clipped to the norms of "
+            "the versions they started from); allowed: unset",
+        )
+    if settings.dp_accountant != "rdp":
+        raise ConfigError(
+            "dp_accountant",
+            f"{settings.dp_accountant}: asynchronous buffers are accounted as fixed-size samples; allowed: rdp",
+        )
+    size = int(getattr(settings, "num_devices", 0))
+    if population and size - settings.concurrency < settings.buffer_size:
+        raise ConfigError(
+            "concurrency",
+            f"{settings.concurrency} leaves {size - settings.concurrency} idle devices, fewer than --buffer-size "
+            f"{settings.buffer_size}: DP accounts each buffer as a sample of B from population - K; "
+            f"allowed: 1..{size - settings.buffer_size}",
+        )
