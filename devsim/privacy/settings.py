@@ -45,13 +45,16 @@ class PrivacySettings:
     dp_noise_multiplier: float | None = field(
         default=None,
         metadata=_privacy(
-            "z: Gaussian noise of standard deviation z * S on the round's sum (local: on each device's update); "
-            "unset: solved from --dp-epsilon"
+            "z: Gaussian noise of standard deviation z * S on the round's sum (asynchronous: on each applied buffer's "
+            "sum; local: on each device's update); unset: solved from --dp-epsilon"
         ),
     )
     dp_epsilon: float | None = field(
         default=None,
-        metadata=_privacy("target epsilon after the run's rounds at --dp-delta: the noise multiplier is solved for it"),
+        metadata=_privacy(
+            "target epsilon after the run's rounds (asynchronous: --max-versions versions) at --dp-delta: the noise "
+            "multiplier is solved for it"
+        ),
     )
     dp_delta: float | None = field(
         default=None, metadata=_privacy("delta, in (0, 1 / population]; unset: 1 / population^1.1")
@@ -60,7 +63,8 @@ class PrivacySettings:
         default="server",
         metadata=_privacy(
             f"where central noise is added, one of {', '.join(NOISE_PLACEMENTS)} (leaves: each of the L leaves adds "
-            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums)"
+            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums; "
+            "asynchronous: z * S / sqrt(B) on each update it forwards)"
         ),
     )
     dp_sampling: str = field(
@@ -77,7 +81,9 @@ class PrivacySettings:
     )
     dp_budget: float | None = field(
         default=None,
-        metadata=_privacy("stop before the round whose epsilon would exceed this (the run ends there, saying so)"),
+        metadata=_privacy(
+            "stop before the round (version) whose epsilon would exceed this (the run ends there, saying so)"
+        ),
     )
     dp_target_quantile: float | None = field(
         default=None,
