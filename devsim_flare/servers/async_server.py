@@ -327,14 +327,17 @@ class AsyncServer:
 
     def _apply_buffer(self, metrics: MetricsWriter) -> None:
         """Apply the full buffer to the global model; under DP with the buffer's noise, accounting the version
-        (its epsilon goes to TensorBoard at every version, to the results at recorded ones)."""
+        (its epsilon goes to TensorBoard at every version, to the results at recorded ones). ``scheduler.version``
+        is already the new version's number."""
         if self.privacy is None:
             self.weights = self.buffer.apply(self.weights)
             return
         version = self.scheduler.version
         noise = self.privacy.noise(version, {name: value.shape for name, value in self.weights.items()})
         self.weights = self.buffer.apply(self.weights, noise)
-        metrics.scalars(version, {"dp_epsilon": self.privacy.applied()["dp_epsilon"]}, "version")
+        epsilon = self.privacy.applied()["dp_epsilon"]
+        if not record_due(version, self.config, self.scheduler.done):  # a recorded version writes it with its record
+            metrics.scalars(version, {"dp_epsilon": epsilon}, "version")
 
     def _over_budget(self) -> bool:
         """True (and says so) when the next version would take epsilon above ``--dp-budget``."""
