@@ -89,7 +89,7 @@ def test_a_run_repeats_bit_for_bit_and_resumes_from_its_state():
     plan = PrivacyPlan.from_settings(async_config(dp_noise_at="leaves"))
 
     def run(versions, privacy):
-        device = DevicePrivacy(**{"clip": plan.clip, "local_noise_std": privacy.job_privacy()["noise_std"], "seed": 1})
+        device = DevicePrivacy(plan.clip, privacy.job_privacy()["noise_std"], 1)
         return [_apply(privacy, v, device) for v in versions][-1], dict(privacy.last)
 
     full, full_record = run(range(1, 7), BufferedPrivacy(plan, 1))
