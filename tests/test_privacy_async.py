@@ -103,7 +103,11 @@ def test_a_run_repeats_bit_for_bit_and_resumes_from_its_state():
     resumed_weights, resumed_record = run(range(4, 7), resumed)
     for key in SHAPES:
         assert np.array_equal(full[key], again[key]) and np.array_equal(full[key], resumed_weights[key])
-    assert resumed_record == full_record and "dp_epsilon_one_update" in full_record
+    assert resumed_record == full_record
+    # one update alone, seen by a server that knows its device: Gaussian z / sqrt(B), replace-one, every version
+    alone = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    alone.compose(dp_accounting.GaussianDpEvent(1.1 / np.sqrt(B) / 2), 6)
+    assert full_record["dp_epsilon_one_update"] == pytest.approx(alone.get_epsilon(1 / N**1.1), rel=1e-3)
     assert full_record["dp_epsilon_one_update"] > full_record["dp_epsilon"]
 
 

@@ -10,9 +10,12 @@ contribution to a version's sum stays within ``S``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from devsim.privacy.plan import PrivacyPlan
+from devsim.privacy.accountant import RunAccountant
+from devsim.privacy.plan import PrivacyPlan, make_event
 from devsim.privacy.server import PrivateAggregator
 
 Weights = dict[str, np.ndarray]
@@ -27,6 +30,12 @@ class BufferedPrivacy:
             raise ValueError(f"DP-FedBuff accounts buffers (sampling 'buffer'), not {plan.sampling!r}")
         self.plan = plan
         self.aggregator = PrivateAggregator(plan, seed, plan.expected, global_lr, share="update")
+        if self.aggregator.leaf_accountant is not None:
+            # leaf placement: the server sees each update with its share and knows which device sent it, so one
+            # update alone is accounted as local DP with z / sqrt(B) (no sampling amplification), once per version
+            share_z = plan.noise_multiplier / math.sqrt(plan.expected)
+            event = make_event("local", plan.sampling, share_z, plan.rate, plan.population, plan.expected)
+            self.aggregator.leaf_accountant = RunAccountant(event, plan.delta, plan.accountant, replace_one=True)
         self.buffer_devices: set[int] = set()
         """Devices with an update in the buffer being filled (at most B)."""
         self.last: dict = {}
