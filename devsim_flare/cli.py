@@ -134,14 +134,19 @@ def with_privacy(parser: argparse.ArgumentParser, config: SimulationConfig, resu
 
     if config.dp_epsilon is not None and config.dp_noise_multiplier is not None and not resumed:
         parser.error("--dp-epsilon: give it or --dp-noise-multiplier, not both")
+    rounds, unit = config.num_rounds, "rounds"
+    if hasattr(config, "buffer_size"):  # asynchronous: one mechanism per applied version
+        rounds, unit = config.max_versions, "versions"
+        if rounds is None and config.dp_noise_multiplier is None:
+            parser.error(
+                "--dp-epsilon: needs --max-versions (the versions the target covers), or give --dp-noise-multiplier"
+            )
     try:
-        z = resolve_noise_multiplier(config, config.num_rounds)
+        z = resolve_noise_multiplier(config, rounds)
     except ValueError as error:
         parser.error(f"--dp-epsilon: {error}")
     if config.dp_noise_multiplier is None:
-        print(
-            f"--dp-epsilon {config.dp_epsilon:g}: noise multiplier {z:.4f} for {config.num_rounds} rounds", flush=True
-        )
+        print(f"--dp-epsilon {config.dp_epsilon:g}: noise multiplier {z:.4f} for {rounds} {unit}", flush=True)
     config = dataclasses.replace(config, dp_noise_multiplier=z)
     try:
         _ = PrivacyPlan.from_settings(config).sum_noise_multiplier  # adaptive clipping: the count leaves some

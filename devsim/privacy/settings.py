@@ -25,8 +25,8 @@ MAX_NOISE_MULTIPLIER = 1000.0
 """``--dp-epsilon`` searches the noise multiplier up to this; a target that needs more is refused."""
 
 
-def _privacy(text: str) -> dict[str, Any]:
-    return meta("privacy", text)
+def _privacy(text: str, sync_only: bool = False) -> dict[str, Any]:
+    return meta("privacy", text, **({"sync_only": True} if sync_only else {}))
 
 
 @dataclass
@@ -47,13 +47,16 @@ class PrivacySettings:
     dp_noise_multiplier: float | None = field(
         default=None,
         metadata=_privacy(
-            "z: Gaussian noise of standard deviation z * S on the round's sum (local: on each device's update); "
-            "unset: solved from --dp-epsilon"
+            "z: Gaussian noise of standard deviation z * S on the round's sum (asynchronous: on each applied buffer's "
+            "sum; local: on each device's update); unset: solved from --dp-epsilon"
         ),
     )
     dp_epsilon: float | None = field(
         default=None,
-        metadata=_privacy("target epsilon after the run's rounds at --dp-delta: the noise multiplier is solved for it"),
+        metadata=_privacy(
+            "target epsilon after the run's rounds (asynchronous: --max-versions versions) at --dp-delta: the noise "
+            "multiplier is solved for it"
+        ),
     )
     dp_delta: float | None = field(
         default=None, metadata=_privacy("delta, in (0, 1 / population]; unset: 1 / population^1.1")
@@ -62,14 +65,16 @@ class PrivacySettings:
         default="server",
         metadata=_privacy(
             f"where central noise is added, one of {', '.join(NOISE_PLACEMENTS)} (leaves: each of the L leaves adds "
-            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums)"
+            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums; "
+            "asynchronous: z * S / sqrt(B) on each update it forwards)"
         ),
     )
     dp_sampling: str = field(
         default="poisson",
         metadata=_privacy(
             f"how devices are selected and accounted, one of {', '.join(SAMPLINGS)} (poisson: each device with "
-            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)"
+            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)",
+            sync_only=True,
         ),
     )
     dp_accountant: str = field(
@@ -78,7 +83,9 @@ class PrivacySettings:
     )
     dp_budget: float | None = field(
         default=None,
-        metadata=_privacy("stop before the round whose epsilon would exceed this (the run ends there, saying so)"),
+        metadata=_privacy(
+            "stop before the round (version) whose epsilon would exceed this (the run ends there, saying so)"
+        ),
     )
     dp_target_quantile: float | None = field(
         default=None,
@@ -130,7 +137,7 @@ class PrivacySettings:
             )
         if self.dp_accountant == "pld" and self.dp_sampling == "fixed" and self.dp == "central":
             raise ConfigError("dp_accountant", "pld accounts Poisson sampling only; with --dp-sampling fixed: rdp")
-        _check_combinations(self)
+        _check_combinations(self, population)
         if population:
             size = int(getattr(self, "num_devices", 0))
             if self.dp_delta is not None and self.dp_delta > 1.0 / size:
@@ -140,7 +147,7 @@ class PrivacySettings:
                 )
 
 
-def _check_combinations(settings: Any) -> None:
+def _check_combinations(settings: Any, population: bool = True) -> None:
     """Options that DP cannot be combined with, each refused in one line naming the option."""
 
     if hasattr(settings, "kd_iterations") or hasattr(settings, "similarity_on"):
@@ -151,7 +158,7 @@ def _check_combinations(settings: Any) -> None:
         )
         raise ConfigError("dp", f"{settings.dp} is not available here: {reason}; allowed: off")
     if hasattr(settings, "buffer_size"):
-        raise ConfigError("dp", f"{settings.dp} is not available for asynchronous runs yet; allowed: off")
+        _check_asynchronous(settings, population)
     if getattr(settings, "update_codec", "none") != "none":
         raise ConfigError(
             "update_codec",
@@ -166,3 +173,27 @@ def _check_combinations(settings: Any) -> None:
         )
     if getattr(settings, "inject_faults", ""):
         raise ConfigError("inject_faults", "testing faults are not allowed with --dp; allowed: '' (none)")
+
+
+def _check_asynchronous(settings: Any, population: bool) -> None:
+    """DP-FedBuff's limits: fixed clipping, RDP, and at least B idle devices (population - K) to sample a buffer
+    from."""
+    if settings.dp_target_quantile is not None:
+        raise ConfigError(
+            "dp_target_quantile",
+            "adaptive clipping is not available in asynchronous runs (a buffer mixes updates clipped to the norms of "
+            "the versions they started from); allowed: unset",
+        )
+    if settings.dp_accountant != "rdp":
+        raise ConfigError(
+            "dp_accountant",
+            f"{settings.dp_accountant}: asynchronous buffers are accounted as fixed-size samples; allowed: rdp",
+        )
+    size = int(getattr(settings, "num_devices", 0))
+    if population and size - settings.concurrency < settings.buffer_size:
+        raise ConfigError(
+            "concurrency",
+            f"{settings.concurrency} leaves {size - settings.concurrency} idle devices, fewer than --buffer-size "
+            f"{settings.buffer_size}: DP accounts each buffer as a sample of B from population - K; "
+            f"allowed: 1..{size - settings.buffer_size}",
+        )

@@ -138,6 +138,7 @@ class AsyncServer:
             staleness_weighting=config.staleness_weighting,
             staleness_exponent=config.staleness_exponent,
         )
+        self.privacy = buffered_privacy(config)
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
         self.round_timeout = RoundTimeout(config.round_timeout)
@@ -160,13 +161,17 @@ class AsyncServer:
         """Leaves lost by ``--lose-leaf`` -> the simulated time they were lost at."""
         self.dropout = DropoutModel(config.device_dropout, config.device_never_answer, seed=config.seed)
         self.faults = FaultInjector(tuple(config.fault_kinds), config.fault_probability, seed=config.seed)
-        self.validator = UpdateValidator(
-            self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
+        self.validator = UpdateValidator(  # under DP clipping bounds every update; checks left: finite, shapes
+            self.weights,
+            max_norm=config.max_update_norm if self.privacy is None else None,
+            max_norm_factor=config.update_norm_factor if self.privacy is None else None,
         )
         self._base_norms: dict[int, float] = {}
         self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         if self.population_model is not None:
             self.failures[SESSION_END] = 0
+        if self.privacy is not None:
+            self.failures["dp_repeat"] = 0
         self.participation = Participation(config.num_devices)
         self.staleness_histogram = StalenessHistogram()
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
@@ -182,6 +187,8 @@ class AsyncServer:
             f"results in {output_dir}",
             flush=True,
         )
+        if self.privacy is not None:
+            print(f"[server] {self.privacy.describe()}", flush=True)
         run_started = time.time()
         timings: list[RoundTiming] = []
         window = WindowTiming(run_started)
@@ -208,7 +215,13 @@ class AsyncServer:
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
+            budget_checked = None
             while True:
+                if self.privacy is not None and self.buffer.count == 0 and budget_checked != self.scheduler.version:
+                    budget_checked = self.scheduler.version
+                    if self._over_budget():
+                        evaluation = self._evaluate_at_stop(recorder, evaluation)
+                        break
                 collector.maybe_collect()
                 job = self.scheduler.next_arrival()
                 if job is None:
@@ -223,6 +236,8 @@ class AsyncServer:
                 base = self.snapshots.get(job.base_version)
                 delta = self.revise_delta(job, result, staleness, base)
                 self.buffer.add(delta, staleness)
+                if self.privacy is not None:
+                    self.privacy.accepted(job.device_id)
                 self.snapshots.release(job.base_version)
                 accepted += 1
                 window_staleness.append(staleness)
@@ -234,7 +249,7 @@ class AsyncServer:
                 )
                 new_version = self.scheduler.record_accepted(job)
                 if new_version:
-                    self.weights = self.buffer.apply(self.weights)
+                    self._apply_buffer(metrics)
                     self.on_new_version()
                     self._apply_planned_losses()
                 window.add("server_aggregate", time.time() - started)
@@ -259,6 +274,7 @@ class AsyncServer:
                         **traffic,
                         **{f"failed_{k}": v for k, v in self.failures.items()},
                         **self.method_record(),
+                        **(self.privacy.last if self.privacy is not None else {}),
                     }
                     recorder.add_round(record)
                     metrics.after_round(self.scheduler.version, record, prefix="version")
@@ -308,6 +324,37 @@ class AsyncServer:
             print(summarize(timings, unit="window"), flush=True)
         recorder.data["startup"] = startup.record()
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
+
+    def _apply_buffer(self, metrics: MetricsWriter) -> None:
+        """Apply the full buffer to the global model; under DP with the buffer's noise, accounting the version
+        (its epsilon goes to TensorBoard at every version, to the results at recorded ones). ``scheduler.version``
+        is already the new version's number."""
+        if self.privacy is None:
+            self.weights = self.buffer.apply(self.weights)
+            return
+        version = self.scheduler.version
+        noise = self.privacy.noise(version, {name: value.shape for name, value in self.weights.items()})
+        self.weights = self.buffer.apply(self.weights, noise)
+        epsilon = self.privacy.applied()["dp_epsilon"]
+        if not record_due(version, self.config, self.scheduler.done):  # a recorded version writes it with its record
+            metrics.scalars(version, {"dp_epsilon": epsilon}, "version")
+
+    def _over_budget(self) -> bool:
+        """True (and says so) when the next version would take epsilon above ``--dp-budget``."""
+        message = self.privacy.over_budget(self.config.dp_budget, self.scheduler.version + 1)
+        if message is not None:
+            print(f"[server] {message}", flush=True)
+        return message is not None
+
+    def _evaluate_at_stop(self, recorder: RunRecorder, evaluation: EvalResult) -> EvalResult:
+        """The model's evaluation where a budget stops the run, recorded when its version was not yet."""
+        rounds = recorder.data["rounds"]
+        if rounds and rounds[-1]["version"] == self.scheduler.version:
+            return evaluation
+        evaluation = self.evaluate()
+        record = {"version": self.scheduler.version, "simulated_time": self.scheduler.now, **evaluation.record()}
+        recorder.add_round({**record, **self.privacy.last})
+        return evaluation
 
     def _mark_stopped(self, recorder: RunRecorder, reason: str) -> None:
         """Record in results.json that the run stopped early (the command stops the processes once it reads it)."""
@@ -374,6 +421,7 @@ class AsyncServer:
             with_histograms=self.wants_histograms(),
             job_bases=np.array([index[j.base_version] for j in jobs], dtype=np.int64),
             base_versions=np.array(versions, dtype=np.int64),
+            **({"dp": self.privacy.job_privacy()} if self.privacy is not None else {}),
         )
 
     def method_state(self) -> dict:
@@ -400,6 +448,7 @@ class AsyncServer:
                 "participation": self.participation.state(),
                 "staleness_histogram": self.staleness_histogram.state(),
                 "lost_at": dict(self.lost_at),
+                "privacy": self.privacy.state() if self.privacy is not None else None,
                 "config": self.config.to_dict(),
             },
         )
@@ -416,6 +465,8 @@ class AsyncServer:
         self.failures.update(state["failures"])
         self.lost_at = dict(state.get("lost_at", {}))
         self.dead_leaves.update(self.lost_at)
+        if self.privacy is not None:
+            self.privacy.load_state(state["privacy"])
         if "participation" in state:
             self.participation.load(state["participation"])
             self.staleness_histogram.load(state["staleness_histogram"])
@@ -465,6 +516,9 @@ class AsyncServer:
         if result is None:
             self.failures["leaf_lost"] += 1
             return None
+        if self.privacy is not None and self.privacy.repeats(job.device_id):  # DP: one update per device and buffer
+            self.failures["dp_repeat"] += 1
+            return None
         if "encoded" in result:  # a lossy uplink's row, forwarded by the leaf as it arrived
             parts, keys = result.pop("encoded"), result.pop("delta_keys")
             decode_started = time.perf_counter()
@@ -479,7 +533,8 @@ class AsyncServer:
         fault = self.faults.any_fault(job.job_id, job.device_id)
         if fault is not None:
             result["delta"] = FaultInjector.corrupt(result["delta"], fault)
-        self.validator.max_norm = self.config.update_norm_limit(self._base_norm(job.base_version))
+        if self.privacy is None:
+            self.validator.max_norm = self.config.update_norm_limit(self._base_norm(job.base_version))
         rejection = self.validator.check_job_result(result["delta"], result["num_samples"], f"device {job.device_id}")
         if rejection is not None:
             self.failures["rejected"] += 1
@@ -610,6 +665,8 @@ class AsyncServer:
             f"sim-time {record['simulated_time']:.1f}s  {format_metrics(record['loss'], record['metrics'])}  "
             f"staleness {record['staleness_mean']:.1f}"
         )
+        if "dp_epsilon" in record:
+            summary += f"  epsilon {record['dp_epsilon']:.3f}"
         elapsed = time.time() - run_started
         sim_eta = self._sim_time_eta.update(record["simulated_time"], elapsed) if self._sim_time_eta else None
         line = progress.line(record["version"], elapsed, summary, other_eta=sim_eta) if progress else None
@@ -639,6 +696,7 @@ class AsyncServer:
                 "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
                 **self.method_record(),
+                **(self.privacy.summary() if self.privacy is not None else {}),
             }
         )
         print(
@@ -672,3 +730,13 @@ def _truncate_lines(path: str, keep: int) -> None:
         lines = stream.readlines()[:keep]
     with open(path, "w", encoding="utf-8") as stream:
         stream.writelines(lines)
+
+
+def buffered_privacy(config: AsyncConfig):
+    """The run's :class:`~devsim.privacy.buffered.BufferedPrivacy` (DP-FedBuff), or None without ``--dp``."""
+    if config.dp == "off":
+        return None
+    from devsim.privacy.buffered import BufferedPrivacy
+    from devsim.privacy.plan import PrivacyPlan
+
+    return BufferedPrivacy(PrivacyPlan.from_settings(config), config.seed, config.global_lr)
