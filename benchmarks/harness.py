@@ -203,13 +203,24 @@ def _kill_tracked(tracked: dict[int, float]) -> None:
     """Kill each tracked process that still runs (same pid and create time: never a recycled pid)."""
     import psutil
 
+    killed = []
     for pid, created in tracked.items():
         try:
             process = psutil.Process(pid)
             if process.create_time() == created:
                 process.kill()
+                killed.append(process)
         except psutil.Error:
             pass
+    psutil.wait_procs(killed, timeout=5)
+
+
+def _freeze_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` (SIGSTOP or SIGCONT) to process group ``pgid``, if it is still there."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -283,7 +294,9 @@ def run_isolated(
                     continue
         finally:
             if rc is None:
+                _freeze_group(proc.pid, signal.SIGSTOP)  # a stopped group starts nothing between the scan and the kill
                 tracked.update(_descendants(proc.pid))
+                _freeze_group(proc.pid, signal.SIGCONT)
                 _stop_group(proc)
             _kill_tracked(tracked)
             reader.join(timeout=10)
