@@ -147,12 +147,12 @@ def test_grace_period_forces_the_stop(tmp_path):
 
 
 def test_stop_processes_kills_what_ignores_sigterm():
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
-    )
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    code += "time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     import psutil
 
-    time.sleep(0.3)
+    assert child.stdout.readline().strip() == "ready"  # SIGTERM is ignored from here on, however slow the start
     started = time.monotonic()
     stop_processes([psutil.Process(child.pid)], term_seconds=0.3)
     assert child.wait(timeout=5) == -signal.SIGKILL
