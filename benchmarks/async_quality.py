@@ -19,17 +19,14 @@ time, and the wall-time ratio FedRevive / FedBuff. ``--methods FedRevive`` runs 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -68,30 +65,6 @@ def methods(args) -> dict[str, tuple[str, list[str]]]:
     }
 
 
-def run(name: str, script: str, extra: list[str], args, workdir: str) -> dict:
-    out = os.path.join(workdir, name)
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "jobs", script),
-        *extra,
-        *common_args(args),
-        "--workspace",
-        os.path.join(workdir, "ws"),
-        "--output-dir",
-        out,
-    ]
-    started = time.perf_counter()
-    proc = subprocess.run(
-        cmd, env=dict(os.environ, HOME=os.path.join(workdir, "home")), capture_output=True, text=True, timeout=7200
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
-        results = json.load(stream)
-    results["wall"] = time.perf_counter() - started
-    return results
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=50, help="K")
@@ -108,7 +81,7 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("async_quality")
     chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
     unknown = set(chosen) - set(methods(args))
     if unknown:
@@ -118,7 +91,7 @@ def main() -> None:
         for name, (script, extra) in methods(args).items():
             if name not in chosen:
                 continue
-            results = run(name, script, extra, args, workdir)
+            results = run_job(script, [*extra, *common_args(args)], workdir, name, timeout=7200)
             summary, records = results["summary"], results["rounds"]
             rows.append((name, summary, max(r["accuracy"] for r in records), results["wall"]))
             print(f"{name}: done in {results['wall']:.0f}s", flush=True)
@@ -145,17 +118,13 @@ def main() -> None:
     walls = {name: wall for name, _, _, wall in rows}
     if "FedRevive" in walls and "FedBuff" in walls:
         print(f"wall time FedRevive / FedBuff: {walls['FedRevive'] / walls['FedBuff']:.2f}x", end="; ")
-    print(f"load average now {os.getloadavg()[0]:.1f}")
+    print(f"load average now {load()}")
     if args.json:
-        payload = {
-            "settings": vars(args),
-            "load_start": load_start,
-            "rows": [{"method": n, "summary": s, "best_accuracy": b, "wall": w} for n, s, b, w in rows],
-        }
-        print(f"wrote {write_results('async_quality', payload, figures(rows, date, machine(load_start)))}")
+        runs = [{"method": n, "summary": s, "best_accuracy": b, "wall": w} for n, s, b, w in rows]
+        session.write({"settings": vars(args), "rows": runs}, figures(rows, session))
 
 
-def figures(rows: list[tuple], date: str, where: str) -> list[dict[str, str]]:
+def figures(rows: list[tuple], session: Session) -> list[dict[str, str]]:
     """FedRevive against FedBuff: final accuracies, FedRevive's server seconds per arrival (wall), wall ratio."""
     by_name = {name: (summary, wall) for name, summary, _, wall in rows}
     if "FedRevive" not in by_name or "FedBuff" not in by_name:
@@ -164,14 +133,11 @@ def figures(rows: list[tuple], date: str, where: str) -> list[dict[str, str]]:
     per_arrival = revive.get("revive_seconds_per_arrival")
     per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
     return [
-        figure(
+        session.figure(
             "FedRevive vs FedBuff at equal simulated time: accuracy, s/arrival, wall ratio",
             f"{revive['final_accuracy']:.4f} vs {buff['final_accuracy']:.4f}, {per_arrival} s/arrival, "
             f"{revive_wall / buff_wall:.2f}x",
             "<= 0.35 s/arrival, <= 3x",
-            invocation(),
-            date,
-            where,
         )
     ]
 

@@ -41,19 +41,16 @@ final accuracy); the printed and published ratio is that median with the range o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
 from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
@@ -176,16 +173,9 @@ def tight_loop_per_update(dataset: str, leaves: int, device: str = "cpu") -> flo
 def run_setting(script: str, flags: list[str], common: list[str], timeout: float, leaves: int) -> dict:
     """One job run: steady rate, final accuracy, whole-command wall."""
     with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
-        out = os.path.join(workdir, "run")
-        cmd = [sys.executable, os.path.join(REPO, "jobs", script), *common, *flags]
-        cmd += ["--workspace", os.path.join(workdir, "ws"), "--output-dir", out]
-        rc, wall, tail = run_isolated(cmd, workdir, timeout)
-        if rc != 0:
-            raise RuntimeError(f"{script} failed ({rc}):\n{tail}")
-        with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
-            results = json.load(stream)
+        results = run_job(script, [*common, *flags], workdir, timeout=timeout)
     rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py", leaves=leaves)
-    return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": wall}
+    return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": results["wall"]}
 
 
 def main() -> None:
@@ -209,8 +199,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    started = time.strftime("%Y-%m-%d")
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    session = Session("async_throughput")
+    print(f"machine: {session.where()}", flush=True)
     rows = []
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
@@ -253,10 +243,9 @@ def main() -> None:
         for name, row in measured.items():
             if row["ratio_to_fedavg"] is not None and name != "fedavg":
                 print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s{spread(row)}")
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
-        payload = {"load_end": loadavg(), "rows": rows}
-        print(f"wrote {write_results('async_throughput', payload, figures(rows, started, machine()))}")
+        session.write({"load_end": load(), "rows": rows}, figures(rows, session))
 
 
 def target_of(setting: str) -> str:
@@ -272,14 +261,14 @@ def target_of(setting: str) -> str:
     return ">= 0.8x FedAvg; <= 0.5x the tight loop"
 
 
-def figures(rows: list[dict], date: str, where: str) -> list[dict]:
+def figures(rows: list[dict], session: Session) -> list[dict]:
     """One figure per asynchronous setting: its steady updates/s against FedAvg's on the same work."""
     published = []
     for row in rows:
         if row["setting"] == "fedavg" or row["ratio_to_fedavg"] is None:
             continue
         published.append(
-            figure(
+            session.figure(
                 f"async updates/s vs FedAvg: {row['setting']} ({row['dataset']})",
                 f"{row['ratio_to_fedavg']:.2f}x ({row['updates_per_s']:.1f}/s; {row['ratio_to_tight_loop']:.2f}x the "
                 f"tight loop's time an update){spread(row)}"
@@ -294,8 +283,6 @@ def figures(rows: list[dict], date: str, where: str) -> list[dict]:
                 f".venv/bin/python benchmarks/async_throughput.py --datasets {row['dataset']}"
                 + (f" --repeats {len(row['rounds'])}" if len(row.get("rounds", [])) > 1 else "")
                 + " --json",
-                date,
-                where,
             )
         )
     return published

@@ -26,20 +26,17 @@ each) to ``benchmarks/results/availability_quality-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -84,21 +81,13 @@ def method_args(method: str, args) -> tuple[str, list[str]]:
 
 def run(method: str, setting: str, trace: str, args, workdir: str) -> dict:
     script, extra = method_args(method, args)
-    out = os.path.join(workdir, f"{method}-{setting.replace(' / ', '-')}")
-    command = [sys.executable, os.path.join(REPO, "jobs", script), *extra, *common_args(args), *SETTINGS[setting]]
-    if setting == "trace":
-        command += ["--trace-file", trace]
-    command += ["--output-dir", out, "--workspace", os.path.join(workdir, "ws")]
-    started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False, cwd=REPO)
-    if proc.returncode != 0:
-        raise SystemExit(f"{method} {setting} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
-        results = json.load(stream)
+    name = f"{method}-{setting.replace(' / ', '-')}"
+    flags = [*extra, *common_args(args), *SETTINGS[setting], *(["--trace-file", trace] if setting == "trace" else [])]
+    results = run_job(script, flags, workdir, name, timeout=args.timeout)
     summary = results["summary"]
     summary["best_accuracy"] = max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
-    summary["wall"] = time.time() - started
-    summary["run_dir"] = out
+    summary["wall"] = results["wall"]
+    summary["run_dir"] = os.path.join(workdir, name, "out")
     return summary
 
 
@@ -122,14 +111,14 @@ def main() -> int:
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs in DIR (default: a temp folder)")
     parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("availability_quality")
     settings = [s.strip() for s in args.settings.split(",")]
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         parser.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
     workdir = args.keep or tempfile.mkdtemp(prefix="availability_quality_")
     os.makedirs(workdir, exist_ok=True)
-    print(f"load average before: {os.getloadavg()}", flush=True)
+    print(f"load average before: {session.load_start}", flush=True)
     rows = []
     try:
         trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
@@ -144,7 +133,7 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"load average after:  {os.getloadavg()}")
+    print(f"load average after:  {load()}")
     print(
         f"{2 * args.devices_per_leaf:,} devices, {args.dataset}, K={args.concurrency} B={args.buffer_size}, "
         f"{args.max_versions} versions, {args.samples_per_device} samples/device, "
@@ -166,16 +155,12 @@ def main() -> int:
             f"{s['wall']:6.0f}"
         )
     if args.json:
-        payload = {
-            "settings": vars(args),
-            "load_start": load_start,
-            "rows": [{"method": m, "setting": setting, "summary": s} for m, setting, s in rows],
-        }
-        print(f"wrote {write_results('availability_quality', payload, figures(rows, date, machine(load_start)))}")
+        runs = [{"method": m, "setting": setting, "summary": s} for m, setting, s in rows]
+        session.write({"settings": vars(args), "rows": runs}, figures(rows, session))
     return 0
 
 
-def figures(rows: list[tuple[str, str, dict]], date: str, where: str) -> list[dict[str, str]]:
+def figures(rows: list[tuple[str, str, dict]], session: Session) -> list[dict[str, str]]:
     """Per method run both always-on (profile delays) and on the trace: the final accuracy of each."""
     final = {(method, setting): s["final_accuracy"] for method, setting, s in rows}
     published = []
@@ -183,13 +168,10 @@ def figures(rows: list[tuple[str, str, dict]], date: str, where: str) -> list[di
         if (method, "always / profile") in final and (method, "trace") in final:
             label = {"fedbuff": "FedBuff", "fedrevive": "FedRevive"}.get(method, method)
             published.append(
-                figure(
+                session.figure(
                     f"availability: {label} final accuracy always-on / trace",
                     f"{final[(method, 'always / profile')]:.3f} / {final[(method, 'trace')]:.3f}",
                     "learns on traces",
-                    invocation(),
-                    date,
-                    where,
                 )
             )
     return published

@@ -37,7 +37,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = p.parse_args(argv)
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("batched_devices")
     batches = [b.strip() for b in args.batches.split(",") if b.strip()]
     workers = args.workers or len(os.sched_getaffinity(0))
     torch.manual_seed(0)
@@ -147,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
-        payload = {"settings": vars(args), "load_start": load_start, "rows": rows}
-        print(f"wrote {write_results('batched_devices', payload, figures(args, rows, date, machine(load_start)))}")
+        payload = {"settings": vars(args), "rows": rows}
+        session.write(payload, figures(args, rows, session))
     return 0
 
 
-def figures(args, rows: list[dict[str, Any]], date: str, where: str) -> list[dict[str, str]]:
+def figures(args, rows: list[dict[str, Any]], session: Session) -> list[dict[str, str]]:
     """``auto``'s speed-up over the thread pool, at the worker count where it is fastest."""
     auto = [row for row in rows if row["setting"] == "auto"]
     if not auto:
@@ -160,13 +160,10 @@ def figures(args, rows: list[dict[str, Any]], date: str, where: str) -> list[dic
     best = max(auto, key=lambda row: row["speedup"])
     model = args.model.upper() if args.model == "cnn" else args.model
     return [
-        figure(
+        session.figure(
             f"batched devices vs thread pool, one leaf, {args.devices} {model} devices",
             f"{best['speedup']:.2f}x ({best['workers']} worker{'s' if best['workers'] > 1 else ''})",
             "> 1",
-            invocation(),
-            date,
-            where,
         )
     ]
 

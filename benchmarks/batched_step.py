@@ -9,8 +9,9 @@ shared machine the fastest call is the one least disturbed); the rounds alternat
 of each tree (median over ``--rounds``), the speed-up, and whether both trees returned the same updates bit for bit
 (the same seeds, the same devices).
 
-    git worktree add /tmp/base <commit>   # the code before the change
-    .venv/bin/python benchmarks/batched_step.py --baseline-tree /tmp/base --json
+    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --json   # REV: the code before the change
+
+The baseline is measured in a temporary git worktree of ``REV``, removed at the end.
 
 ``--json`` writes ``benchmarks/results/batched_step-<date>.json``. ``--profile`` prints cProfile's top entries of
 this tree's step for each group size instead (where the per-step time goes).
@@ -20,14 +21,14 @@ Medians over rounds of each measurement's fastest call are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import functools
 import hashlib
 import json
 import os
 import pstats
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 
@@ -86,17 +87,15 @@ def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dic
 
 def measure_in(tree: str, groups: list[int], calls: int) -> dict:
     """:func:`measure_here` in a fresh process importing ``tree``'s code."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--inner", tree, "--groups", ",".join(map(str, groups))]
-    cmd += ["--calls", str(calls)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tree)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring {tree} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from benchmarks.harness import run_child
+
+    args = ["--inner", tree, "--groups", ",".join(map(str, groups)), "--calls", str(calls)]
+    return run_child(os.path.abspath(__file__), args, cwd=tree)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline-tree", default="", help="another checkout (git worktree) to compare against")
+    parser.add_argument("--baseline-commit", default="", help="a commit to compare against (in a temporary worktree)")
     parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
@@ -114,16 +113,21 @@ def main() -> int:
         measure_here(REPO, groups, args.calls, profile=True)
         return 0
     sys.path.insert(0, REPO)
-    from benchmarks.figures import figure, invocation, load, machine, short_commit, write_results
+    from benchmarks.harness import Session, alternate, commit_of, worktree
 
-    started_load = load()
-    trees = {"this": REPO, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
-    for round_index in range(args.rounds):
-        for name, tree in trees.items():
-            runs[name].append(measure_in(tree, groups, args.calls))
-            per = ", ".join(f"{g}: {runs[name][-1]['ms_per_device'][str(g)]:.2f}" for g in groups)
-            print(f"round {round_index + 1} {name}: ms per device {per}", flush=True)
+    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
+    if args.baseline_commit and base_commit is None:
+        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
+    session = Session("batched_step")
+    with contextlib.ExitStack() as stack:
+        trees = {"this": REPO, **({"baseline": stack.enter_context(worktree(base_commit))} if base_commit else {})}
+
+        def done(index: int, name: str, run: dict) -> None:
+            per = ", ".join(f"{g}: {run['ms_per_device'][str(g)]:.2f}" for g in groups)
+            print(f"round {index + 1} {name}: ms per device {per}", flush=True)
+
+        arms = {name: functools.partial(measure_in, tree, groups, args.calls) for name, tree in trees.items()}
+        runs = alternate(arms, args.rounds, done)
     rows = []
     for size in groups:
         row: dict = {"group": size}
@@ -147,20 +151,12 @@ def main() -> int:
             )
         print(line)
     if args.json:
-        base_commit = short_commit(args.baseline_tree) if args.baseline_tree else None
-        command = invocation()
-        if args.baseline_tree:
-            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
-        where = machine(started_load) + ", shared with other work"
         figures = [
-            figure(
+            session.figure(
                 f"batched group of {row['group']} digits CNNs: per-device cost vs baseline",
                 f"{row['speedup']:.2f}x faster ({row['baseline_ms_per_device']:.2f} -> {row['this_ms_per_device']:.2f} "
                 f"ms a device; CPU {row['speedup_cpu']:.2f}x; bit-identical {row['bit_identical']})",
                 ">= 1.3x at 2 and 4" if row["group"] < 10 else "(reference)",
-                command,
-                time.strftime("%Y-%m-%d"),
-                where,
             )
             for row in rows
             if "speedup" in row
@@ -172,7 +168,9 @@ def main() -> int:
             "runs": runs,
             "rows": rows,
         }
-        print(f"wrote {write_results('batched_step', payload, figures)}")
+        for entry in figures:
+            entry["machine"] += ", shared with other work"
+        session.write(payload, figures)
     return 0
 
 

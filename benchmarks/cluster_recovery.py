@@ -9,17 +9,14 @@ which the partition stays exact, and the mean per-leaf accuracy (each leaf's mod
 view of the test set) of both, side by side. Then one line per row (dataset, kind, groups, leaves per
 group): the runs with ARI = 1 by the last round (exact from that round or earlier), the mean round from
 which those were exact, mean per-leaf accuracy of both and the failed runs. ``--json`` writes the rows
-and one figure per row to ``benchmarks/results/cluster_recovery-<date>.json`` (benchmarks/figures.py).
+and one figure per row to ``benchmarks/results/cluster_recovery-<date>.json`` (benchmarks/harness.py).
 The full grid (issue #33: both kinds x 2-4 groups x 2-3 leaves per group x 5 seeds, synthetic and digits,
 10 rounds) is the default:
 
     .venv/bin/python benchmarks/cluster_recovery.py --jobs 3 --json
-    # or in parts, then summarised together:
-    .venv/bin/python benchmarks/cluster_recovery.py --dataset synthetic --jobs 3 --out /tmp/syn.json
-    .venv/bin/python benchmarks/cluster_recovery.py --dataset digits --jobs 3 --out /tmp/dig.json
-    .venv/bin/python benchmarks/cluster_recovery.py --from /tmp/syn.json,/tmp/dig.json --json
-    # a new cluster rule on the same data: FedAvg (half the time) taken from an earlier --json file
-    .venv/bin/python benchmarks/cluster_recovery.py --fedavg-from benchmarks/results/cluster_recovery-<date>.json --json
+    # a new cluster rule on the same data: FedAvg (half the time) taken from a committed --json file
+    .venv/bin/python benchmarks/cluster_recovery.py --jobs 1 --json \\
+        --fedavg-from benchmarks/results/cluster_recovery-2026-11-25.json
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -192,26 +189,8 @@ def main() -> None:
         action="store_true",
         help="write the per-row summary and one figure per row to benchmarks/results/cluster_recovery-<date>.json",
     )
-    parser.add_argument(
-        "--from",
-        dest="sources",
-        default=None,
-        help="summarise the runs of earlier --out files (comma-separated) instead of running any",
-    )
-    parser.add_argument(
-        "--figure-command",
-        default=None,
-        help="with --from: the commands that produced those files, recorded as the figures' command",
-    )
     args = parser.parse_args()
-    start_load = load()
-    if args.sources:
-        rows = []
-        for path in args.sources.split(","):
-            with open(path) as stream:
-                rows.extend(json.load(stream))
-        report(rows, args, start_load, 0.0)
-        return
+    session = Session("cluster_recovery")
     args.fedavg_runs = _fedavg_runs(args.fedavg_from, args) if args.fedavg_from else {}
     grid = itertools.product(
         args.dataset.split(","),
@@ -248,10 +227,10 @@ def main() -> None:
                 f"| {row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f} |",
                 flush=True,
             )
-    report(rows, args, start_load, time.time() - started)
+    report(rows, args, session, time.time() - started)
 
 
-def report(rows: list[dict], args: argparse.Namespace, start_load: str, wall: float) -> None:
+def report(rows: list[dict], args: argparse.Namespace, session: Session, wall: float) -> None:
     """Print the per-row summary; with ``--out`` write the runs, with ``--json`` the summary and its figures."""
     summary = summarise(rows, args.rounds)
     print(
@@ -270,32 +249,24 @@ def report(rows: list[dict], args: argparse.Namespace, start_load: str, wall: fl
         with open(args.out, "w") as stream:
             json.dump(rows, stream, indent=1)
     if args.json:
-        where = machine(start_load)
-        today = time.strftime("%Y-%m-%d")
-        command = args.figure_command or invocation()
         figures = [
-            figure(
+            session.figure(
                 f"cluster recovery {row['dataset']} {row['kind']} {row['groups']}x{row['leaves_per_group']}",
                 f"ARI = 1 by round {args.rounds} in {row['exact']}/{row['runs']} runs, mean round "
                 f"{_fmt(row['mean_exact_round'], 1)}; per-leaf accuracy {_fmt(row['cluster_accuracy'], 3)} vs "
                 f"FedAvg {_fmt(row['fedavg_accuracy'], 3)}"
                 + (f"; failures: {', '.join(row['failures'])}" if row["failures"] else ""),
                 f"ARI = 1 in >= 95% of runs within {args.rounds} rounds; per-leaf accuracy clearly above FedAvg",
-                command,
-                today,
-                where,
             )
             for row in summary
         ]
         payload = {
-            "settings": {
-                k: v for k, v in vars(args).items() if k not in ("json", "out", "figure_command", "fedavg_runs")
-            },
+            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "fedavg_runs")},
             "wall_s": round(wall, 1),
             "rows": summary,
             "runs": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
         }
-        print(f"wrote {write_results('cluster_recovery', payload, figures)}")
+        session.write(payload, figures)
 
 
 def exact_by(row: dict, rounds: int) -> bool:

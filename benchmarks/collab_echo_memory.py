@@ -127,7 +127,7 @@ def read_probes(path: str) -> list[dict]:
 
 def run_child(args: argparse.Namespace, label: str, flags: list[str], env: dict[str, str]) -> dict:
     """One echo run as a child process of this script, isolated; its probes, wall and exit status."""
-    from benchmarks.isolated_run import run_isolated
+    from benchmarks.harness import run_isolated
 
     with tempfile.TemporaryDirectory(prefix="devsim-echo-compare-") as workdir:
         probes_file = os.path.join(workdir, "probes.jsonl")
@@ -169,7 +169,7 @@ def compare(args: argparse.Namespace) -> list[dict]:
 
 def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -> list[dict[str, str]]:
     """The comparison's figure: server threads at the last round, or the 256 KiB chunk's cost per round."""
-    from benchmarks.figures import figure, invocation
+    from benchmarks.harness import figure, invocation
 
     if any(run["status"] != "exit 0" or not run["probes"] for run in runs):
         return []
@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, REPO)
-    from benchmarks.figures import load, machine, write_results
+    from benchmarks.harness import load, machine, write_results
 
     load_start, date = load(), time.strftime("%Y-%m-%d")
     if args.compare != "none":

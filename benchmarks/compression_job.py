@@ -1,9 +1,8 @@
 """Uplink codecs inside the FedAvg job itself: what compression costs a user's round (digits, NVFlare's simulator).
 
-``benchmarks/compression.py`` compares the codecs in one process over the project's core, against the
-leaf's compute alone. This script runs ``jobs/pt_job_fedavg.py --dataset digits`` through its own
-command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 devices, 20 a round,
-100 samples a device, 20 rounds) once per codec and seed, and reads each run's results.json:
+Runs ``jobs/pt_job_fedavg.py --dataset digits`` through its own command line (NVFlare's in-process simulator, the
+job's defaults: 2 leaves x 50 devices, 20 a round, 100 samples a device, 20 rounds) once per codec and seed, and
+reads each run's results.json:
 
 - uplink bytes (device -> leaf) over the run and the ratio to ``none``;
 - final test accuracy and the mean of the last 5 evaluated rounds' (one round's accuracy moves by up to ~2
@@ -19,57 +18,50 @@ command line (NVFlare's in-process simulator, the job's defaults: 2 leaves x 50 
     .venv/bin/python benchmarks/compression_job.py                            # seeds 0, 1, 2
     .venv/bin/python benchmarks/compression_job.py --seeds 0 --codecs "none,topk 10%"
     .venv/bin/python benchmarks/compression_job.py --quick                    # 3 rounds: checks the script
-    .venv/bin/python benchmarks/compression_job.py --seeds 0,1,2,3,4 --rounds 100 --codecs "none,int8,topk 1%" \
-        --horizons 20,30,60,100    # accuracy against none after 20, 30, 60 and 100 rounds, over 5 seeds
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compression_job.py --seeds 0,1,2,3,4 --rounds 100 \
+        --codecs "none,topk 1%,topk 1% momentum 0.3,topk 1% warmup 4,topk 1% warmup 4 momentum 0.3" \
+        --codecs "none,int8,topk 10%" --horizons 20,30,60,100 --json           # the README's figures
 
-    .venv/bin/python benchmarks/compression_job.py --seeds 0,1,2,3,4 --rounds 100 --horizons 20,30,60,100 \
-        --codecs "none,topk 1%,topk 1% momentum 0.3,topk 1% warmup 4" --json    # issue 33's mechanisms
+``--codecs`` may be given several times: each group runs with its own ``none`` on every seed and each codec is
+compared with its group's ``none`` of the same seed (one job's accuracy can move with the load on the machine, so
+the baseline is the run made next to it). ``--codecs`` items: ``none``, ``fp16``, ``int8``, or ``topk P%`` followed
+by ``fp16`` or ``int8`` (``--topk-values``), ``warmup W`` (``--topk-warmup-rounds``) and/or ``momentum B``
+(``--topk-momentum``). Timings are measured in the same invocation, one job at a time; the load average is printed.
 
-Timings are measured in the same invocation, one job at a time; the load average is printed.
-
-``--json`` writes the table, the summary and the published figures through ``benchmarks/figures.py`` to
+``--json`` writes the table, the summary and the published figures through ``benchmarks/harness.py`` to
 ``benchmarks/results/compression_job-<date>.json``: per codec other than ``none``, its points against float32
 after 30 rounds (or the last horizon), mean / worst over the seeds, named with the bytes ratio over those rounds
 (e.g. "top-k 1% uplink (66.6x fewer bytes) vs float32, digits in the job, 5 seeds, 30 rounds"), and with top-k
-10% and int8 among the codecs the critical leaf's codec share. ``--json PATH`` writes the same to PATH. A sweep
-too long for one sitting runs a few seeds (or codecs, each run with ``none``) at a time, each with ``--json PATH``,
-and ``--merge A,B,... --horizons ... --json`` then summarises and publishes them together (the figures' command
-lists every run; a codec's run of a seed found in two reports must have the same accuracies).
+10% and int8 among the codecs the critical leaf's codec share. ``--json PATH`` writes the same to PATH.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
 import sys
 import tempfile
-import time
-from types import ModuleType
 
 import numpy as np
 
-BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
-
-def _sibling(file_name: str, module_name: str) -> ModuleType:
-    """Another benchmark script as a module, under a name no installed package uses (Python 3.14's standard
-    library has a ``compression`` package, which ``benchmarks/`` on ``sys.path`` would shadow)."""
-    spec = importlib.util.spec_from_file_location(module_name, os.path.join(BENCHMARKS, file_name))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-_compression = _sibling("compression.py", "devsim_benchmark_compression")
-codec_from_name, int_list, last_mean = _compression.codec_from_name, _compression.int_list, _compression.last_mean
-summarise, print_summary = _compression.summarise, _compression.print_summary
-run_job = _sibling("fidelity.py", "devsim_benchmark_fidelity").run_job
+from benchmarks.harness import ONE_THREAD, Session, load, run_job  # noqa: E402
+from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
 WARM_ROUNDS = 2  # rounds left out of the timing figures (start-up: first calls, page faults, caches)
+LAST_ROUNDS = 5
+TOPK_TARGET = "within 3 / worst within 5"  # issue 33's target for top-k 1% at 30 rounds
+DENSE_TARGET = "within 1 point"
+CODECS = {
+    "none": CodecSpec("none"),
+    "fp16": CodecSpec("fp16"),
+    "int8": CodecSpec("int8"),
+    "topk 10%": CodecSpec("topk", topk_fraction=0.1),
+    "topk 1%": CodecSpec("topk", topk_fraction=0.01),
+}
 
 
 def codec_flags(name: str) -> list[str]:
@@ -109,9 +101,9 @@ def job_figures(results: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    codecs_help = f"comma list (default {DEFAULT_CODECS})".replace("%", "%%")
-    parser.add_argument("--codecs", default=DEFAULT_CODECS, help=codecs_help)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    codecs_help = f"comma list with none (default {DEFAULT_CODECS}); repeat for groups each with its own none"
+    parser.add_argument("--codecs", action="append", default=None, help=codecs_help.replace("%", "%%"))
     parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
     parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
     parser.add_argument(
@@ -125,27 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         nargs="?",
         const="",
         default=None,
-        help="also write the figures: to benchmarks/results/compression_job-<date>.json (benchmarks/figures.py) "
-        "without a path, to the path given otherwise",
-    )
-    parser.add_argument(
-        "--merge",
-        default=None,
-        help="comma list of reports written by earlier --json PATH runs (same --rounds; other seeds, or other codecs "
-        "with none): summarise them together instead of running jobs (a long sweep split into several runs)",
+        help="also write the figures: to benchmarks/results/compression_job-<date>.json without a path, to the "
+        "path given otherwise",
     )
     args = parser.parse_args(argv)
-    if args.merge is not None:
-        return merge_reports(parser, args)
-    names = [n.strip() for n in args.codecs.split(",") if n.strip()]
-    if "none" not in names:
-        parser.error("--codecs: the comparison needs none among the codecs")
-    flags = {}
-    for name in names:
-        try:
-            flags[name] = codec_flags(name)
-        except ValueError as error:
-            parser.error(f"--codecs: {name!r} is not allowed ({error})")
+    session = Session("compression_job", __file__, argv)
+    groups = [[n.strip() for n in text.split(",") if n.strip()] for text in args.codecs or [DEFAULT_CODECS]]
+    flags: dict[str, list[str]] = {}
+    for group in groups:
+        if "none" not in group:
+            parser.error(f"--codecs: {','.join(group)!r} lacks none; allowed: a comma list with none")
+        for name in group:
+            if name != "none" and name in flags:
+                parser.error(f"--codecs: {name!r} is in two groups; allowed: each codec in one group")
+            try:
+                flags[name] = codec_flags(name)
+            except ValueError as error:
+                parser.error(f"--codecs: {name!r} is not allowed ({error})")
+    names = list(flags)
     seeds = int_list(parser, "--seeds", args.seeds)
     rounds = 3 if args.quick else args.rounds
     seeds = seeds[:1] if args.quick else seeds
@@ -155,83 +144,52 @@ def main(argv: list[str] | None = None) -> int:
     bad = [h for h in horizons if not 1 <= h <= rounds]
     if bad:
         parser.error(f"--horizons: {bad[0]} is not between 1 and the rounds run ({rounds})")
-    load_before = os.getloadavg()
     figures: dict[str, dict[int, dict]] = {name: {} for name in names}
+    bases: dict[str, dict[int, dict]] = {name: {} for name in names}  # each codec's none: its group's, same seed
     with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
         if not args.quick:  # the invocation's first job ran its rounds 10-40% slower (cold files and libraries)
-            run_job("pt_job_fedavg.py", ["--num-rounds", str(WARM_ROUNDS + 1)], workdir, "warm_up_not_counted")
-        for seed in seeds:
-            for name in names:
-                job_flags = [*flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
-                tag = f"{name.replace(' ', '_').replace('%', 'pct')}_seed{seed}"
-                figures[name][seed] = job_figures(run_job("pt_job_fedavg.py", job_flags, workdir, tag))
-    load_after = os.getloadavg()
-    report_runs(args, figures, names, seeds, rounds, horizons, [load_before[0], load_after[0]], [])
-    return 0
-
-
-def merge_reports(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``--merge``: the seeds of earlier ``--json PATH`` reports summarised together, as one run over all of them."""
-    paths = [p.strip() for p in args.merge.split(",") if p.strip()]
-    reports = []
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8") as stream:
-                reports.append(json.load(stream))
-        except (OSError, ValueError) as error:
-            parser.error(f"--merge: cannot read {path!r} ({error})")
-    rounds = reports[0]["rounds"]
-    figures: dict[str, dict[int, dict]] = {}
-    bases: dict[str, dict[int, dict]] = {}  # each codec's run of a seed against none of the same report
-    for path, report in zip(paths, reports, strict=True):
-        if report["rounds"] != rounds or "none" not in report["codecs"]:
-            parser.error(
-                f"--merge: {path!r} ran other rounds than {paths[0]!r} or no none; allowed: the same, with none"
+            run_job(
+                "pt_job_fedavg.py",
+                ["--dataset", "digits", "--num-rounds", str(WARM_ROUNDS + 1)],
+                workdir,
+                "warm",
+                env=ONE_THREAD,
             )
-        for name, row in report["codecs"].items():
-            for seed, run in row["per_seed"].items():
-                earlier = figures.setdefault(name, {}).get(int(seed))
-                if name != "none" and earlier is not None and earlier["accuracies"] != run["accuracies"]:
-                    parser.error(
-                        f"--merge: {name} seed {seed} is in two reports with other accuracies; allowed: one run "
-                        "of a codec and seed"
+        for number, group in enumerate(groups):
+            for seed in seeds:
+                runs = {}
+                for name in group:
+                    job_flags = ["--dataset", "digits", *flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
+                    results = run_job(
+                        "pt_job_fedavg.py", job_flags, workdir, f"g{number}_s{seed}_{names.index(name)}", env=ONE_THREAD
                     )
-                figures[name].setdefault(int(seed), run)
-                bases.setdefault(name, {})[int(seed)] = report["codecs"]["none"]["per_seed"][seed]
-    names = list(figures)
-    seeds = sorted(figures["none"])
-    missing = [(name, seed) for name in names for seed in seeds if seed not in figures[name]]
-    if missing:
-        parser.error(f"--merge: {missing[0][0]} lacks seed {missing[0][1]}; allowed: every codec on every seed")
-    horizons = int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
-    bad = [h for h in horizons if not 1 <= h <= rounds]
-    if bad:
-        parser.error(f"--horizons: {bad[0]} is not between 1 and the rounds run ({rounds})")
-    load = [min(r["load_average"][0] for r in reports), max(r["load_average"][1] for r in reports)]
-    commands = [r.get("command", path) for path, r in zip(paths, reports, strict=True)]
+                    runs[name] = job_figures(results)
+                    print(f"  {name} seed {seed}: {results['wall']:.0f} s", flush=True)
+                figures["none"].setdefault(seed, runs["none"])
+                for name in group:
+                    if name != "none":
+                        figures[name][seed], bases[name][seed] = runs[name], runs["none"]
     bases["none"] = figures["none"]
-    report_runs(args, figures, names, seeds, rounds, horizons, load, commands, bases)
+    report_runs(args, session, figures, names, seeds, rounds, horizons, bases)
     return 0
 
 
 def report_runs(
     args: argparse.Namespace,
+    session: Session,
     figures: dict[str, dict[int, dict]],
     names: list[str],
     seeds: list[int],
     rounds: int,
     horizons: list[int],
-    load: list[float],
-    merged: list[str],
     bases: dict[str, dict[int, dict]] | None = None,
 ) -> None:
-    """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``merged``:
-    the commands of the runs a ``--merge`` combined (empty otherwise); ``bases``: the ``none`` run each codec's run
-    of a seed is compared with (default: ``figures["none"]``)."""
+    """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``bases``: the
+    ``none`` run each codec's run of a seed is compared with (default: ``figures["none"]``)."""
     width = max(12, *(len(name) for name in names))
     print(
         f"\nFedAvg job on digits, job defaults, {rounds} rounds, seeds {','.join(map(str, seeds))}; timing over rounds "
-        f"{WARM_ROUNDS + 1}-{rounds}; load average {load[0]:.1f} before, {load[1]:.1f} after"
+        f"{WARM_ROUNDS + 1}-{rounds}; load average {session.load_start} before, {load()} after"
     )
     print(
         f"{'codec':<{width}} {'x fewer':>8} {'final vs none (points, per seed)':>34} {'last-5 mean vs none':>34} "
@@ -263,33 +221,20 @@ def report_runs(
         print_summary(summary, argparse.Namespace(seeds=seeds, horizons=horizons))
         print("(codec share here: the critical leaf's codec seconds against the round's wall time)")
     if args.json is not None:
-        command = " && ".join([*merged, _compression.command_line()])
-        report = {"rounds": rounds, "seeds": seeds, "load_average": load, "codecs": table, "summary": summary}
-        report["command"] = command
-        horizon = _compression.figure_horizon(horizons, rounds)
+        report = {"rounds": rounds, "seeds": seeds, "codecs": table, "summary": summary, "command": session.command}
+        horizon = figure_horizon(horizons, rounds)
         at = summary if horizon in horizons else horizon_summary(figures, names, seeds, [horizon], bases)
-        where = _compression.machine_load(load[0], load[1])
-        published = _compression.accuracy_figures(at, "digits in the job", len(seeds), horizon, command, where)
-        published += share_figures(table, command, where)
-        print(f"wrote {_compression.publish('compression_job', report, published, args.json)}")
+        published = accuracy_figures(session, at, "digits in the job", len(seeds), horizon)
+        published += share_figures(session, table)
+        session.write(report, published, args.json)
 
 
-def share_figures(table: dict, command: str, where: str) -> list[dict[str, str]]:
+def share_figures(session: Session, table: dict) -> list[dict[str, str]]:
     """The codec's share of the round on the critical leaf, top-k 10% / int8, over the seeds (where both ran)."""
     if "topk 10%" not in table or "int8" not in table:
         return []
-    figures = _compression._figures_module()
     shares = " / ".join(_range(table[name]["codec_share_critical"]) for name in ("topk 10%", "int8"))
-    return [
-        figures.figure(
-            "codec share of the round, critical leaf, topk 10% / int8",
-            shares,
-            "<= 5%",
-            command,
-            time.strftime("%Y-%m-%d"),
-            where,
-        )
-    ]
+    return [session.figure("codec share of the round, critical leaf, topk 10% / int8", shares, "<= 5%")]
 
 
 def horizon_summary(
@@ -343,6 +288,158 @@ def _range(shares: list[float]) -> str:
     """``a-b%`` over the seeds (one value: ``a%``)."""
     low, high = 100 * min(shares), 100 * max(shares)
     return f"{low:.2f}%" if len(shares) == 1 else f"{low:.2f}-{high:.2f}%"
+
+
+def codec_from_name(name: str) -> CodecSpec:
+    """A ``--codecs`` item: one of :data:`CODECS`, or ``topk P%`` then ``fp16`` or ``int8``, ``warmup W`` and/or
+    ``momentum B``."""
+    if name in CODECS:
+        return CODECS[name]
+    words = name.split()
+    if len(words) < 2 or words[0] != "topk" or not words[1].endswith("%"):
+        raise ValueError("not a known codec nor 'topk P%'")
+    try:
+        options = {"topk_fraction": float(words[1][:-1]) / 100}
+    except ValueError:
+        raise ValueError(f"{words[1]!r} is not a percentage") from None
+    rest = words[2:]
+    while rest:
+        if rest[0] in ("fp16", "int8"):
+            options["topk_values"], rest = {"fp16": "float16", "int8": "int8"}[rest[0]], rest[1:]
+        elif rest[0] == "warmup" and len(rest) > 1 and rest[1].isdigit():
+            options["topk_warmup_rounds"], rest = int(rest[1]), rest[2:]
+        elif rest[0] == "momentum" and len(rest) > 1:
+            try:
+                options["topk_momentum"], rest = float(rest[1]), rest[2:]
+            except ValueError:
+                raise ValueError(f"momentum {rest[1]!r} is not a number") from None
+        else:
+            raise ValueError(f"unknown topk option {rest[0]!r}")
+    return CodecSpec("topk", **options)
+
+
+def int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """A comma list of non-negative integers, or a parser error naming ``flag``."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(item.isdigit() for item in items):
+        parser.error(f"{flag}: {text!r} is not a comma list of non-negative integers")
+    return [int(item) for item in items]
+
+
+def last_mean(accuracies: list[float], count: int = LAST_ROUNDS) -> float:
+    """Mean of the last ``count`` rounds' test accuracies: the final accuracy without one round's selection noise
+    (which 20 devices a round happen to train moves a single round's accuracy by up to ~2 points on digits)."""
+    return float(np.mean(accuracies[-count:]))
+
+
+def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) -> dict:
+    """Each codec over the seeds: bytes ratio, codec share (min, max) and, at each horizon H (rounds), the
+    accuracy after round H and the mean of rounds H-4..H, in points against ``none`` of the same seed
+    (mean and worst over the seeds), and (where the runs give each round's ``uplink_bytes``) the bytes ratio over
+    rounds 1..H, which a warm-up's denser first rounds lower at short horizons. The accuracy after round H of a
+    longer run is that of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
+    runs = list(per_seed.values())
+    base_name = "none" if "none" in names else names[0]
+    summary = {}
+    for name in names:
+        entry = {
+            "fewer_bytes": float(np.mean([run["rows"][name]["fewer_bytes"] for run in runs])),
+            "codec_share_min": min(run["rows"][name]["codec_share"] for run in runs),
+            "codec_share_max": max(run["rows"][name]["codec_share"] for run in runs),
+            "horizons": {},
+        }
+        for horizon in horizons:
+            final = [
+                100 * (run["accuracies"][name][horizon - 1] - run["accuracies"][base_name][horizon - 1]) for run in runs
+            ]
+            settled = [
+                100 * (last_mean(run["accuracies"][name][:horizon]) - last_mean(run["accuracies"][base_name][:horizon]))
+                for run in runs
+            ]
+            entry["horizons"][str(horizon)] = {
+                **_horizon_bytes(runs, name, base_name, horizon),
+                "final_vs_none_points": final,
+                "final_vs_none_mean": float(np.mean(final)),
+                "final_vs_none_worst": float(min(final)),
+                "last5_vs_none_mean": float(np.mean(settled)),
+                "last5_vs_none_worst": float(min(settled)),
+            }
+        summary[name] = entry
+    return summary
+
+
+def _horizon_bytes(runs: list[dict], name: str, base_name: str, horizon: int) -> dict:
+    """``{"fewer_bytes": ...}``: ``base_name``'s uplink bytes over rounds 1..``horizon`` against ``name``'s, the mean
+    over the runs; empty where the runs do not give each round's ``uplink_bytes``."""
+    if not all("uplink_bytes" in run for run in runs):
+        return {}
+    ratios = [sum(run["uplink_bytes"][base_name][:horizon]) / sum(run["uplink_bytes"][name][:horizon]) for run in runs]
+    return {"fewer_bytes": float(np.mean(ratios))}
+
+
+def codec_label(name: str) -> str:
+    """A ``--codecs`` item as the published figures name it: ``int8``, ``top-k 1%``, ``top-k 1% warm-up 4``,
+    ``top-k 1% leaf momentum 0.3``, ..."""
+    spec = codec_from_name(name)
+    if spec.name != "topk":
+        return name
+    words = [f"top-k {100 * spec.topk_fraction:g}%"]
+    if spec.topk_values != "float32":
+        words.append(f"{spec.topk_values} values")
+    if spec.topk_warmup_rounds:
+        words.append(f"warm-up {spec.topk_warmup_rounds}")
+    if spec.topk_momentum:
+        words.append(f"leaf momentum {spec.topk_momentum:g}")
+    return " ".join(words)
+
+
+def figure_horizon(horizons: list[int], rounds: int) -> int:
+    """The round count the accuracy figures are published at: 30 (issue 33's) when among ``horizons``, else the last
+    horizon, else the rounds run."""
+    return 30 if 30 in horizons else (horizons[-1] if horizons else rounds)
+
+
+def accuracy_figures(session: Session, summary: dict, where: str, seeds: int, horizon: int) -> list[dict[str, str]]:
+    """One published figure per codec other than ``none``: points against float32 after ``horizon`` rounds, mean /
+    worst over the seeds, named with the bytes ratio over those rounds (a warm-up's denser rounds counted), e.g.
+    "top-k 1% uplink (66.6x fewer bytes) vs float32, digits in the job, 5 seeds, 30 rounds"."""
+    published = []
+    for name, entry in summary.items():
+        if name == "none":
+            continue
+        at = entry["horizons"][str(horizon)]
+        fewer = at.get("fewer_bytes", entry["fewer_bytes"])
+        published.append(
+            session.figure(
+                f"{codec_label(name)} uplink ({fewer:.3g}x fewer bytes) vs float32, {where}, {seeds} seeds, "
+                f"{horizon} rounds",
+                f"{at['final_vs_none_mean']:+.2f} / {at['final_vs_none_worst']:+.2f} points (mean / worst)",
+                TOPK_TARGET if name.startswith("topk") else DENSE_TARGET,
+            )
+        )
+    return published
+
+
+def print_summary(summary: dict, args) -> None:
+    """One line a codec: bytes ratio, codec share range and, per horizon, mean / worst points against none (and the
+    bytes ratio over the rounds up to it, where known)."""
+    seeds = ",".join(str(s) for s in args.seeds)
+    print(
+        f"\nover seeds {seeds}: points against none of the same seed, mean / worst (final accuracy; last-5 mean) "
+        "[x fewer bytes up to that round]"
+    )
+    width = max(9, *(len(n) for n in summary))
+    columns = "".join(f" {'after ' + str(h):>36}" for h in args.horizons)
+    print(f"{'codec':<{width}} {'x fewer':>8} {'codec share':>15}{columns}")
+    for name, entry in summary.items():
+        share = f"{100 * entry['codec_share_min']:.2f}-{100 * entry['codec_share_max']:.2f}%"
+        cells = "".join(
+            f" {h['final_vs_none_mean']:+6.2f} /{h['final_vs_none_worst']:+6.2f};"
+            f"{h['last5_vs_none_mean']:+6.2f} /{h['last5_vs_none_worst']:+6.2f}"
+            + (f" [{h['fewer_bytes']:5.1f}x]" if "fewer_bytes" in h else " " * 9)
+            for h in (entry["horizons"][str(horizon)] for horizon in args.horizons)
+        )
+        print(f"{name:<{width}} {entry['fewer_bytes']:8.2f} {share:>15}{cells}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, machine, write_results  # noqa: E402
+from benchmarks.harness import REPO, Session  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 
@@ -63,6 +63,7 @@ def main() -> int:
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    session = Session("environment_rounds")
     python = sys.executable
     measured: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-env-rounds-") as tmp:
@@ -94,23 +95,18 @@ def main() -> int:
             f"{m['final_accuracy']:9.4f}  {m['median_round_s'] / sim['median_round_s']:.2f}x"
         )
     if args.json:
-        date, where = time.strftime("%Y-%m-%d"), machine()
-        command = f"benchmarks/environment_rounds.py --leaves {args.leaves} --json"
         figures = [
-            figure(
+            session.figure(
                 f"FedAvg digits demo ({args.leaves} leaves): {kind} median round time vs sim",
                 f"{m['median_round_s'] / sim['median_round_s']:.2f}x ({m['median_round_s'] * 1000:.0f} ms vs "
                 f"{sim['median_round_s'] * 1000:.0f} ms; command {m['command_s']:.1f} s vs {sim['command_s']:.1f} s)",
                 f"<= {TARGET_PROD_VS_SIM}x" if kind == "prod" else "-",
-                command,
-                date,
-                where,
             )
             for kind, m in measured.items()
             if kind != "sim"
         ]
         payload = {"leaves": args.leaves, "job_flags": job_flags, "environments": measured}
-        print(f"wrote {write_results('environment_rounds', payload, figures)}")
+        session.write(payload, figures)
     return 0
 
 

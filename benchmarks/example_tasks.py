@@ -12,17 +12,14 @@ per example comparing its runs (accuracy against rounds/versions, simulated time
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
 
 PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
 TEXT_LOCAL = ["--local-iterations", "20", "--batch-size", "32", "--optimizer", "adam", "--lr", "0.003"]
@@ -50,20 +47,10 @@ RUNS: dict[str, dict[str, list[str]]] = {
 def run_example(example: str, method: str, flags: list[str], workdir: str, timeout: float) -> dict:
     """One job; its final summary, wall seconds and run folder."""
     task = os.path.join(REPO, "examples", f"{example}_task.py")
-    output = os.path.join(workdir, f"{example}-{method}")
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "jobs", f"pt_job_{method}.py"),
-        *("--task", task, *flags, "--workspace", os.path.join(workdir, "ws"), "--output-dir", output),
-    ]
-    started = time.perf_counter()
-    rc, _, tail = run_isolated(cmd, workdir, timeout)
-    wall = time.perf_counter() - started
-    if rc != 0:
-        raise RuntimeError(f"{example} {method} failed ({rc}):\n{tail}")
-    with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
-        summary = json.load(stream)["summary"]
-    return {"example": example, "method": method, "flags": flags, "summary": summary, "wall": wall, "dir": output}
+    name = f"{example}-{method}"
+    results = run_job(f"pt_job_{method}.py", ["--task", task, *flags], workdir, name, timeout=timeout)
+    row = {"example": example, "method": method, "flags": flags, "summary": results["summary"]}
+    return {**row, "wall": results["wall"], "dir": os.path.join(workdir, name, "out")}
 
 
 def main() -> None:
@@ -79,7 +66,8 @@ def main() -> None:
     unknown = sorted(set(examples) - set(RUNS))
     if unknown:
         parser.error(f"--examples: unknown {unknown}; allowed: {', '.join(RUNS)}")
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    session = Session("example_tasks")
+    print(f"machine: {session.where()}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="devsim-examples-") as workdir:
         for example in examples:
@@ -101,27 +89,24 @@ def main() -> None:
                 plot_runs([r["dir"] for r in runs], path, title=f"examples/{example}_task.py")
                 print(f"wrote {path}")
             rows += [{k: v for k, v in r.items() if k != "dir"} for r in runs]
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
-        print(f"wrote {write_results('example_tasks', {'rows': rows}, figures(rows, machine()))}")
+        session.write({"rows": rows}, figures(rows, session))
 
 
-def figures(rows: list[dict], where: str) -> list[dict]:
+def figures(rows: list[dict], session: Session) -> list[dict]:
     """One figure per example: its final accuracy under each method run (``refused`` where a method refuses it)."""
     by_example: dict[str, dict[str, str]] = {}
     for row in rows:
         summary = row.get("summary") or {}
         accuracy = summary.get("final_accuracy")
         by_example.setdefault(row["example"], {})[row["method"]] = "refused" if accuracy is None else f"{accuracy:.3f}"
-    date = time.strftime("%Y-%m-%d")
     return [
-        figure(
+        session.figure(
             f"example {example}: final accuracy ({' / '.join(methods)})",
             " / ".join(methods.values()),
             "well above chance (FedAvg, FedBuff)",
             f".venv/bin/python benchmarks/example_tasks.py --examples {example} --json",
-            date,
-            where,
         )
         for example, methods in by_example.items()
     ]

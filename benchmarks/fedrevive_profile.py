@@ -38,9 +38,11 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
+from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
+from devsim.sections import flatten_sections  # noqa: E402
 
 PRESET = os.path.join(REPO, "app_configs", "presets", "fedrevive_small_cpu.json")
 
@@ -106,9 +108,9 @@ def main() -> None:
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
     parser.add_argument("--json", action="store_true", help="write the columns and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("fedrevive_profile")
     with open(PRESET, encoding="utf-8") as stream:
-        preset = json.load(stream)
+        preset = flatten_sections(json.load(stream), FedReviveConfig)
     columns = {
         "paper-rate loop": dict(teacher_batching="off", kd_interval=1, generation_interval=5),
         "paper-rate vmap": dict(teacher_batching="all", kd_interval=1, generation_interval=5),
@@ -135,23 +137,19 @@ def main() -> None:
     if args.json:
         payload = {
             "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},
-            "load_start": load_start,
             "columns": {
                 name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
                 for name, ((wall, cpu), phases) in results.items()
             },
         }
         published = [
-            figure(
+            session.figure(
                 "FedRevive server thread-CPU per arrival (preset)",
                 f"{results['preset'][0][1]:.3f} s",
                 "<= 0.35 s wall",
-                invocation(),
-                date,
-                machine(load_start),
             )
         ]
-        print(f"wrote {write_results('fedrevive_profile', payload, published)}")
+        session.write(payload, published)
 
 
 if __name__ == "__main__":

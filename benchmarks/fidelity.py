@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks import harness  # noqa: E402
 
 HETEROGENEITY = "1. heterogeneity (final test accuracy)"
 
@@ -134,18 +133,8 @@ def server_seconds_per_arrival(results: dict) -> float:
 
 
 def run_job(script: str, flags: list[str], workdir: str, name: str) -> dict:
-    """Run ``jobs/<script>`` with ``flags`` in NVFlare's simulator; its results.json plus ``wall``."""
-    out = os.path.join(workdir, name)
-    cmd = [sys.executable, os.path.join(REPO, "jobs", script), "--dataset", "digits", *flags]
-    cmd += ["--workspace", os.path.join(workdir, "ws"), "--output-dir", out]
-    env = dict(os.environ, HOME=os.path.join(workdir, "home"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}\n{proc.stderr[-1500:]}")
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as stream:
-        results = json.load(stream)
-    results["wall"] = time.perf_counter() - started
+    """Run ``jobs/<script> --dataset digits`` with ``flags`` (one thread a process); its results.json plus ``wall``."""
+    results = harness.run_job(script, ["--dataset", "digits", *flags], workdir, name, env=harness.ONE_THREAD)
     print(f"  {name}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}", flush=True)
     return results
 
@@ -276,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = {int(s) for s in args.sections.split(",")}
     if not sections <= {1, 2, 3}:
         parser.error(f"--sections: {args.sections!r}; allowed: a comma list of 1, 2, 3")
-    started, load_before = time.perf_counter(), os.getloadavg()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = harness.Session("fidelity")
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
         workdir = os.path.abspath(args.workdir) if args.workdir else scratch
@@ -296,30 +284,26 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as stream:
                     json.dump({t: {k: f.values for k, f in fs.items()} for t, fs in tables.items()}, stream, indent=1)
-    load_after = os.getloadavg()
     print(f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds})")
     for title, figures in tables.items():
         print_table(title, figures)
-    print(
-        f"\n{time.perf_counter() - started:.0f}s wall; load average before {load_before[0]:.1f} "
-        f"{load_before[1]:.1f} {load_before[2]:.1f}, after {load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f}"
-    )
+    print(f"\n{time.perf_counter() - session.started:.0f}s wall; {session.where()}")
     if args.json is not None:
         values = {title: {key: f.values for key, f in figs.items()} for title, figs in tables.items()}
-        payload = {"settings": vars(args), "load_start": load_start, "tables": values}
-        published = readme_figures(tables, args.quick, date, machine(load_start))
-        print(f"wrote {write_results('fidelity', payload, published)}")
+        session.write({"settings": vars(args), "tables": values}, readme_figures(tables, args.quick, session))
     return 0
 
 
-def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, date: str, where: str) -> list[dict[str, str]]:
+def readme_figures(
+    tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session
+) -> list[dict[str, str]]:
     """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1."""
     if HETEROGENEITY not in tables:
         return []
     final = tables[HETEROGENEITY]["final"].values
     means = [statistics.fmean(final[name]) for name in ("centralized", "FedAvg IID", "FedAvg Dir 0.1")]
     name = "fidelity on digits: centralized / FedAvg IID / FedAvg Dirichlet 0.1" + (" (--quick sizes)" if quick else "")
-    return [figure(name, " / ".join(f"{m:.3f}" for m in means), "close to centralized", invocation(), date, where)]
+    return [session.figure(name, " / ".join(f"{m:.3f}" for m in means), "close to centralized")]
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ prints every target of the issue beside its figure.
    ``torch.compile`` (default mode, and ``reduce-overhead``'s CUDA graphs on a GPU): seconds per device, the
    first (compiling) call, and the largest difference of the deltas.
 8. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
-9. ``compression``: ``benchmarks/compression.py`` on the real digits: uplink bytes, accuracy against ``none``, and
-   encode + decode seconds as a share of the leaf's round with the codecs on this device.
-10. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits (seeds 0, 1).
+9. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits (seeds 0, 1).
 
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
 ``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
@@ -45,7 +43,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
@@ -54,8 +51,16 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.async_throughput import run_setting, settings, tight_loop_per_update  # noqa: E402
-from benchmarks.gpu_suite_jobs import VramMonitor, run_job  # noqa: E402
+from benchmarks.gpu_suite_jobs import (  # noqa: E402
+    VramMonitor,
+    job_env,
+    job_figures,
+    run_job,
+    section_async_throughput,
+    section_compression_job,
+    section_fedrevive,
+    section_shared_gpu,
+)
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
@@ -77,7 +82,6 @@ SECTIONS = (
     "tf32",
     "compiled_step",
     "shared_gpu",
-    "compression",
     "compression_job",
 )
 """Every section, in order of importance: a run takes them in this order whatever ``--sections`` lists."""
@@ -91,7 +95,6 @@ BUDGETS = {
     "tf32": 15,
     "compiled_step": 25,
     "shared_gpu": 55,
-    "compression": 45,
     "compression_job": 60,
 }
 """Seconds each section is expected to take on an H100 (its job runs are killed at twice that); a section starts
@@ -111,7 +114,6 @@ SUITE_BUDGET = 315.0
 (~15 s) and Python's start-up beside them."""
 
 ASYNC_SETTINGS = ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
-CODECS = "none,fp16,int8,topk 10%,topk 1%,topk 4% int8"
 LIMIT_BATCH = 256
 
 
@@ -132,7 +134,6 @@ def sizes(tiny: bool) -> dict:
             "resnet_leaf_devices": 2,
             "revive_versions": 8,
             "models": ["cnn"],
-            "compression": ["--rounds", "2", "--devices", "10", "--per-round", "4"],
             "compression_job": ["--quick", "--codecs", "none,topk 10%"],
             "async_updates": 80,
             "async_settings": ["fedavg", "fedbuff B=2"],
@@ -153,7 +154,6 @@ def sizes(tiny: bool) -> dict:
         "resnet_leaf_devices": 64,
         "revive_versions": 30,
         "models": ["cnn", "resnet18"],
-        "compression": ["--rounds", "30"],
         "compression_job": ["--seeds", "0,1"],
         "async_updates": 800,
         "async_settings": list(ASYNC_SETTINGS),
@@ -384,39 +384,16 @@ def section_worker_sweep(args, size: dict) -> dict:
     }
 
 
-def _job_env(args) -> dict:
-    return {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}
-
-
-def _job_figures(run: dict, selected_samples: int) -> dict:
-    rounds = run["results"]["rounds"]
-    steady = rounds[1:] or rounds
-    parts = {k: statistics.mean(r["timing"]["parts"][k] for r in steady) for k in steady[0]["timing"]["parts"]}
-    train = statistics.median(r["train_seconds"] for r in steady)
-    return {
-        "wall_seconds": run["wall_seconds"],
-        "first_round_seconds": run["first_round_seconds"],
-        "round_seconds_median": statistics.median(r["round_seconds"] for r in steady),
-        "train_seconds_median": train,
-        "device_samples_per_s": selected_samples / train,
-        "timing_mean_parts": parts,
-        "final_accuracy": rounds[-1].get("accuracy"),
-        "worker_plans": run["worker_lines"],
-        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run["results"].get("startup"),
-    }
-
-
 def section_fedavg_e2e(args, size: dict) -> dict:
     """The CNN job at its defaults (against centralized training of the CNN at batch 256 on this device) and
     ResNet-18 with many devices, end to end, with each run's start-up breakdown."""
     rounds = ["--num-rounds", str(size["rounds"]), "--eval-frequency", str(size["rounds"])]
     if args.tiny:
         rounds += ["--synthetic-test-size", "100"]
-    cnn = run_job("pt_job_fedavg.py", [*rounds, "--checkpoint-frequency", "0"], _job_env(args), args.timeout)
+    cnn = run_job("pt_job_fedavg.py", [*rounds, "--checkpoint-frequency", "0"], job_env(args), args.timeout)
     cnn_selected = cnn["results"]["config"]["device_selection_size"] or cnn["results"]["config"]["devices_per_leaf"]
     cnn_samples = cnn_selected * cnn["results"]["config"]["samples_per_device"]
-    out = {"cnn_default": _job_figures(cnn, cnn_samples * cnn["results"]["config"]["num_leaf_nodes"])}
+    out = {"cnn_default": job_figures(cnn, cnn_samples * cnn["results"]["config"]["num_leaf_nodes"])}
     limit = centralized_rate("cnn", args.device, LIMIT_BATCH, size["central_samples"])
     out["cnn_default"]["centralized_batch256"] = limit
     out["cnn_default"]["vs_limit"] = out["cnn_default"]["device_samples_per_s"] / limit
@@ -432,98 +409,12 @@ def section_fedavg_e2e(args, size: dict) -> dict:
         *("--synthetic-train-size", str(max(2000, per_leaf * 2 * 10))),
     ]
     try:
-        resnet = run_job("pt_job_fedavg.py", resnet_flags, _job_env(args), args.timeout)
+        resnet = run_job("pt_job_fedavg.py", resnet_flags, job_env(args), args.timeout)
     except RuntimeError as error:  # the CNN's figures above still count
         out["resnet18_1000_devices"] = {"error": str(error)[-2000:]}
         return out
-    out["resnet18_1000_devices"] = _job_figures(resnet, selected * 10)
+    out["resnet18_1000_devices"] = job_figures(resnet, selected * 10)
     return out
-
-
-def section_fedrevive(args, size: dict) -> dict:
-    """FedRevive with the paper's server work per arrival (ResNet-18 without norm, generator width 128, 8 teachers,
-    10 KD steps, synthesis batch 64) on synthetic images, sized to finish: ``revive_versions`` model versions
-    (every arrival one, buffer 1) of a 100-device population with 20 jobs in flight. The server's work runs on the
-    server's device (the GPU when there is one): wall seconds, and server seconds per arrival."""
-    flags = [
-        *("--preset", "fedrevive_paper_cifar10_shifted", "--dataset", "synthetic", "--data-root", "none"),
-        *("--max-sim-time", "none", "--max-versions", str(size["revive_versions"])),
-        *("--freeze-version", "2", "--warmup-version", "4", "--devices-per-leaf", "50", "--concurrency", "20"),
-        *("--samples-per-device", "100", "--eval-frequency", "1000000", "--checkpoint-frequency", "0"),
-    ]
-    if args.tiny:
-        flags += ["--devices-per-leaf", "10", "--samples-per-device", "20", "--concurrency", "4"]
-        flags += ["--local-iterations", "2", "--kd-iterations", "2", "--generator-width", "16"]
-        flags += ["--model", "cnn", "--synthetic-test-size", "100"]
-    run = run_job("pt_job_fedrevive.py", flags, _job_env(args), args.timeout)
-    summary = run["results"]["summary"]
-    return {
-        "wall_seconds": run["wall_seconds"],
-        "first_round_seconds": run["first_round_seconds"],
-        "summary": summary,
-        "revive_seconds_per_arrival": summary.get("revive_seconds_per_arrival"),
-        "server_device": args.device,
-        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run["results"].get("startup"),
-    }
-
-
-def section_shared_gpu(args, size: dict) -> dict:
-    """Per-leaf throughput with two leaves on one GPU against one leaf alone (same work per leaf)."""
-    common = ["--num-rounds", str(size["rounds"]), "--eval-frequency", str(size["rounds"])]
-    common += ["--devices-per-leaf", "20", "--checkpoint-frequency", "0", "--partition", "iid"]
-    if args.tiny:
-        common += ["--samples-per-device", "20", "--synthetic-test-size", "100"]
-    gpu = ["--gpus", "0"] if args.device == "cuda" else []
-    one = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "1", *gpu], _job_env(args), args.timeout)
-    two = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "2", *gpu], _job_env(args), args.timeout)
-    per_leaf = 20 * one["results"]["config"]["samples_per_device"]
-    alone = _job_figures(one, per_leaf)
-    shared = _job_figures(two, 2 * per_leaf)
-    return {
-        "one_leaf": alone,
-        "two_leaves": shared,
-        "two_leaves_vs_one_total_throughput": shared["device_samples_per_s"] / alone["device_samples_per_s"],
-    }
-
-
-def _script_json(args, script: str, flags: list[str]) -> dict:
-    """Run ``benchmarks/<script>`` with ``flags`` and ``--json`` into a temporary file; the JSON it wrote."""
-    with tempfile.TemporaryDirectory(prefix="gpu_suite_script_") as folder:
-        out = os.path.join(folder, "report.json")
-        command = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags, "--json", out]
-        env = dict(os.environ, **_job_env(args))
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{script} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        with open(out, encoding="utf-8") as stream:
-            return json.load(stream)
-
-
-def section_compression(args, size: dict) -> dict:
-    """The codecs side by side on digits, at the benchmark's default 50 and the jobs' default 100 samples a device."""
-    flags = ["--dataset", "digits", *size["compression"], "--codecs", CODECS]
-    return {f"samples_{n}": _script_json(args, "compression.py", [*flags, "--samples", n]) for n in ("50", "100")}
-
-
-def section_compression_job(args, size: dict) -> dict:
-    """``benchmarks/compression_job.py``: each codec inside the FedAvg job (digits), its codec seconds against the
-    round's wall time with the leaves training and coding on this device."""
-    return _script_json(args, "compression_job.py", size["compression_job"])
-
-
-def section_async_throughput(args, size: dict) -> dict:
-    """FedBuff's device updates/s against FedAvg's on the same work, and against a tight loop on this device."""
-    leaves, per_leaf = 2, 50
-    common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
-    runs = settings(size["async_updates"], leaves, per_leaf)
-    rows = {name: run_setting(*runs[name], common, args.timeout, leaves) for name in size["async_settings"]}
-    loop_per_update = tight_loop_per_update("digits", leaves, args.device)
-    fedavg = rows["fedavg"]["updates_per_s"]
-    for row in rows.values():
-        row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
-        row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
-    return {"tight_loop_ms_per_update": 1000 * loop_per_update, "settings": rows}
 
 
 def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
@@ -591,7 +482,6 @@ RUNNERS = {
     "worker_sweep": section_worker_sweep,
     "fedrevive": section_fedrevive,
     "shared_gpu": section_shared_gpu,
-    "compression": section_compression,
     "compression_job": section_compression_job,
     "async_throughput": section_async_throughput,
     "compiled_step": section_compiled_step,

@@ -1,30 +1,27 @@
-"""Job runs and GPU-memory polling for ``benchmarks/gpu_suite.py``.
+"""The GPU suite's sections that run job scripts (``benchmarks/gpu_suite.py``), and GPU-memory polling.
 
-``run_job`` starts one job script of ``jobs/`` in NVFlare's simulator as a subprocess in a
-temporary workspace with its own HOME (nothing lands in ``/tmp/nvflare`` or ``~/.nvflare``), reads
-its stdout line by line with the time each line arrived, and returns its ``results.json`` with the
-seconds from launch to the first finished round or version and the leaves' ``workers=`` plans.
-``VramMonitor`` polls the GPU's used memory (device-wide, from ``torch.cuda.mem_get_info``) in a
-thread and keeps the peak above what was in use when it started.
+``run_job`` runs one job of ``jobs/`` through ``benchmarks/harness.py`` in a temporary folder (nothing lands in
+``/tmp/nvflare`` or ``~/.nvflare``) and adds the leaves' ``workers=`` plans and the peak GPU memory to its results.
+``VramMonitor`` polls the GPU's used memory (device-wide, from ``torch.cuda.mem_get_info``) in a thread and keeps
+the peak above what was in use when it started.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$")
-FIRST_PROGRESS = re.compile(r"^(round|version) 1[/ ]")
+from benchmarks import harness
+from benchmarks.async_throughput import run_setting, settings, tight_loop_per_update
+
+REPO = harness.REPO
 
 
 class VramMonitor:
@@ -64,51 +61,122 @@ class VramMonitor:
 
 
 def run_job(script: str, flags: list[str], env_extra: dict[str, str], timeout: float) -> dict:
-    """Run ``jobs/<script>`` with ``flags`` in a temporary workspace; raise RuntimeError on failure or timeout.
+    """Run ``jobs/<script>`` with ``flags`` in a temporary folder; RuntimeError on failure or timeout.
 
-    Returns ``results`` (the run's results.json), ``wall_seconds``, ``first_round_seconds`` (launch to
-    the first progress line of round or version 1; None when none was printed), ``worker_lines``,
-    ``peak_gpu_memory_mib`` (None on the CPU) and ``stdout_tail``.
+    Returns ``results`` (the run's results.json), ``wall_seconds``, ``first_round_seconds`` (launch to the first
+    progress line of round or version 1; None when none was printed), ``worker_lines`` and ``peak_gpu_memory_mib``
+    (None on the CPU).
     """
-    with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir:
-        out_dir = os.path.join(workdir, "run")
-        env = dict(os.environ, HOME=os.path.join(workdir, "home"), PYTHONUNBUFFERED="1", **env_extra)
-        cmd = [sys.executable, os.path.join(REPO, "jobs", script), *flags]
-        cmd += ["--workspace", os.path.join(workdir, "ws"), "--output-dir", out_dir]
-        lines: list[str] = []
-        first_round: list[float] = []
-        started = time.perf_counter()
-        device = "cpu" if env.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
-        with VramMonitor(device) as monitor:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-            timer.start()
-            try:
-                for line in proc.stdout:
-                    lines.append(line.rstrip("\n"))
-                    if not first_round and FIRST_PROGRESS.match(line):
-                        first_round.append(time.perf_counter() - started)
-                code = proc.wait()
-            finally:
-                timer.cancel()
-        wall = time.perf_counter() - started
-        tail = "\n".join(lines[-60:])
-        if code != 0:
-            raise RuntimeError(f"{script} {' '.join(flags)} exited {code} after {wall:.0f}s:\n{tail}")
-        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as stream:
-            results = json.load(stream)
+    device = "cpu" if env_extra.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
+    with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir, VramMonitor(device) as monitor:
+        results = harness.run_job(script, flags, workdir, timeout=timeout, env=env_extra)
     return {
         "results": results,
-        "wall_seconds": wall,
-        "first_round_seconds": first_round[0] if first_round else None,
-        "worker_lines": sorted(m.group(0) for line in lines if (m := WORKERS_LINE.match(line))),
+        "wall_seconds": results["wall"],
+        "first_round_seconds": results["first_round"],
+        "worker_lines": results["worker_lines"],
         "peak_gpu_memory_mib": monitor.peak_mib,
-        "stdout_tail": tail,
     }
+
+
+def job_env(args) -> dict:
+    return {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}
+
+
+def job_figures(run: dict, selected_samples: int) -> dict:
+    rounds = run["results"]["rounds"]
+    steady = rounds[1:] or rounds
+    parts = {k: statistics.mean(r["timing"]["parts"][k] for r in steady) for k in steady[0]["timing"]["parts"]}
+    train = statistics.median(r["train_seconds"] for r in steady)
+    return {
+        "wall_seconds": run["wall_seconds"],
+        "first_round_seconds": run["first_round_seconds"],
+        "round_seconds_median": statistics.median(r["round_seconds"] for r in steady),
+        "train_seconds_median": train,
+        "device_samples_per_s": selected_samples / train,
+        "timing_mean_parts": parts,
+        "final_accuracy": rounds[-1].get("accuracy"),
+        "worker_plans": run["worker_lines"],
+        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
+        "startup": run["results"].get("startup"),
+    }
+
+
+def section_fedrevive(args, size: dict) -> dict:
+    """FedRevive with the paper's server work per arrival (ResNet-18 without norm, generator width 128, 8 teachers,
+    10 KD steps, synthesis batch 64) on synthetic images, sized to finish: ``revive_versions`` model versions
+    (every arrival one, buffer 1) of a 100-device population with 20 jobs in flight. The server's work runs on the
+    server's device (the GPU when there is one): wall seconds, and server seconds per arrival."""
+    flags = [
+        *("--preset", "fedrevive_paper_cifar10_shifted", "--dataset", "synthetic", "--data-root", "none"),
+        *("--max-sim-time", "none", "--max-versions", str(size["revive_versions"])),
+        *("--freeze-version", "2", "--warmup-version", "4", "--devices-per-leaf", "50", "--concurrency", "20"),
+        *("--samples-per-device", "100", "--eval-frequency", "1000000", "--checkpoint-frequency", "0"),
+    ]
+    if args.tiny:
+        flags += ["--devices-per-leaf", "10", "--samples-per-device", "20", "--concurrency", "4"]
+        flags += ["--local-iterations", "2", "--kd-iterations", "2", "--generator-width", "16"]
+        flags += ["--model", "cnn", "--synthetic-test-size", "100"]
+    run = run_job("pt_job_fedrevive.py", flags, job_env(args), args.timeout)
+    summary = run["results"]["summary"]
+    return {
+        "wall_seconds": run["wall_seconds"],
+        "first_round_seconds": run["first_round_seconds"],
+        "summary": summary,
+        "revive_seconds_per_arrival": summary.get("revive_seconds_per_arrival"),
+        "server_device": args.device,
+        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
+        "startup": run["results"].get("startup"),
+    }
+
+
+def section_shared_gpu(args, size: dict) -> dict:
+    """Per-leaf throughput with two leaves on one GPU against one leaf alone (same work per leaf)."""
+    common = ["--num-rounds", str(size["rounds"]), "--eval-frequency", str(size["rounds"])]
+    common += ["--devices-per-leaf", "20", "--checkpoint-frequency", "0", "--partition", "iid"]
+    if args.tiny:
+        common += ["--samples-per-device", "20", "--synthetic-test-size", "100"]
+    gpu = ["--gpus", "0"] if args.device == "cuda" else []
+    one = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "1", *gpu], job_env(args), args.timeout)
+    two = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "2", *gpu], job_env(args), args.timeout)
+    per_leaf = 20 * one["results"]["config"]["samples_per_device"]
+    alone = job_figures(one, per_leaf)
+    shared = job_figures(two, 2 * per_leaf)
+    return {
+        "one_leaf": alone,
+        "two_leaves": shared,
+        "two_leaves_vs_one_total_throughput": shared["device_samples_per_s"] / alone["device_samples_per_s"],
+    }
+
+
+def script_json(args, script: str, flags: list[str]) -> dict:
+    """Run ``benchmarks/<script>`` with ``flags`` and ``--json`` into a temporary file; the JSON it wrote."""
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_script_") as folder:
+        out = os.path.join(folder, "report.json")
+        command = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags, "--json", out]
+        env = dict(os.environ, **job_env(args))
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{script} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        with open(out, encoding="utf-8") as stream:
+            return json.load(stream)
+
+
+def section_compression_job(args, size: dict) -> dict:
+    """``benchmarks/compression_job.py``: each codec inside the FedAvg job (digits), its codec seconds against the
+    round's wall time with the leaves training and coding on this device."""
+    return script_json(args, "compression_job.py", size["compression_job"])
+
+
+def section_async_throughput(args, size: dict) -> dict:
+    """FedBuff's device updates/s against FedAvg's on the same work, and against a tight loop on this device."""
+    leaves, per_leaf = 2, 50
+    common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
+    runs = settings(size["async_updates"], leaves, per_leaf)
+    rows = {name: run_setting(*runs[name], common, args.timeout, leaves) for name in size["async_settings"]}
+    loop_per_update = tight_loop_per_update("digits", leaves, args.device)
+    fedavg = rows["fedavg"]["updates_per_s"]
+    for row in rows.values():
+        row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
+        row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
+    return {"tight_loop_ms_per_update": 1000 * loop_per_update, "settings": rows}

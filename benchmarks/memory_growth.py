@@ -46,7 +46,6 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,7 +58,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from devsim.data.partition import make_partitioner  # noqa: E402
 from devsim.population.devices import DevicePopulation  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
@@ -169,53 +168,39 @@ class Sampler(threading.Thread):
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
 
-def job_environment(args, workdir: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The job's environment, and the runtime variables it will run with (set here or by the job)."""
-    env = dict(os.environ, HOME=os.path.join(workdir, "home"), PYTHONUNBUFFERED="1")
-    if args.nvflare_defaults:
-        env[RUNTIME_ENV_DEFAULTS_SWITCH] = "0"
-    effective = dict(env)
-    apply_runtime_env_defaults(effective)  # what the job's build_env will do, on a copy
-    return env, {name: effective.get(name, "(unset)") for name in RUNTIME_ENV_DEFAULTS}
-
-
 def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
     """Run the sim job under the sampler; returns the sampler, round -> time its line was printed, wall s."""
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
+    flags = [
         *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
         *("--device-selection-size", str(args.selected), "--samples-per-device", str(args.samples)),
         *("--num-rounds", str(args.rounds), "--eval-frequency", str(args.eval_frequency)),
         *("--checkpoint-frequency", "0", "--log-every", "1"),
-        *("--workspace", os.path.join(workdir, "ws"), "--output-dir", os.path.join(workdir, "run")),
     ]
-    env, runtime = job_environment(args, workdir)
+    env = {RUNTIME_ENV_DEFAULTS_SWITCH: "0"} if args.nvflare_defaults else {}
+    effective = dict(os.environ, **env)
+    apply_runtime_env_defaults(effective)  # what the job's build_env will do, on a copy
+    runtime = {name: effective.get(name, "(unset)") for name in RUNTIME_ENV_DEFAULTS}
     print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()), flush=True)
-    started = time.monotonic()
     round_times: dict[int, float] = {}
-    tail: list[str] = []
-    with open(os.path.join(workdir, "stderr.txt"), "w+", encoding="utf-8") as stderr:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
-        sampler = Sampler(proc.pid, args.interval)
-        sampler.started = started
-        sampler.start()
-        try:
-            for line in proc.stdout:
-                match = ROUND_LINE.match(line)
-                if match:
-                    round_times.setdefault(int(match.group(1)), time.monotonic())
-                tail = (tail + [line])[-40:]
-            code = proc.wait(timeout=args.timeout)
-        finally:
+    samplers: list[Sampler] = []
+
+    def on_start(pid: int) -> None:
+        samplers.append(Sampler(pid, args.interval))
+        samplers[0].start()
+
+    def watch(line: str, _seconds: float) -> None:
+        if match := ROUND_LINE.match(line):
+            round_times.setdefault(int(match.group(1)), time.monotonic())
+
+    try:
+        results = harness.run_job(
+            "pt_job_fedavg.py", flags, workdir, env=env, timeout=args.timeout, watch=watch, on_start=on_start
+        )
+    finally:
+        for sampler in samplers:
             sampler.stop.set()
             sampler.join()
-            if proc.poll() is None:
-                proc.kill()
-        if code != 0:
-            stderr.seek(0)
-            raise SystemExit(f"simulation failed (exit {code}):\n{''.join(tail)}\n{stderr.read()[-3000:]}")
-    return sampler, round_times, time.monotonic() - started
+    return samplers[0], round_times, results["wall"]
 
 
 def sample_at(samples, when: float) -> tuple[float, dict[str, Usage]] | None:
@@ -407,7 +392,7 @@ def part_population(args) -> dict:
     }
 
 
-def figures(args, rounds: dict, date: str, where: str) -> list[dict[str, str]]:
+def figures(args, rounds: dict, session: harness.Session) -> list[dict[str, str]]:
     """The server's RSS growth from round 10 to round 200 and to the last round (one span when that is 200)."""
     server = rounds["usage"].get("server", {})
     last, first = rounds["rounds"], min(10, rounds["rounds"])
@@ -418,16 +403,7 @@ def figures(args, rounds: dict, date: str, where: str) -> list[dict[str, str]]:
     name = f"server RSS growth, rounds {first} -> {' / '.join(str(r) for r in ends)}"
     if args.nvflare_defaults:
         name += " (NVFlare defaults)"
-    return [
-        figure(
-            name,
-            " / ".join(growth(begin, server[str(r)]["rss"]) for r in ends),
-            "< 5%",
-            invocation(),
-            date,
-            where,
-        )
-    ]
+    return [session.figure(name, " / ".join(growth(begin, server[str(r)]["rss"]) for r in ends), "< 5%")]
 
 
 def main() -> None:
@@ -462,15 +438,14 @@ def main() -> None:
     parser.add_argument("--skip-population", action="store_true", help="only run part 1")
     parser.add_argument("--json", action="store_true", help="write the usage and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
-    payload: dict = {"settings": vars(args), "load_start": load_start}
+    session = harness.Session("memory_growth")
+    payload: dict = {"settings": vars(args)}
     if not args.skip_rounds:
         payload["rounds"] = part_rounds(args)
     if not args.skip_population:
         payload["population"] = part_population(args)
     if args.json:
-        published = figures(args, payload["rounds"], date, machine(load_start)) if "rounds" in payload else []
-        print(f"wrote {write_results('memory_growth', payload, published)}")
+        session.write(payload, figures(args, payload["rounds"], session) if "rounds" in payload else [])
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from torch import nn
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="cnn,mid,resnet18", help="comma list of cnn, mid (~1M), resnet18")
     parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("payload_codec")
 
     from nvflare.app_common.decomposers import numpy_decomposers
     from nvflare.fuel.utils import fobs
@@ -196,11 +196,11 @@ def main() -> None:
     if args.json:
         columns = ("method", "encode_s", "decode_s", "bytes")
         sizes = [{**m, "rows": [dict(zip(columns, row, strict=True)) for row in m["rows"]]} for m in measured]
-        payload = {"settings": vars(args), "load_start": load_start, "sizes": sizes}
-        print(f"wrote {write_results('payload_codec', payload, figures(measured, date, machine(load_start)))}")
+        payload = {"settings": vars(args), "sizes": sizes}
+        session.write(payload, figures(measured, session))
 
 
-def figures(measured: list[dict], date: str, where: str) -> list[dict]:
+def figures(measured: list[dict], session: Session) -> list[dict]:
     """fobs on lists against fobs on NumPy arrays (results freed between runs) at the ~1M-parameter size."""
     published = []
     for size in measured:
@@ -209,13 +209,10 @@ def figures(measured: list[dict], date: str, where: str) -> list[dict]:
         rows = {row[0]: row for row in size["rows"]}
         numpy, lists = rows["fobs numpy"], rows["fobs lists"]
         published.append(
-            figure(
+            session.figure(
                 f"payload encode: fobs on lists vs NumPy, {size['params'] / 1e6:.1f}M params",
                 f"{lists[1] / numpy[1]:.0f}x slower encode, {lists[3] / numpy[3]:.2f}x bytes",
                 "NumPy on the wire",
-                invocation(),
-                date,
-                where,
             )
         )
     return published

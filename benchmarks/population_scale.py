@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session, run_child  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -122,14 +121,11 @@ def child(mode: str, devices: int, select: int, busy: int, repeats: int, trace_p
     }
 
 
-def run_child(args: argparse.Namespace, mode: str, trace_path: str) -> dict:
-    command = [sys.executable, __file__, "--child", mode, "--trace-path", trace_path]
-    for flag in ("devices", "select", "busy", "repeats"):
-        command += [f"--{flag}", str(getattr(args, flag))]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"child {mode} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def child_run(args: argparse.Namespace, mode: str, trace_path: str) -> dict:
+    flags = [
+        item for flag in ("devices", "select", "busy", "repeats") for item in (f"--{flag}", str(getattr(args, flag)))
+    ]
+    return run_child(os.path.abspath(__file__), ["--child", mode, "--trace-path", trace_path, *flags])
 
 
 def main() -> int:
@@ -146,11 +142,11 @@ def main() -> int:
         print(json.dumps(child(args.child, args.devices, args.select, args.busy, args.repeats, args.trace_path)))
         return 0
     print(f"load average before: {os.getloadavg()}")
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("population_scale")
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = os.path.join(tmp, "trace.npz")
-        written = run_child(args, "write", trace_path)
-        rows = [run_child(args, mode, trace_path) for mode in ("always", "diurnal", "trace")]
+        written = child_run(args, "write", trace_path)
+        rows = [child_run(args, mode, trace_path) for mode in ("always", "diurnal", "trace")]
     print(f"load average after:  {os.getloadavg()}")
     print(
         f"{args.devices:,} devices; NPZ trace {written['intervals']:,} sessions, {written['bytes'] / 1e6:.1f} MB; "
@@ -175,23 +171,19 @@ def main() -> int:
     print(f"(RSS of an empty child with numpy imported: {rows[0]['base_rss_mb']:.1f} MB)")
     if args.json:
         settings = {flag: getattr(args, flag) for flag in ("devices", "select", "busy", "repeats")}
-        payload = {"settings": settings, "load_start": load_start, "trace": written, "rows": rows}
-        where = machine(load_start)
-        print(f"wrote {write_results('population_scale', payload, figures(args, rows, date, where))}")
+        payload = {"settings": settings, "trace": written, "rows": rows}
+        session.write(payload, figures(args, rows, session))
     return 0
 
 
-def figures(args: argparse.Namespace, rows: list[dict], date: str, where: str) -> list[dict]:
+def figures(args: argparse.Namespace, rows: list[dict], session: Session) -> list[dict]:
     """One selection's median wall time, diurnal and trace."""
     select = {row["mode"]: row["select_ms"][0] for row in rows}
     return [
-        figure(
+        session.figure(
             f"{args.devices:,}-device population: one selection of {args.select} online devices (diurnal / trace)",
             f"{select['diurnal']:.1f} / {select['trace']:.1f} ms",
             "fast at 1M",
-            invocation(),
-            date,
-            where,
         )
     ]
 

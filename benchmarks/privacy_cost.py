@@ -7,8 +7,14 @@ central DP (each device's update clipped where it is computed, counted once; the
 denominator and steps the accountant). Both settings train the same devices from the same model each round; the
 first round of each is a warm-up. Printed: the median round of each and their ratio (target: DP <= 1.10x).
 
+``--asynchronous``: the same for DP-FedBuff's version: the leaf trains B = ``--devices`` jobs in one call
+(``run_jobs``, batched; under DP each job's delta clipped, with ``--noise-at leaves`` also noised with its share),
+and the server applies them as one buffer (:class:`~devsim.aggregation.fedbuff.FedBuff`; under DP with the buffer's
+noise and the accountant's step, :class:`~devsim.privacy.buffered.BufferedPrivacy`).
+
     .venv/bin/python benchmarks/privacy_cost.py
     .venv/bin/python benchmarks/privacy_cost.py --accountant pld --json   # benchmarks/results/privacy_cost-<date>.json
+    .venv/bin/python benchmarks/privacy_cost.py --asynchronous --json     # privacy_cost-async-server-<date>.json
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
+from devsim.aggregation.fedbuff import FedBuff  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
-from devsim.config import SimulationConfig  # noqa: E402
+from devsim.config import AsyncConfig, SimulationConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
+from devsim.privacy.buffered import BufferedPrivacy  # noqa: E402
+from devsim.privacy.device import DevicePrivacy  # noqa: E402
 from devsim.privacy.plan import PrivacyPlan  # noqa: E402
 from devsim.privacy.server import LeafSum, PrivateAggregator  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
@@ -39,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-batch", type=int, default=10, help="devices per batched computation")
     parser.add_argument("--rounds", type=int, default=12, help="rounds per setting (the first is a warm-up)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp")
+    parser.add_argument("--asynchronous", action="store_true", help="a DP-FedBuff version instead (RDP only)")
+    parser.add_argument("--noise-at", choices=("server", "leaves"), default="server", help="with --asynchronous")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/privacy_cost-<date>.json")
     args = parser.parse_args(argv)
-    load_start = load()
+    session = Session("privacy_cost")
     settings = dict(dataset="digits", samples_per_device=50, partition="iid", batch_size=10, seed=0)
     runner = LeafRoundRunner([TaskDeviceProcessor.from_settings(settings)], device_batch=args.device_batch)
+    if args.asynchronous:
+        return _asynchronous(args, runner, load_start)
     config = SimulationConfig(
         dp="central", dp_noise_multiplier=1.0, dp_clip=1.0, dp_accountant=args.accountant, devices_per_leaf=500
     )
@@ -70,20 +83,74 @@ def main(argv: list[str] | None = None) -> int:
         runner.close()
     plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
     ratio = private / plain
-    print(f"machine: {machine(load_start)}")
+    print(f"machine: {session.where()}")
     print(f"round without DP {plain * 1000:.1f} ms, with DP ({args.accountant}) {private * 1000:.1f} ms: {ratio:.3f}x")
+    if args.json:
+        payload = {"settings": vars(args), "seconds": times, "ratio": ratio}
+        shown = session.figure(
+            f"DP round / plain round, batched path ({args.accountant})",
+            f"{ratio:.3f}x",
+            "<= 1.10x",
+        )
+        session.benchmark = f"privacy_cost-{args.accountant}"
+        session.write(payload, [shown])
+    return 0
+
+
+def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, load_start: str) -> int:
+    """A DP-FedBuff version (B jobs trained in one leaf call, one buffer applied) against a plain FedBuff one."""
+    config = AsyncConfig(
+        dp="central",
+        dp_noise_multiplier=1.0,
+        dp_clip=1.0,
+        dp_noise_at=args.noise_at,
+        buffer_size=args.devices,
+        devices_per_leaf=500,
+    ).validate()
+    privacy = BufferedPrivacy(PrivacyPlan.from_settings(config), seed=0)
+    job = privacy.job_privacy()
+    device = DevicePrivacy(job["clip"], job["noise_std"], 0)
+    weights = model_to_numpy(build_model("cnn"))
+    shapes = {name: value.shape for name, value in weights.items()}
+    devices = list(range(args.devices))
+    times: dict[str, list[float]] = {"plain": [], "dp": []}
+    try:
+        for version in range(1, args.rounds + 1):
+            for name in ("plain", "dp") if version % 2 else ("dp", "plain"):
+                seeds = [1000 * version + d for d in devices]
+                started = time.perf_counter()
+                payload = runner.run_jobs(weights, devices, devices, seeds, privacy=device if name == "dp" else None)
+                buffer = FedBuff(len(devices), 1.0)
+                for row in range(len(devices)):
+                    buffer.add({k: v[row] for k, v in payload["deltas"].items()}, 0)
+                if name == "plain":
+                    buffer.apply(weights)
+                else:
+                    buffer.apply(weights, privacy.noise(version, shapes))
+                    privacy.applied()
+                if version > 1:
+                    times[name].append(time.perf_counter() - started)
+    finally:
+        runner.close()
+    plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
+    ratio = private / plain
+    print(f"machine: {machine(load_start)}")
+    print(
+        f"version of {args.devices} jobs without DP {plain * 1000:.1f} ms, DP-FedBuff (noise at the {args.noise_at}) "
+        f"{private * 1000:.1f} ms: {ratio:.3f}x"
+    )
     if args.json:
         date = time.strftime("%Y-%m-%d")
         payload = {"settings": vars(args), "load_start": load_start, "seconds": times, "ratio": ratio}
         shown = figure(
-            f"DP round / plain round, batched path ({args.accountant})",
+            f"DP-FedBuff version / plain FedBuff version, batched path (noise at the {args.noise_at})",
             f"{ratio:.3f}x",
             "<= 1.10x",
             invocation(),
             date,
             machine(load_start),
         )
-        print(f"wrote {write_results(f'privacy_cost-{args.accountant}', payload, [shown])}")
+        print(f"wrote {write_results(f'privacy_cost-async-{args.noise_at}', payload, [shown])}")
     return 0
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.figures import RESULTS, figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import RESULTS, Session  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="write the JSON and PNG under benchmarks/results/")
     args = parser.parse_args(argv)
-    load_start = load()
+    session = Session("privacy_utility")
     torch.set_num_threads(1)
     config = SimulationConfig(
         task=os.path.abspath(args.task),
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {"none": None, "clip": math.inf}
     rows = [run(args, config, chosen[w] if w in chosen else float(w)) for w in args.settings.split(",")]
     baseline = next((r["final_accuracy"] for r in rows if r["target_epsilon"] is None), math.nan)
-    print(f"machine: {machine(load_start)}")
+    print(f"machine: {session.where()}")
     print("| epsilon | noise multiplier | accuracy | vs. no DP | seconds |\n| --- | --- | --- | --- | --- |")
     for row in rows:
         name = "no DP" if row["target_epsilon"] is None else f"{row['final_epsilon']:.3f}"
@@ -140,24 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         gap = (row["final_accuracy"] - baseline) * 100
         print(f"| {name} | {z} | {row['final_accuracy']:.4f} | {gap:+.1f} points | {row['seconds']:.0f} |")
     if args.json:
-        date = time.strftime("%Y-%m-%d")
-        where = machine(load_start)
         at8 = next((r for r in rows if r["target_epsilon"] == 8.0), None)
         shown = [
-            figure(
+            session.figure(
                 f"privacy-utility: accuracy at epsilon {r['target_epsilon']:g}, {args.devices} devices",
                 f"{r['final_accuracy']:.4f} (no DP {baseline:.4f})",
                 "epsilon 8 within 5 points of no DP" if r is at8 else "reported",
-                invocation(),
-                date,
-                where,
             )
             for r in rows
             if r["target_epsilon"] is not None
         ]
-        path = write_results("privacy_utility", {"settings": vars(args), "load_start": load_start, "rows": rows}, shown)
-        print(f"wrote {path}")
-        plot(rows, os.path.join(RESULTS, f"privacy_utility-{date}.png"))
+        session.write({"settings": vars(args), "rows": rows}, shown)
+        plot(rows, os.path.join(RESULTS, f"privacy_utility-{session.date}.png"))
     return 0
 
 

@@ -49,7 +49,6 @@ for a sweep of other models than the CNN alone, so that the CNN and the ResNet-1
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -63,8 +62,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -111,50 +109,21 @@ class Cell:
 def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str, device_batch: str) -> tuple[list[dict], str]:
     """Per-round records of a sim run (``train_seconds``: server send -> aggregated; evaluation only at the end)
     and the leaves' ``workers=... device_batch=...`` plan lines (which path they took and why)."""
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
-        "--num-leaf-nodes",
-        str(cell.leaves),
-        "--devices-per-leaf",
-        str(cell.devices_per_leaf),
-        "--device-selection-size",
-        str(cell.devices),
-        "--samples-per-device",
-        str(cell.samples),
-        "--local-epochs",
-        "1",
-        "--batch-size",
-        str(cell.batch_size),
-        "--model",
-        cell.model,
-        "--num-rounds",
-        str(cell.rounds),
-        "--eval-frequency",
-        str(cell.rounds),
-        "--partition",
-        "iid",
-        "--synthetic-train-size",
-        str(cell.train_size),
-        "--workspace",
-        os.path.join(workdir, "ws"),
-        "--output-dir",
-        os.path.join(workdir, "run"),
-        "--device-batch",
-        device_batch,
+    flags = [
+        *("--num-leaf-nodes", str(cell.leaves), "--devices-per-leaf", str(cell.devices_per_leaf)),
+        *("--device-selection-size", str(cell.devices), "--samples-per-device", str(cell.samples)),
+        *("--local-epochs", "1", "--batch-size", str(cell.batch_size), "--model", cell.model),
+        *("--num-rounds", str(cell.rounds), "--eval-frequency", str(cell.rounds), "--partition", "iid"),
+        *("--synthetic-train-size", str(cell.train_size), "--device-batch", device_batch),
+        *(["--num-workers", str(args.num_workers)] if args.num_workers else []),
     ]
-    if args.num_workers:
-        cmd += ["--num-workers", str(args.num_workers)]
-    rc, _, tail = run_isolated(cmd, workdir, args.timeout)
-    if rc != 0:
-        status = f"timed out after {args.timeout:.0f} s" if rc is None else f"failed (exit {rc})"
-        raise RuntimeError(f"simulation {status}:\n{tail}")
-    with open(os.path.join(workdir, "job.log"), encoding="utf-8", errors="replace") as stream:
-        paths = sorted(
-            {line.split("] ", 1)[-1].strip() for line in stream if "] workers=" in line and " device_batch=" in line}
-        )
-    with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
-        return json.load(stream)["rounds"], "; ".join(paths)
+    results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
+    return results["rounds"], plan_lines(results)
+
+
+def plan_lines(results: dict) -> str:
+    """The leaves' distinct ``workers=... device_batch=...`` plan lines of a run (which path they took and why)."""
+    return "; ".join(sorted({line.split("] ", 1)[-1] for line in results["worker_lines"] if " device_batch=" in line}))
 
 
 def steady_parts(records: list[dict]) -> dict[str, float]:
@@ -299,7 +268,7 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.1f}" if seconds >= 100 else f"{seconds:.3f}"
 
 
-def figures(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, date: str, where: str) -> list[dict]:
+def figures(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace) -> list[dict]:
     """One figure per measured cell: the first ``--device-batch-paths`` value's sim round over the tight loop.
     A cell off the published settings (2 leaves, batch 10, the model's samples per device) says so in its name."""
     published = []
@@ -316,19 +285,16 @@ def figures(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, date
             name += f" (--device-batch {path})"
         sim = result["sims"][path]
         published.append(
-            figure(
+            args.session.figure(
                 name,
                 f"{sim['ratio']:.3f} ({seconds_text(sim['sim'])} s vs {seconds_text(result['loop'])} s)",
                 target,
-                invocation(),
-                date,
-                where,
             )
         )
     return published
 
 
-def write_json(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, date: str, load_start: str) -> None:
+def write_json(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace) -> None:
     """The cells' results and figures under benchmarks/results/ (named after the models unless only the CNN ran)."""
     cells = []
     for cell, result in rows:
@@ -337,10 +303,11 @@ def write_json(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace, d
             baselines = {str(t): {"seconds": s, "runs": r} for t, (s, r) in result["baselines"].items()}
             entry["result"] = {**result, "baselines": baselines}
         cells.append(entry)
-    payload = {"settings": vars(args), "load_start": load_start, "cells": cells}
+    payload = {"settings": {k: v for k, v in vars(args).items() if k != "session"}, "cells": cells}
     models = sorted({cell.model for cell, _ in rows})
     name = "round_overhead" if models == ["cnn"] else f"round_overhead-{'-'.join(models)}"
-    print(f"wrote {write_results(name, payload, figures(rows, args, date, machine(load_start)))}")
+    args.session.benchmark = name
+    args.session.write(payload, figures(rows, args))
 
 
 def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -350,7 +317,7 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
             parser.error(f"{cell.model}: rounds ({cell.rounds}) must exceed the warm-up rounds ({cell.warmup_rounds})")
     print(
         f"sweep: {len(cells)} cells, {args.leaves} leaves, every device selected, 1 epoch, batch {args.batch_size}; "
-        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {loadavg()}",
+        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {load()}",
         flush=True,
     )
     rows = []
@@ -369,7 +336,7 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
             continue
         for line in describe(cell, result):
             print(line)
-        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {loadavg()}", flush=True)
+        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}", flush=True)
         rows.append((cell, result))
 
     print()
@@ -396,10 +363,10 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     print(
         "sim round: median of the steady rounds (send -> aggregated), per --device-batch value; tight loop: fastest "
         f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. "
-        f"Load average at end {loadavg()}"
+        f"Load average at end {load()}"
     )
     if args.json:
-        write_json(rows, args, args.started_date, args.load_start)
+        write_json(rows, args)
 
 
 def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -417,11 +384,11 @@ def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         f"workload: {cell.leaves} leaves x {cell.devices_per_leaf} devices x {cell.samples} samples x 1 epoch, "
         f"model {cell.model}, batch {cell.batch_size}: {cell.total_samples} samples, {cell.steps} SGD steps per round"
     )
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}")
+    print(f"machine: {os.cpu_count()} cores, load average {load()}")
     for line in describe(cell, result):
         print(line)
     if args.json:
-        write_json([(cell, result)], args, args.started_date, args.load_start)
+        write_json([(cell, result)], args)
 
 
 def main() -> None:
@@ -464,7 +431,7 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="write the cells and figures under benchmarks/results/")
     args = parser.parse_args()
-    args.load_start, args.started_date = load(), time.strftime("%Y-%m-%d")
+    args.session = Session("round_overhead")
     if args.sweep:
         run_sweep(args, parser)
     else:

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
+from benchmarks.harness import Session, alternate, run_child  # noqa: E402
 
 PINNED_BYTES = 128 * 1024
 WORKLOADS = ("fedbuff arrival", "evaluation", "fedrevive synthesis", "fedrevive kd")
@@ -126,13 +125,9 @@ def child(pinned: bool) -> None:
     print(json.dumps(times))
 
 
-def run_child(pinned: bool) -> dict[str, float]:
+def arm_run(pinned: bool) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "pinned" if pinned else "dynamic"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(os.path.abspath(__file__), ["--child", "pinned" if pinned else "dynamic"], timeout=600, env=env)
 
 
 def main() -> None:
@@ -144,12 +139,9 @@ def main() -> None:
     if args.child:
         child(args.child == "pinned")
         return
-    load_start, date = load(), time.strftime("%Y-%m-%d")
-    runs: dict[str, list[dict[str, float]]] = {"pinned": [], "dynamic": []}
-    for _ in range(args.alternations):
-        for arm in ("pinned", "dynamic"):
-            runs[arm].append(run_child(arm == "pinned"))
-    print(f"{machine(load_start)}; ms per call, {args.alternations} alternations (pinned 128 KiB / dynamic)")
+    session = Session("server_allocator")
+    runs = alternate({"pinned": lambda: arm_run(True), "dynamic": lambda: arm_run(False)}, args.alternations)
+    print(f"{session.where()}; ms per call, {args.alternations} alternations (pinned 128 KiB / dynamic)")
     ratios = {}
     for name in WORKLOADS:
         pinned = [r[name] for r in runs["pinned"]]
@@ -159,17 +151,14 @@ def main() -> None:
         print(f"  {name:<20} {shown}   pinned / dynamic {ratios[name]:.2f}x")
     if args.json:
         published = [
-            figure(
+            session.figure(
                 f"{name}: time with the threshold pinned / dynamic",
                 f"{ratio:.2f}x",
                 "servers unpinned",
-                invocation(),
-                date,
-                machine(load_start),
             )
             for name, ratio in ratios.items()
         ]
-        print(f"wrote {write_results('server_allocator', {'runs': runs, 'ratios': ratios}, published)}")
+        session.write({"runs": runs, "ratios": ratios}, published)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,21 @@
 """Where a short run's start-up goes, with and without this project's start-up cuts, measured side by side.
 
     .venv/bin/python benchmarks/startup.py [--job digits|penguins|fedbuff] [--runs 5] [--arms project,spawned]
-                                           [--baseline-tree DIR] [--json]
+                                           [--baseline-commit REV] [--json]
 
 Runs the job ``--runs`` times per arm, the arms in turn (A B A B ...), each arm in its own temporary workspace after
 one uncounted warm-up run (which writes the workspace's shared digits file and the batching probe's verdict, as a
 user's first run does). Jobs: ``digits`` (the demo: ``jobs/pt_job_fedavg.py --dataset digits``), ``penguins`` (the
 tabular user task file ``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
---dataset digits``). Arms (``--arms``, comma-separated; ``baseline`` is added by ``--baseline-tree``):
+--dataset digits``). Arms (``--arms``, comma-separated; ``baseline`` is added by ``--baseline-commit``):
 
 - ``project``: this checkout with its defaults;
 - ``spawned``: ``DEVSIM_FORK_SERVER=0``: NVFlare's simulator starts its processes as new interpreters;
 - ``probe-off``: ``DEVSIM_CACHE_DIR=off``: every leaf runs the batching probe;
 - ``nvflare-waits``: ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its one-second polls (and
   NVFlare's streaming and glibc defaults);
-- ``baseline`` (with ``--baseline-tree DIR``): the same job script from another checkout (``git worktree add DIR
-  <commit>``), run with this checkout's virtual environment.
+- ``baseline`` (with ``--baseline-commit REV``): the same job script from a temporary git worktree of ``REV``, run
+  with this checkout's virtual environment.
 
 Prints, per arm, the medians of the stages in results.json ``startup`` (command -> server process, server
 process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, each arm's
@@ -27,9 +27,10 @@ for the other jobs) with the figure of benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.figures import REPO, figure, invocation, load, machine, short_commit, write_results  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, commit_of, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -99,12 +100,29 @@ def arms(names: list[str], baseline_tree: str | None) -> dict[str, tuple[str, di
     return chosen
 
 
+def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs: int) -> dict[str, list[dict]]:
+    """``runs`` runs of ``job`` per arm, the arms in turn, after one uncounted warm-up run each (the shared digits
+    file, the probe's verdict): arm -> its runs' stages."""
+
+    def done(index: int, name: str, sample: dict) -> None:
+        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
+        chosen_runs = {
+            name: functools.partial(run_once, tree, os.path.join(root, name), env, job)
+            for name, (tree, env) in chosen.items()
+        }
+        for run in chosen_runs.values():
+            run()
+        return alternate(chosen_runs, runs, done)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", choices=sorted(JOBS), default="digits", help="the run to start (default digits)")
     parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
     parser.add_argument("--arms", default="project,spawned", help=f"comma-separated, of {', '.join(ARMS)}")
-    parser.add_argument("--baseline-tree", help="another checkout whose job script is one more arm")
+    parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is one more arm")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup[-<job>]-<date>.json")
     args = parser.parse_args()
     if args.runs < 1:
@@ -114,23 +132,19 @@ def main() -> int:
     if unknown or "project" not in names:
         parser.error(f"--arms: {','.join(unknown) or args.arms} not allowed; 'project' and any of {', '.join(ARMS)}")
     job = JOBS[args.job]
-    if args.baseline_tree and not os.path.isfile(os.path.join(args.baseline_tree, job[0])):
-        parser.error(f"--baseline-tree: {args.baseline_tree} has no {job[0]}")
-    load_at_start = load()
-    chosen = arms(names, args.baseline_tree)
-    samples: dict[str, list[dict]] = {name: [] for name in chosen}
-    with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
-        workspaces = {name: os.path.join(root, name) for name in chosen}
-        for name, (tree, env) in chosen.items():
-            run_once(tree, workspaces[name], env, job)  # warm-up: the shared digits file, the probe's verdict
-        for index in range(args.runs):
-            for name, (tree, env) in chosen.items():
-                samples[name].append(run_once(tree, workspaces[name], env, job))
-                first = samples[name][-1]["command_to_first_round"]
-                print(f"run {index + 1}/{args.runs} {name}: {first:.1f} s to the first round", flush=True)
+    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
+    if args.baseline_commit and base_commit is None:
+        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
+    session = Session("startup" if args.job == "digits" else f"startup-{args.job}")
+    with contextlib.ExitStack() as stack:
+        baseline_tree = stack.enter_context(worktree(base_commit)) if base_commit else None
+        if baseline_tree and not os.path.isfile(os.path.join(baseline_tree, job[0])):
+            parser.error(f"--baseline-commit: {base_commit} has no {job[0]}")
+        chosen = arms(names, baseline_tree)
+        samples = measure(chosen, job, args.runs)
     numbers = (*STAGES, "command_s")
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
-    print(f"\n{args.job}, load {load_at_start} -> {load()}\n{'arm':<14}" + "".join(f"{k:>27}" for k in numbers))
+    print(f"\n{args.job}, {session.where()}\n{'arm':<14}" + "".join(f"{k:>27}" for k in numbers))
     for name, row in medians.items():
         print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in numbers))
     project = medians["project"]["command_to_first_round"]
@@ -141,9 +155,7 @@ def main() -> int:
     for name, seen in finals.items():
         print(f"final metrics, {name}: {' | '.join(seen)}")
     if args.json:
-        where = machine(load_at_start)
         p = medians["project"]
-        base_commit = (short_commit(args.baseline_tree) or None) if args.baseline_tree else None
         others = "; ".join(
             f"{name}{f' ({base_commit})' if name == 'baseline' else ''}: "
             f"{row['command_to_first_round']:.1f} s / {row['last_round_to_exit']:.1f} s"
@@ -154,11 +166,7 @@ def main() -> int:
         value = (
             f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; {others})"
         )
-        command = invocation()
-        if args.baseline_tree:  # a scratch path means nothing to a reader: name the commit it held instead
-            command = command.replace(shlex.quote(args.baseline_tree), "DIR") + f" (DIR: git worktree of {base_commit})"
-        name = FIGURE.format(job=LABELS[args.job])
-        figures = [figure(name, value, TARGET, command, time.strftime("%Y-%m-%d"), where)]
+        figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value, TARGET)]
         payload = {
             "job": job,
             "runs": args.runs,
@@ -168,7 +176,7 @@ def main() -> int:
             "medians": medians,
             "final_metrics": finals,
         }
-        print(f"wrote {write_results('startup' if args.job == 'digits' else f'startup-{args.job}', payload, figures)}")
+        session.write(payload, figures)
     return 0
 
 

@@ -38,13 +38,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
+from benchmarks.harness import Session, load, run_isolated  # noqa: E402
 from devsim_flare.edge.job import find_results  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
@@ -54,62 +52,33 @@ CHILD_FLAG = "--run-stock-child"
 def workload_flags(args: argparse.Namespace) -> list[str]:
     """Processor settings shared by every side, as flags of the project's job scripts."""
     return [
-        "--num-leaf-nodes",
-        str(args.leaves),
-        "--devices-per-leaf",
-        str(args.devices_per_leaf),
-        "--samples-per-device",
-        str(args.samples),
-        "--local-epochs",
-        str(args.epochs),
-        "--batch-size",
-        str(args.batch_size),
-        "--lr",
-        str(args.lr),
-        "--model",
-        args.model,
-        "--partition",
-        args.partition,
-        "--alpha",
-        str(args.alpha),
-        "--seed",
-        str(args.seed),
-        "--synthetic-train-size",
-        str(args.synthetic_train_size),
+        *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
+        *("--samples-per-device", str(args.samples), "--local-epochs", str(args.epochs)),
+        *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--model", args.model),
+        *("--partition", args.partition, "--alpha", str(args.alpha), "--seed", str(args.seed)),
+        *("--synthetic-train-size", str(args.synthetic_train_size)),
     ]
 
 
 def side_command(side: str, args: argparse.Namespace, workdir: str) -> list[str]:
     """The command line of one side; results land in ``workdir/out``."""
-    common = workload_flags(args) + [
-        "--workspace",
-        os.path.join(workdir, "ws"),
-        "--output-dir",
-        os.path.join(workdir, "out"),
-    ]
+    common = [*workload_flags(args), "--workspace", os.path.join(workdir, "ws")]
+    common += ["--output-dir", os.path.join(workdir, "out")]
     if side == "collab":
-        selected = args.leaves * args.devices_per_leaf
+        selected = str(args.leaves * args.devices_per_leaf)
+        rounds = ["--num-rounds", str(args.rounds), "--eval-frequency", "1"]
         return [
             sys.executable,
             os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
             *common,
             "--device-selection-size",
-            str(selected),
-            "--num-rounds",
-            str(args.rounds),
-            "--eval-frequency",
-            "1",
+            selected,
+            *rounds,
         ]
     edge = [*common, "--num-versions", str(args.rounds), "--eval-frequency", "1"]
     if side == "edge":
         return [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *edge]
-    child = [
-        sys.executable,
-        os.path.abspath(__file__),
-        CHILD_FLAG,
-        "--loader-workers",
-        str(args.loader_workers),
-    ]
+    child = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, "--loader-workers", str(args.loader_workers)]
     if args.reload_data_per_task:
         child.append("--reload-data-per-task")
     if args.stock_workers:
@@ -210,7 +179,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary workspaces (their path is printed)")
     parser.add_argument("--json", action="store_true", help="write the sides and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("stock_edge_comparison")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
     if unknown or not sides:
@@ -230,7 +199,7 @@ def main() -> int:
         f"{'reloaded per task' if args.reload_data_per_task else 'cached per process'}, "
         f"device threads per leaf {args.stock_workers or 'NVFlare default (4)'}"
     )
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()} at start", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()} at start", flush=True)
 
     root = tempfile.mkdtemp(prefix="devsim-edgecmp-")
     results: dict[str, dict] = {}
@@ -252,7 +221,7 @@ def main() -> int:
                 print(f"[collab] {collab_breakdown(os.path.join(workdir, 'out'), args.warmup_rounds)}")
             print(
                 f"[{side}] {status} after {wall:.1f} s wall; round seconds: {', '.join(f'{t:.2f}' for t in rounds)}; "
-                f"load average {loadavg()}",
+                f"load average {load()}",
                 flush=True,
             )
     finally:
@@ -278,15 +247,15 @@ def main() -> int:
             f"{side:<8} {time_text} {rate_text} {speed_text}   "
             f"{', '.join(f'{t:.2f}' for t in r['rounds'])}  [{r['status']}]"
         )
-    print(f"load average at end {loadavg()}")
+    print(f"load average at end {load()}")
     if args.json:
-        payload = {"settings": vars(args), "load_start": load_start, "sides": results}
-        published = figures(results, date, machine(load_start))
-        print(f"wrote {write_results('stock_edge_comparison', payload, published)}")
+        payload = {"settings": vars(args), "sides": results}
+        published = figures(results, session)
+        session.write(payload, published)
     return 0 if all(r["status"] == "exit 0" for r in results.values()) else 1
 
 
-def figures(results: dict[str, dict], date: str, where: str) -> list[dict[str, str]]:
+def figures(results: dict[str, dict], session: Session) -> list[dict[str, str]]:
     """Steady seconds per round of the three sides and the speed-ups stock / edge and stock / collab (all three
     sides measured, every run complete)."""
     medians = {side: results.get(side, {}).get("median", float("nan")) for side in SIDES}
@@ -295,13 +264,10 @@ def figures(results: dict[str, dict], date: str, where: str) -> list[dict[str, s
         return []
     stock, edge, collab = (medians[side] for side in SIDES)
     return [
-        figure(
+        session.figure(
             "stock NVFlare edge round / this project's edge job / Collab FedAvg",
             f"{stock:.2f} / {edge:.2f} / {collab:.2f} s ({stock / edge:.1f}x, {stock / collab:.1f}x)",
             "faster than stock",
-            invocation(),
-            date,
-            where,
         )
     ]
 

@@ -22,7 +22,6 @@ round / fastest tight loop (below 1: the simulator uses the cores better than on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -35,9 +34,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, machine, write_results  # noqa: E402
-from benchmarks.isolated_run import loadavg, run_isolated  # noqa: E402
-from benchmarks.round_overhead import steady_parts  # noqa: E402
+from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.round_overhead import plan_lines, steady_parts  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 from devsim.tasks import load_task  # noqa: E402
 from devsim.tasks.fit import fit_config  # noqa: E402
@@ -59,36 +57,21 @@ def run_config(task_path: str, job_args: list[str], leaves: int) -> SimulationCo
 
 def simulate(config: SimulationConfig, job_args: list[str], args: argparse.Namespace, path: str) -> dict:
     """One simulator run with ``--device-batch path``: steady round (median), parts, the leaves' path lines."""
+    flags = [
+        *("--task", config.task, "--num-leaf-nodes", str(config.num_leaf_nodes), *job_args),
+        *("--device-selection-size", str(config.num_devices), "--num-rounds", str(args.rounds)),
+        *("--eval-frequency", str(args.rounds), "--device-batch", path),
+    ]
     with tempfile.TemporaryDirectory(prefix="devsim-task-bench-") as workdir:
-        cmd = [
-            sys.executable,
-            os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
-            *("--task", config.task, "--num-leaf-nodes", str(config.num_leaf_nodes)),
-            *job_args,
-            *("--device-selection-size", str(config.num_devices), "--num-rounds", str(args.rounds)),
-            *("--eval-frequency", str(args.rounds), "--device-batch", path),
-            *("--workspace", os.path.join(workdir, "ws"), "--output-dir", os.path.join(workdir, "run")),
-        ]
-        rc, _, tail = run_isolated(cmd, workdir, args.timeout)
-        if rc != 0:
-            raise RuntimeError(f"simulation failed ({rc}):\n{tail}")
-        with open(os.path.join(workdir, "job.log"), encoding="utf-8", errors="replace") as stream:
-            lines = sorted(
-                {
-                    line.split("] ", 1)[-1].strip()
-                    for line in stream
-                    if "] workers=" in line and " device_batch=" in line
-                }
-            )
-        with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
-            records = json.load(stream)["rounds"]
+        results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
+    records = results["rounds"]
     rounds = [float(r["train_seconds"]) for r in records]
     steady = records[args.warmup_rounds :] or records
     return {
         "rounds": rounds,
         "sim": statistics.median([float(r["train_seconds"]) for r in steady]),
         "parts": steady_parts(steady),
-        "path": "; ".join(lines),
+        "path": plan_lines(results),
         "final_accuracy": records[-1].get("accuracy"),
     }
 
@@ -174,9 +157,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds <= args.warmup_rounds:
         parser.error(f"--rounds {args.rounds} must exceed --warmup-rounds {args.warmup_rounds}")
-    started = time.strftime("%Y-%m-%d")
+    session = Session("task_round")
     rows = []
-    print(f"machine: {os.cpu_count()} cores, load average {loadavg()}", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()}", flush=True)
     for task_path in args.task:
         row = measure(os.path.abspath(task_path), args)
         rows.append(row)
@@ -192,25 +175,22 @@ def main() -> None:
                 f"ratio to the tight loop {sim['ratio']:.3f}"
             )
         print(f"tight loop: {', '.join(f'{t} thread(s) {s:.3f} s' for t, s in row['tight_loop_seconds'].items())}")
-    print(f"\nload average at end {loadavg()}")
+    print(f"\nload average at end {load()}")
     if args.json:
-        payload = {"load_end": loadavg(), "rows": rows}
-        print(f"wrote {write_results('task_round', payload, figures(rows, started, machine()))}")
+        session.write({"load_end": load(), "rows": rows}, figures(rows, session))
 
 
-def figures(rows: list[dict], date: str, where: str) -> list[dict]:
+def figures(rows: list[dict], session: Session) -> list[dict]:
     """One figure per task: its steady round against the tight loop on each path measured."""
     published = []
     for row in rows:
         paths = ", ".join(f"{sim['ratio']:.3f} ({path})" for path, sim in row["sims"].items())
         published.append(
-            figure(
+            session.figure(
                 f"user task round vs tight loop: {row['task']}",
                 paths,
                 "<= 0.5 for a small MLP/CNN batched; never slower than the thread pool",
                 f".venv/bin/python benchmarks/task_round.py --task {row['task']} --json",
-                date,
-                where,
             )
         )
     return published

@@ -23,47 +23,34 @@ fixed count's) to ``benchmarks/results/worker_sizing-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.figures import figure, invocation, load, machine, write_results  # noqa: E402
-
-WORKERS_LINE = re.compile(r"^\[(site-\d+)\] (workers=\d+ .*)$", re.MULTILINE)
+from benchmarks.harness import Session, alternate, run_job  # noqa: E402
 
 
-def run_setting(args, workers: int | None, workdir: str) -> tuple[list[float], list[str]]:
+def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
     """Per-round train seconds and the leaves' ``workers=`` lines of one sim run."""
     selected = args.leaves * args.devices_per_leaf
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "jobs", "pt_job_fedavg.py"),
+    flags = [
         *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
         *("--device-selection-size", str(selected), "--samples-per-device", str(args.samples)),
         *("--num-rounds", str(args.rounds), "--eval-frequency", str(args.rounds)),
         *("--batch-size", str(args.batch_size), "--model", args.model, "--partition", "iid"),
         *("--synthetic-train-size", str(max(20000, selected * args.samples))),
         *("--checkpoint-frequency", "0"),
-        *("--workspace", os.path.join(workdir, "ws"), "--output-dir", os.path.join(workdir, "run")),
+        *(["--num-workers", str(workers)] if workers is not None else []),
     ]
-    if workers is not None:
-        cmd += ["--num-workers", str(workers)]
-    env = dict(os.environ, HOME=os.path.join(workdir, "home"))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"simulation failed (workers={workers}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(workdir, "run", "results.json"), encoding="utf-8") as stream:
-        rounds = json.load(stream)["rounds"]
-    lines = sorted(f"[{site}] {text}" for site, text in WORKERS_LINE.findall(proc.stdout))
-    return [r["train_seconds"] for r in rounds], lines
+    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
+        results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
+    return [r["train_seconds"] for r in results["rounds"]], results["worker_lines"]
 
 
 def main() -> None:
@@ -79,24 +66,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run before it is abandoned")
     parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    session = Session("worker_sizing")
 
     settings: list[int | None] = [int(c) for c in args.counts.split(",") if c.strip()] + [None]
     samples = args.leaves * args.devices_per_leaf * args.samples
-    results: dict[int | None, tuple[list[float], list[str]]] = {w: ([], []) for w in settings}
-    for _ in range(args.passes):
-        for workers in settings:
-            with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-                rounds, lines = run_setting(args, workers, workdir)
-            results[workers][0].extend(rounds[1:] or rounds)
-            results[workers][1][:] = lines
+    runs = alternate({workers: functools.partial(run_setting, args, workers) for workers in settings}, args.passes)
+    # per setting: the steady rounds (round 1 warms up) of every pass, and the last pass's plan lines
+    results = {w: ([t for rounds, _ in done for t in rounds[1:] or rounds], done[-1][1]) for w, done in runs.items()}
 
     print(
         f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "
         f"x 1 epoch, model {args.model}, batch {args.batch_size}: {samples} device-samples per round, "
         f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved"
     )
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end")
+    print(f"machine: {session.where()}")
     throughput = {}
     for workers, (steady, _) in results.items():
         throughput[workers] = samples / statistics.median(steady)
@@ -130,18 +113,12 @@ def main() -> None:
         ]
         fixed = [w for w in settings if w is not None]
         best_fixed = max(fixed, key=throughput.get)
-        published = [
-            figure(
-                "worker sizing: auto vs best fixed worker count",
-                f"{throughput[None] / throughput[best_fixed]:.2f} (best of {', '.join(str(w) for w in fixed)})",
-                "within 10%",
-                invocation(),
-                date,
-                machine(load_start),
-            )
-        ]
-        payload = {"settings": vars(args), "load_start": load_start, "rows": rows}
-        print(f"wrote {write_results('worker_sizing', payload, published)}")
+        published = session.figure(
+            "worker sizing: auto vs best fixed worker count",
+            f"{throughput[None] / throughput[best_fixed]:.2f} (best of {', '.join(str(w) for w in fixed)})",
+            "within 10%",
+        )
+        session.write({"settings": vars(args), "rows": rows}, [published])
 
 
 if __name__ == "__main__":

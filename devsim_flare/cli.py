@@ -15,6 +15,7 @@ from devsim.config import ConfigError, SimulationConfig
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
 from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
+from devsim.sections import flatten_sections
 from devsim.tasks.contract import is_file_spec
 from devsim_flare.execution import SIM_SYNC_TIMEOUT, run_recipe
 from devsim_flare.flags import build_parser
@@ -133,14 +134,19 @@ def with_privacy(parser: argparse.ArgumentParser, config: SimulationConfig, resu
 
     if config.dp_epsilon is not None and config.dp_noise_multiplier is not None and not resumed:
         parser.error("--dp-epsilon: give it or --dp-noise-multiplier, not both")
+    rounds, unit = config.num_rounds, "rounds"
+    if hasattr(config, "buffer_size"):  # asynchronous: one mechanism per applied version
+        rounds, unit = config.max_versions, "versions"
+        if rounds is None and config.dp_noise_multiplier is None:
+            parser.error(
+                "--dp-epsilon: needs --max-versions (the versions the target covers), or give --dp-noise-multiplier"
+            )
     try:
-        z = resolve_noise_multiplier(config, config.num_rounds)
+        z = resolve_noise_multiplier(config, rounds)
     except ValueError as error:
         parser.error(f"--dp-epsilon: {error}")
     if config.dp_noise_multiplier is None:
-        print(
-            f"--dp-epsilon {config.dp_epsilon:g}: noise multiplier {z:.4f} for {config.num_rounds} rounds", flush=True
-        )
+        print(f"--dp-epsilon {config.dp_epsilon:g}: noise multiplier {z:.4f} for {rounds} {unit}", flush=True)
     config = dataclasses.replace(config, dp_noise_multiplier=z)
     try:
         _ = PrivacyPlan.from_settings(config).sum_noise_multiplier  # adaptive clipping: the count leaves some
@@ -321,7 +327,11 @@ PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def load_preset(parser: argparse.ArgumentParser, name: str, config_cls: type) -> dict:
-    """Configuration values of preset ``name`` (a file in app_configs/presets, or a JSON path)."""
+    """Configuration values of preset ``name`` (a file in app_configs/presets, or a JSON path) as a flat mapping.
+
+    A preset is written by section (``{"training": {"lr": 0.0003}, ...}``, :data:`devsim.sections.SECTIONS`); a
+    flat one (``{"lr": 0.0003}``, the older form) loads too. A setting under the wrong section, or one this job does
+    not have, ends the program in one line naming it (and, when misplaced, its section)."""
     import json
 
     path = name if name.endswith(".json") or os.sep in name else os.path.join(PRESETS_DIR, f"{name}.json")
@@ -330,7 +340,13 @@ def load_preset(parser: argparse.ArgumentParser, name: str, config_cls: type) ->
         parser.error(f"--preset: no preset {name!r}; available: {', '.join(available)}")
     with open(path, encoding="utf-8") as stream:
         values = json.load(stream)
+    if not isinstance(values, dict):
+        parser.error(f"--preset {name}: expected a JSON object of sections, got {type(values).__name__}")
     values.pop("description", None)
+    try:
+        values = flatten_sections(values, config_cls)
+    except ConfigError as error:
+        parser.error(f"--preset {name}: {error}")
     allowed = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(values) - allowed)
     if unknown:

@@ -21,6 +21,8 @@ from devsim_flare.run_signals import still_running  # noqa: F401  (imported from
 
 JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
+STOP_POLL_SECONDS = 0.1
+"""POC: how often (seconds) the job's wait loop looks for the server's ``stopped`` mark after a signal."""
 
 
 def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
@@ -57,6 +59,7 @@ def wait_for_job(
     poll_seconds: float = JOB_POLL_SECONDS,
     stop_early=lambda: False,
     detach=lambda: False,
+    stopped=lambda: False,
 ) -> tuple[str | None, str | None]:
     """Wait for a POC/production job; returns (status, server result folder).
 
@@ -65,7 +68,9 @@ def wait_for_job(
     and the job has not ended ``END_GRACE_SECONDS`` later, the job is aborted (the run itself is
     complete). Every wait is bounded by ``timeout`` seconds, after which the job is aborted too. When
     ``stop_early()`` is true before the server is done, the job is aborted at once. When ``detach()`` is true,
-    the wait ends and the job is left running: (its status, None).
+    the wait ends and the job is left running: (its status, None). When ``stopped()`` is true (checked every
+    :data:`STOP_POLL_SECONDS` between the status polls), the wait ends at once with (last status, None), the job
+    neither aborted nor waited for: the caller stops its processes.
     """
     deadline = time.monotonic() + timeout
     finished_at = None
@@ -77,7 +82,7 @@ def wait_for_job(
             finished_at = time.monotonic()
         if finished_at is None and stop_early():
             break
-        if detach():
+        if detach() or stopped():
             return status, None
         if finished_at is not None and time.monotonic() - finished_at > END_GRACE_SECONDS:
             print(
@@ -85,12 +90,23 @@ def wait_for_job(
                 f"{END_GRACE_SECONDS:g}s later (a leaf that died cannot end it); aborting the job"
             )
             break
-        time.sleep(poll_seconds)
+        if _sleep_unless(poll_seconds, stopped):
+            return status, None
     else:
         print(f"the job did not finish within --job-timeout {timeout:g}s; aborting it", file=sys.stderr)
     run.abort()
     result = run.get_result(timeout=60.0)
     return run.get_status(), result
+
+
+def _sleep_unless(seconds: float, stopped) -> bool:
+    """Sleep ``seconds`` in steps of :data:`STOP_POLL_SECONDS`; True (at once) when ``stopped()`` turns true."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if stopped():
+            return True
+        time.sleep(min(STOP_POLL_SECONDS, left))
+    return False
 
 
 SIM_EXIT_GRACE_SECONDS = 0.25
@@ -187,15 +203,22 @@ def run_recipe(
         log_level=args.log_level,
         gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
-    from devsim_flare.run_signals import StopOnSignals, remove_orphan_exchanges
+    from devsim_flare.deployment.poc import clear_stale_workspace, stop_services
+    from devsim_flare.run_signals import StopOnSignals, processes_under, remove_orphan_exchanges
 
-    # in poc the job is aborted from the wait loop (the POC processes are then stopped by NVFlare's own command)
-    force = None if args.env == "sim" else (lambda term_seconds: None)
+    # poc: the services' processes are not descendants of this one (see processes_under); they are stopped here,
+    # not through NVFlare's shutdown of the POC system
+    poc_root = os.environ.get("NVFLARE_POC_WORKSPACE") if args.env == "poc" else None
+    processes = (lambda: processes_under(poc_root)) if poc_root else None
+    clear_stale_workspace(poc_root)
     since = time.time()
-    with StopOnSignals(config.output_dir, force=force, server_stopped=lambda: _run_ended(config, since)) as signals:
+    with StopOnSignals(
+        config.output_dir, server_stopped=lambda: _run_ended(config, since), processes=processes
+    ) as signals:
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
-    if args.env == "sim":
-        remove_orphan_exchanges()
+    if poc_root and signals.signum is not None:
+        stop_services(poc_root)  # any started while the others were stopped
+    remove_orphan_exchanges()
     if signals.signum is not None:
         return _report_stop(config, signals)
     return code
@@ -244,7 +267,12 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                             raise
                         run = None  # stopped on purpose once the results were complete, or on a signal
             else:
-                run = make_recipe().execute(env)
+                try:
+                    run = make_recipe().execute(env)
+                except Exception:  # poc: a signal while the system starts (its services were stopped under it)
+                    if signals.signum is None:
+                        raise
+                    return signals.exit_code  # reported by run_recipe
             break
         except RuntimeError as error:
             if signals.signum is not None:
@@ -263,17 +291,37 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
             )
             return 1
     if args.env != "sim":
+
+        def stopped() -> bool:  # a signal, and the server stopped at a checkpoint (or its grace period ran out)
+            return signals.signum is not None and (signals.forced.is_set() or _run_ended(config, since=submitted))
+
+        from devsim_flare.deployment.poc import BackgroundStatus
+
+        followed = BackgroundStatus(run, poc_root=os.environ.get("NVFLARE_POC_WORKSPACE"))
         status, result = wait_for_job(
-            run, args.job_timeout, lambda: _run_ended(config, since=submitted), stop_early=signals.forced.is_set
+            followed, args.job_timeout, lambda: _run_ended(config, since=submitted), stopped=stopped
         )
-        print(f"job status: {status}; server result folder: {result}")
         if signals.signum is not None:
+            signals.stop_now()  # the POC services: NVFlare's own shutdown of them takes ~30 s
             return signals.exit_code  # reported by run_recipe
+        print(f"job status: {status}; server result folder: {result}")
+        if followed.failed_by_leaf and not _summary_written(config, since=submitted):
+            print(f"error: {followed.failed_by_leaf}{_resume_hint(config.output_dir)}", file=sys.stderr)
+            return 1
         if result is None and not _summary_written(config, since=submitted):
             return 1
     if signals.signum is not None:
         return signals.exit_code  # reported by run_recipe
     return report_results(config, config.output_dir, started, args.env == "sim", workspace)
+
+
+def _resume_hint(output_dir: str | None) -> str:
+    """``; continue with --resume DIR`` where the run left a checkpoint, else where its rounds are."""
+    from devsim.observe.checkpoint import CHECKPOINT_NAME
+
+    if output_dir and os.path.isfile(os.path.join(output_dir, CHECKPOINT_NAME)):
+        return f"; continue with --resume {output_dir}"
+    return f"; the rounds so far are in {output_dir}, no checkpoint yet to resume from" if output_dir else ""
 
 
 def report_results(

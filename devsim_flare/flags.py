@@ -1,6 +1,7 @@
-"""The job command line's flags: one per field of the job's configuration (help and default shown), plus the run
-flags (environment, workspace, startup kit, log level, NVFlare's own ``--export`` / ``--export-dir`` convention,
-consumed by NVFlare's recipe module at import and listed here so ``--help`` shows them)."""
+"""The job command line's flags: one per field of the job's configuration (help and default shown, one ``--help``
+group per settings section), plus the run flags (environment, workspace, startup kit, log level, NVFlare's own
+``--export`` / ``--export-dir`` convention, consumed by NVFlare's recipe module at import and listed here so
+``--help`` shows them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import dataclasses
 
 from devsim.config import AsyncConfig, SimulationConfig, flag_name
+from devsim.sections import SECTIONS, section_fields
 from devsim_flare.recipe import ENVIRONMENTS, LOG_LEVELS
 
 
@@ -31,7 +33,8 @@ def _optional(parse):
 
 
 def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
-    """Parser with one flag per field of ``type(defaults)`` (default values from it) and the run flags.
+    """Parser with one flag per field of ``type(defaults)`` (default values from it), grouped by section
+    (:data:`devsim.sections.SECTIONS`, one ``--help`` group each), and the run flags.
 
     Asynchronous configurations leave out the fields that only synchronous rounds use.
     """
@@ -39,27 +42,20 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     config_cls = type(defaults)
     asynchronous = issubclass(config_cls, AsyncConfig)
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    groups = {"simulation": parser.add_argument_group("simulation")}
     parser.set_defaults(config_cls=config_cls)
-    for f in sorted(dataclasses.fields(config_cls), key=lambda f: "section" in f.metadata):
-        if f.metadata.get("internal") or (asynchronous and f.metadata.get("sync_only")):
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    for section, names in section_fields(config_cls).items():
+        shown = [
+            fields[name]
+            for name in names
+            if not fields[name].metadata.get("internal")
+            and not (asynchronous and fields[name].metadata.get("sync_only"))
+        ]
+        if not shown:
             continue
-        section = f.metadata.get("section", "simulation")
-        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(section))
-        optional = "None" in str(f.type)
-        base = str(f.type).replace("| None", "").strip()
-        default = getattr(defaults, f.name)
-        if base == "bool":
-            group.add_argument(
-                flag_name(f.name),
-                action=argparse.BooleanOptionalAction,
-                default=default,
-                help=f.metadata["help"],
-            )
-        else:
-            parse = _optional(_PARSERS[base]) if optional else _PARSERS[base]
-            help_text = f.metadata["help"] + ("; 'none' unsets it" if optional else "")
-            group.add_argument(flag_name(f.name), type=parse, default=default, help=help_text)
+        group = parser.add_argument_group(SECTIONS[section])
+        for f in shown:
+            _add_flag(group, f, getattr(defaults, f.name))
     run = parser.add_argument_group("run")
     run.add_argument(
         "--env",
@@ -117,3 +113,18 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     )
     run.add_argument("--export-dir", default="fl_job", help="folder the job is exported to with --export")
     return parser
+
+
+def _add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field, default: object) -> None:
+    """The flag of configuration field ``f``: ``--name VALUE`` (``none`` unsets an optional one) or, for a bool,
+    the pair ``--name`` / ``--no-name``."""
+    optional = "None" in str(f.type)
+    base = str(f.type).replace("| None", "").strip()
+    if base == "bool":
+        group.add_argument(
+            flag_name(f.name), action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"]
+        )
+        return
+    parse = _optional(_PARSERS[base]) if optional else _PARSERS[base]
+    help_text = f.metadata["help"] + ("; 'none' unsets it" if optional else "")
+    group.add_argument(flag_name(f.name), type=parse, default=default, help=help_text)

@@ -237,6 +237,7 @@ class LeafNode:
         base_versions: np.ndarray | None = None,
         exchange_folder: str | None = None,
         shared_weights: dict | None = None,
+        dp: dict | None = None,
     ) -> dict:
         """Train asynchronous device jobs that all start from global ``version`` (``weights``), or, with
         ``job_bases``, from several versions: ``weights`` then stacks the ``base_versions`` models per entry,
@@ -245,6 +246,9 @@ class LeafNode:
         With ``exchange_folder`` (``--shared-memory on``: server and leaf on one host) ``shared_weights``, when
         given, describes the file of that folder holding the weights (``weights`` is then empty), and the float32
         deltas go back the same way unless the file cannot be written (:mod:`devsim.shared_arrays`).
+
+        ``dp`` (DP-FedBuff; the server's ``_job_privacy``) holds the clip norm and the noise std each update gets
+        before it leaves the leaf (local DP, or leaf placement's share of a buffer's noise; 0: none).
 
         Returns each job's own delta (stacked per model entry) with its metrics; see
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
@@ -261,6 +265,9 @@ class LeafNode:
             version=int(version),
             job_bases=None if job_bases is None else np.asarray(job_bases).tolist(),
             base_versions=None if base_versions is None else np.asarray(base_versions).tolist(),
+            privacy=None
+            if dp is None
+            else DevicePrivacy(float(dp["clip"]), float(dp["noise_std"]), int(self.settings.get("seed", 0))),
         )
         payload["version"] = int(version)
         reply_in_file(payload, "deltas", exchange_folder)

@@ -6,9 +6,10 @@ command runs a job, :class:`StopOnSignals` takes both signals:
 
 1. The first asks the server to stop (:func:`devsim_flare.stop_request.request_stop`): the server abandons or
    finishes the round in flight, writes its checkpoint and ``results.json`` (marked ``stopped``), and the command
-   then stops the processes (:class:`devsim_flare.execution.SimExitWatcher`). When the server has not done so
-   :data:`STOP_GRACE_SECONDS` later (still starting, or deep in a long step), the processes are stopped anyway;
-   the run's last periodic checkpoint and every round already in ``results.json`` remain.
+   then stops the processes (sim: :class:`devsim_flare.execution.SimExitWatcher`; POC: the job's wait loop, which
+   stops the POC services itself rather than through NVFlare's shutdown, which takes ~30 s). When the server has
+   not done so :data:`STOP_GRACE_SECONDS` later (still starting, or deep in a long step), the processes are stopped
+   anyway; the run's last periodic checkpoint and every round already in ``results.json`` remain.
 2. A second signal stops every process at once (SIGKILL).
 
 The command then exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it.
@@ -29,6 +30,8 @@ STOP_GRACE_SECONDS = 3.0
 """Seconds the server gets after the first signal to stop at a safe point before its processes are stopped."""
 TERM_SECONDS = 1.0
 """Seconds processes get after SIGTERM before SIGKILL, when the command stops them."""
+KILL_WAIT_SECONDS = 1.0
+"""Seconds :func:`stop_processes` waits, at most, for processes to be gone after SIGKILL."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -65,8 +68,43 @@ _STOPPED_PIDS: set[int] = set()
 """Ids of the processes :func:`stop_processes` stopped in this command (for :func:`remove_orphan_exchanges`)."""
 
 
+def processes_under(folder: str) -> list:
+    """``psutil.Process`` objects of this user's processes whose command line names ``folder`` or a path in it,
+    with every process below them (one snapshot; this process and its ancestors excluded).
+
+    POC: NVFlare starts each service through a shell script whose process the init process adopts, and each job
+    process in a session of its own, so neither is a descendant of the command; all of them name the POC
+    workspace on their command line (``.../prod_00/<site>/startup/sub_start.sh``, ``-m .../prod_00/<site>``).
+    The command lines are read from ``/proc`` directly (psutil took ~0.2 s for 120 processes).
+    """
+    import psutil
+
+    folder = os.path.abspath(folder).encode()
+    inside = folder + os.sep.encode()
+    own = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        own.update(parent.pid for parent in psutil.Process().parents())
+    found: dict[int, object] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in own:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as stream:
+                args = stream.read().split(b"\0")
+            if any(arg == folder or arg.startswith(inside) for arg in args):
+                process = psutil.Process(int(name))
+                found[process.pid] = process
+                found.update((child.pid, child) for child in process.children(recursive=True))
+        except (OSError, psutil.Error):
+            continue
+    return [process for pid, process in found.items() if pid not in own]
+
+
 def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_seconds: float = 0.05) -> None:
-    """SIGTERM ``processes``; SIGKILL those still running ``term_seconds`` later (0: SIGKILL at once)."""
+    """SIGTERM ``processes``; SIGKILL those still running ``term_seconds`` later (0: SIGKILL at once); returns once
+    they are gone, or :data:`KILL_WAIT_SECONDS` after the SIGKILL."""
     import psutil
 
     _STOPPED_PIDS.update(process.pid for process in processes)
@@ -84,6 +122,10 @@ def stop_processes(processes: list, term_seconds: float = TERM_SECONDS, poll_sec
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
+    deadline = time.monotonic() + KILL_WAIT_SECONDS
+    while alive and time.monotonic() < deadline:  # SIGKILL is not instant: a process frees its memory first
+        time.sleep(poll_seconds)
+        alive = still_running(alive)
 
 
 def still_running(processes: list) -> list:
@@ -144,18 +186,29 @@ class StopOnSignals:
 
     ``server_stopped()`` says whether the server has honoured the request (for the console line only).
     ``output_dir`` is the run folder the server writes to (where the stop request goes; None where the server is
-    on another host: then only :attr:`signum` is set, for the caller's wait loop to act on). ``force`` stops the
-    processes (default: every descendant of this process); it gets the seconds between SIGTERM and SIGKILL.
+    on another host: then only :attr:`signum` is set, for the caller's wait loop to act on). ``processes()`` lists
+    the processes the command started (default: every descendant of this process; POC: :func:`processes_under`
+    its workspace); ``force`` stops them (default: :func:`stop_processes`), given the seconds between SIGTERM
+    and SIGKILL. ``ask_server=False`` (a server that cannot honour a stop request: the edge job): the first signal
+    stops the processes at once (SIGTERM, SIGKILL :data:`TERM_SECONDS` later); what the server wrote is kept.
     :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
     """
 
     def __init__(
-        self, output_dir: str | None, force=None, grace_seconds: float = STOP_GRACE_SECONDS, server_stopped=None
+        self,
+        output_dir: str | None,
+        force=None,
+        grace_seconds: float = STOP_GRACE_SECONDS,
+        server_stopped=None,
+        processes=None,
+        ask_server: bool = True,
     ):
         self.output_dir = output_dir
+        self.ask_server = ask_server
         self._server_stopped = server_stopped or (lambda: False)
         self.grace_seconds = grace_seconds
-        self._force = force or (lambda term_seconds: stop_processes(descendants(), term_seconds))
+        self._processes = processes or descendants
+        self._force = force or (lambda term_seconds: stop_processes(self._processes(), term_seconds))
         self.signum: int | None = None
         self.forced = threading.Event()
         self._previous: dict[int, object] = {}
@@ -166,7 +219,8 @@ class StopOnSignals:
         return None if self.signum is None else 128 + self.signum
 
     def __enter__(self) -> StopOnSignals:
-        clear_stop(self.output_dir)
+        if self.ask_server:
+            clear_stop(self.output_dir)
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -177,10 +231,23 @@ class StopOnSignals:
             signal.signal(signum, handler)
         if self._timer is not None:
             self._timer.cancel()
-        clear_stop(self.output_dir)
+        if self.ask_server:
+            clear_stop(self.output_dir)
 
     def _handle(self, signum: int, frame) -> None:
         name = signal_name(signum)
+        if self.signum is None and not self.ask_server:
+            self.signum = signum
+            print(
+                f"\n{name}: stopping the run's processes (the results written so far are kept); Ctrl-C again to "
+                "stop at once",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._timer = threading.Timer(0.0, self.stop_now)  # not in the handler: the main thread may hold locks
+            self._timer.daemon = True
+            self._timer.start()
+            return
         if self.signum is None:
             self.signum = signum
             if self.output_dir:
@@ -202,9 +269,16 @@ class StopOnSignals:
         self.forced.set()
         self._force(0.0)
 
+    def stop_now(self, term_seconds: float = TERM_SECONDS) -> None:
+        """Stop the processes now (the server has stopped at a checkpoint): SIGTERM, SIGKILL ``term_seconds`` later."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.forced.set()
+        self._force(term_seconds)
+
     def _stop_late(self) -> None:
         """The server did not stop within the grace period: stop the processes."""
-        if descendants():
+        if self._processes():
             if self._server_stopped():
                 print("the server stopped at a checkpoint; stopping the processes", file=sys.stderr, flush=True)
             else:

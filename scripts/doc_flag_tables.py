@@ -1,6 +1,6 @@
 """Print the Markdown flag tables of docs/jobs.md from the jobs' own parsers (the same ones --help uses).
 
-.venv/bin/python scripts/doc_flag_tables.py combined   # simulation flags: one column of defaults per job
+.venv/bin/python scripts/doc_flag_tables.py combined   # simulation flags by section: one column of defaults per job
 .venv/bin/python scripts/doc_flag_tables.py run        # run flags shared by every job
 .venv/bin/python scripts/doc_flag_tables.py privacy    # the --dp-* flags (docs/privacy.md)
 """
@@ -14,6 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from devsim.sections import SECTIONS  # noqa: E402
 from devsim_flare.api import RECIPES  # noqa: E402
 from devsim_flare.cli import build_parser  # noqa: E402
 
@@ -32,8 +33,9 @@ def flag(action: argparse.Action) -> str:
 
 
 def actions(parser: argparse.ArgumentParser, title: str) -> dict[str, argparse.Action]:
-    group = next(g for g in parser._action_groups if g.title == title)
-    return {a.option_strings[0]: a for a in group._group_actions}
+    """The flags of ``parser``'s ``--help`` group ``title`` (none when the job has no such group)."""
+    group = next((g for g in parser._action_groups if g.title == title), None)
+    return {a.option_strings[0]: a for a in group._group_actions} if group else {}
 
 
 def main() -> None:
@@ -51,14 +53,21 @@ def main() -> None:
         for action in actions(build_parser(""), mode).values():
             print(f"| {flag(action)} | {shown(action)} | {(action.help or '').replace('|', '/')} |")
         return
-    tables = {name: actions(build_parser("", recipe.defaults), "simulation") for name, recipe in RECIPES.items()}
-    order = list(dict.fromkeys(option for table in tables.values() for option in table))
-    print("| flag | " + " | ".join(RECIPES) + " | meaning |")
-    print("| --- | " + " | ".join("---" for _ in RECIPES) + " | --- |")
-    for option in order:
-        first = next(t[option] for t in tables.values() if option in t)
-        defaults = " | ".join(shown(t[option]) if option in t else "—" for t in tables.values())
-        print(f"| {flag(first)} | {defaults} | {(first.help or '').replace('|', '/')} |")
+    parsers = {name: build_parser("", recipe.defaults) for name, recipe in RECIPES.items()}
+    for key, title in SECTIONS.items():
+        if key == "privacy":
+            continue  # its own table: `privacy`
+        tables = {name: actions(parser, title) for name, parser in parsers.items()}
+        order = list(dict.fromkeys(option for table in tables.values() for option in table))
+        if not order:
+            continue
+        print(f"\n### {title} (`{key}`)\n")
+        print("| flag | " + " | ".join(RECIPES) + " | meaning |")
+        print("| --- | " + " | ".join("---" for _ in RECIPES) + " | --- |")
+        for option in order:
+            first = next(t[option] for t in tables.values() if option in t)
+            defaults = " | ".join(shown(t[option]) if option in t else "—" for t in tables.values())
+            print(f"| {flag(first)} | {defaults} | {(first.help or '').replace('|', '/')} |")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Every benchmark that publishes figures can write them as JSON: a ``--json`` flag whose output goes through
-``benchmarks/figures.py``'s ``write_results`` (so the README table can be rebuilt from ``benchmarks/results/``).
+``benchmarks/harness.py``'s ``write_results`` (so the README table can be rebuilt from ``benchmarks/results/``).
 
 Read from the sources (no script is imported or run), so the checks take milliseconds."""
 
@@ -18,7 +18,7 @@ from tests.conftest import REPO
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 # Entry scripts that may print research tables without a --json flag: none of them has a figure in the README's
 # table (a figure in benchmarks/results/ needs the flag, see the first test).
-NO_PUBLISHED_FIGURES = {"cluster_replay.py", "cluster_similarity_layers.py", "gpu_suite.py", "gpu_suite_check.py"}
+NO_PUBLISHED_FIGURES = {"gpu_suite.py", "gpu_suite_check.py"}
 SCRIPT_IN_COMMAND = re.compile(r"benchmarks/(\w+\.py)")
 
 
@@ -58,13 +58,19 @@ def defines_json_flag(source: str) -> bool:
     return False
 
 
+def _writes(source: str) -> bool:
+    """Whether a source writes through the harness: ``write_results``, or a ``Session`` and its ``write``."""
+    return "write_results" in source or ("Session(" in source and ".write(" in source)
+
+
 def writes_results(name: str) -> bool:
-    """Whether the script calls ``write_results``, itself or through a sibling benchmark it loads by file name."""
+    """Whether the script writes its figures through the harness, itself or through a sibling benchmark it loads
+    by file name."""
     source = _source(name)
-    if "write_results" in source:
+    if _writes(source):
         return True
     siblings = set(re.findall(r"[\"'](\w+\.py)[\"']", source)) - {name}
-    return any(os.path.exists(os.path.join(BENCHMARKS, s)) and "write_results" in _source(s) for s in siblings)
+    return any(os.path.exists(os.path.join(BENCHMARKS, s)) and _writes(_source(s)) for s in siblings)
 
 
 def test_every_script_with_a_published_figure_exists_and_has_a_json_flag():
@@ -82,7 +88,7 @@ def test_every_benchmark_script_writes_its_figures_with_json(name):
     if not defines_json_flag(source):
         assert name in NO_PUBLISHED_FIGURES, f"benchmarks/{name} has no --json flag"
         return
-    assert writes_results(name), f"benchmarks/{name} --json does not go through benchmarks/figures.py write_results"
+    assert writes_results(name), f"benchmarks/{name} --json does not write through benchmarks/harness.py"
 
 
 def test_the_scripts_without_figures_exist():

@@ -31,3 +31,13 @@ def test_the_newest_file_wins_for_a_figure(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(new))
     (tmp_path / "b.json").write_text(json.dumps(old))
     assert [(f["figure"], f["value"]) for f in table.latest_figures(str(tmp_path))] == [("x", "3"), ("y", "2")]
+
+
+def test_every_figure_command_is_one_command_a_reader_can_paste():
+    """The environment's Python on a benchmark script: no chains through temporary files, no placeholders for a
+    checkout the reader does not have."""
+    for entry in _table_module().latest_figures():
+        command = entry["command"]
+        assert ".venv/bin/python benchmarks/" in command, f"{entry['figure']}: {command}"
+        for mark in ("&&", "/tmp/", "git show", "DIR", "; "):
+            assert mark not in command, f"{entry['figure']}: {command}"

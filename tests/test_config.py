@@ -68,20 +68,18 @@ def test_random_configs_validate_or_fail_clearly(changes):
 
 
 def test_every_preset_validates_with_its_job():
-    import json
     import os
 
     from devsim.config import AsyncConfig, FedReviveConfig
-    from devsim_flare.cli import PRESETS_DIR
+    from devsim_flare.api.errors import RaisingParser
+    from devsim_flare.cli import PRESETS_DIR, load_preset
 
     job_configs = {"fedrevive": FedReviveConfig, "fedbuff": AsyncConfig, "fedavg": AsyncConfig}
-    names = sorted(f for f in os.listdir(PRESETS_DIR) if f.endswith(".json"))
+    names = sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".json"))
     assert names
     for name in names:
-        with open(os.path.join(PRESETS_DIR, name), encoding="utf-8") as stream:
-            values = json.load(stream)
-        values.pop("description")
         config_cls = job_configs[name.split("_")[0]]
+        values = load_preset(RaisingParser(), name, config_cls)
         if values.get("dataset", "synthetic") != "synthetic":
             values["download"] = True
         config_cls.from_dict(values)

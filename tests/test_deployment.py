@@ -89,6 +89,41 @@ def test_fedavg_on_the_deployment_gives_the_simulators_results(running_deploymen
     sim = run_in_sim(tmp_path, "fedavg", FEDAVG)
     assert curve(prod) == curve(sim)
     assert prod["summary"]["final_accuracy"] > 0.6
+    _sigterm_aborts_the_submitted_job(workspace, tmp_path)
+
+
+def _sigterm_aborts_the_submitted_job(workspace, tmp_path) -> None:
+    """SIGTERM to the submitting command (as a scheduler sends it) at round 2 of a long run: the job it submitted
+    is aborted on the deployment, what the server wrote is downloaded, and the command exits with 143."""
+    import signal
+
+    from devsim_flare.deployment.workspace import layout_for
+    from tests.conftest import import_script
+
+    command, output_dir = import_script("scripts", "deployment.py").job_command(
+        str(workspace), "fedavg", ["--dataset", "digits", "--num-rounds", "300", "--seed", "5"]
+    )
+    env = {**isolated_env(tmp_path), "HOME": layout_for(str(workspace)).home}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("round 2 ") for line in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+    output = "".join(lines)
+    assert proc.returncode == 143, output[-3000:]
+    assert re.search(r"job \S+ status: FINISHED:ABORTED", output) and "SIGTERM: the job was aborted" in output, output
+    rounds = find_results(output_dir)["rounds"]
+    assert 2 <= len(rounds) < 300, len(rounds)
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
-"""DP-FedAvg end to end in NVFlare's simulator: the reported epsilon is dp-accounting's, the noise repeats bit for
-bit and a resumed run continues it exactly (the accountant's state is in the checkpoint)."""
+"""DP-FedAvg and DP-FedBuff end to end in NVFlare's simulator: the reported epsilon is dp-accounting's, the noise
+repeats bit for bit and a resumed run continues it exactly (the accountant's state is in the checkpoint)."""
 
 from __future__ import annotations
+
+import csv
 
 import dp_accounting
 import pytest
@@ -10,6 +12,13 @@ import torch
 from tests.conftest import SMALL_RUN, find_results, refused_job, run_job
 
 DP_RUN = [*SMALL_RUN, "--dp", "central", "--dp-noise-multiplier", "0.8", "--dp-clip", "0.5", "--dp-noise-at", "leaves"]
+DP_FEDBUFF_RUN = [
+    *("--num-leaf-nodes", "2", "--devices-per-leaf", "20", "--samples-per-device", "100", "--partition", "iid"),
+    *("--synthetic-train-size", "4000", "--synthetic-test-size", "1000", "--delay-schedule", "paper_shifted"),
+    *("--concurrency", "8", "--buffer-size", "4", "--max-versions", "20", "--eval-frequency", "10"),
+    *("--global-lr", "0.3", "--seed", "5", "--device-batch", "off"),  # one device at a time: resume bit for bit
+    *("--dp", "central", "--dp-noise-multiplier", "0.5", "--dp-clip", "0.5", "--dp-noise-at", "leaves"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +71,50 @@ def test_dp_budget_stops_the_run_saying_so(tmp_path):
     assert results["summary"]["dp_stopped"].startswith(f"stopped before round {len(results['rounds']) + 1}")
 
 
+def test_dp_fedbuff_accounts_each_version_and_resumes_bit_for_bit(tmp_path):
+    """One event per applied version (a sample of B = 4 from N - K = 32, replace-one) as dp-accounting computes it
+    here; a run stopped at version 10 and resumed has the uninterrupted run's arrivals, epsilon and final weights."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    ws = ["--workspace", str(tmp_path / "ws")]
+    proc = run_job("pt_job_fedbuff.py", [*DP_FEDBUFF_RUN, "--output-dir", str(full), *ws], tmp_path)
+    run_job(
+        "pt_job_fedbuff.py", [*DP_FEDBUFF_RUN, "--output-dir", str(part), "--stop-after-version", "10", *ws], tmp_path
+    )
+    run_job("pt_job_fedbuff.py", ["--resume", str(part), *ws], tmp_path)
+    results, resumed = find_results(full), find_results(part)
+    event = dp_accounting.SampledWithoutReplacementDpEvent(32, 4, dp_accounting.GaussianDpEvent(0.25))
+    records = results["rounds"][1:]
+    assert [r["version"] for r in records] == [10, 20]
+    for record in records:
+        library = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        library.compose(event, record["version"])
+        assert f"{record['dp_epsilon']:.3g}" == f"{library.get_epsilon(1 / 40**1.1):.3g}", record
+    assert "dp_epsilon_one_update" in records[-1] and results["summary"]["dp_rounds_accounted"] == 20
+    assert records[-1]["dp_noise_std"] == pytest.approx(0.25)  # z * S on each buffer's sum
+    assert (
+        "buffers of 4 from 32 idle devices" in proc.stdout and f"epsilon {records[-1]['dp_epsilon']:.3f}" in proc.stdout
+    )
+    assert [r.get("dp_epsilon") for r in resumed["rounds"]] == [r.get("dp_epsilon") for r in results["rounds"]]
+
+    def arrivals(run_dir):
+        with open(run_dir / "arrivals.csv", encoding="utf-8") as stream:
+            return list(csv.reader(stream))
+
+    assert arrivals(part) == arrivals(full) and len(arrivals(full)) == 1 + 20 * 4  # header, B updates a version
+    uninterrupted, again = torch.load(full / "final_model.pt"), torch.load(part / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], again[key]), key
+
+
 @pytest.mark.parametrize(
     "script, args, needle",
     [
-        ("pt_job_fedbuff.py", ["--dp", "central", "--dp-noise-multiplier", "1"], "--dp: central is not available"),
+        (
+            "pt_job_fedbuff.py",
+            ["--dp", "central", "--dp-noise-multiplier", "1", "--dp-target-quantile", "0.5"],
+            "--dp-target-quantile",
+        ),
+        ("pt_job_fedrevive.py", ["--dp", "central", "--dp-noise-multiplier", "1"], "--dp: central is not available"),
         ("pt_job_fedavg.py", ["--dp", "central", "--dp-clip", "0"], "--dp-clip"),
         ("pt_job_fedavg.py", ["--dp", "central", "--dp-epsilon", "1", "--dp-noise-multiplier", "1"], "not both"),
     ],

@@ -244,3 +244,47 @@ def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
         assert f"generated new model version {version} with 8 updates" in server_log
     assert wall < 240
     assert processes_mentioning(str(workspace)) == []
+
+
+def test_ctrl_c_stops_the_edge_run_keeping_its_results(tmp_path):
+    """Ctrl-C (SIGINT to the command's process group) at version 2 of a long run: exit 130 within 5 s, every
+    evaluated version in the results, no process of the run left."""
+    import signal
+
+    from tests.conftest import end_leftovers, isolated_env
+
+    workspace, output = tmp_path / "ws", tmp_path / "out"
+    args = [*EDGE_RUN, "--num-versions", "200", "--workspace", str(workspace), "--output-dir", str(output)]
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"\[edge\] version ([2-9]|\d\d+) ", line) or time.monotonic() > deadline:
+                break
+        assert any(line.startswith("[edge] version 2 ") for line in lines), "".join(lines[-40:])
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        proc.wait(timeout=30)
+        seconds = time.monotonic() - started
+        lines.append(proc.stdout.read())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    output_text = "".join(lines)
+    assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output_text[-3000:])
+    assert not leftovers, leftovers
+    assert "SIGINT: run stopped" in output_text, output_text[-3000:]
+    versions = [r["version"] for r in _records(output)]
+    assert versions[:2] == [1, 2] and versions == list(range(1, len(versions) + 1)) and len(versions) < 200, versions

@@ -1,8 +1,8 @@
 """The GPU suite's CPU dry run (``benchmarks/gpu_suite.py --device cpu --tiny``), so the script cannot rot.
 
-The in-process sections run in the fast suite; the sections that start NVFlare simulator jobs run in
-one slow test. Figures are checked for shape and sanity (positive rates, ratios that are the ratio of
-the printed rates), never for speed.
+One tiny dry run takes every section at the smallest shapes (one process: torch, the data and the compiled step are
+loaded once) and the tests below read its report. Figures are checked for shape and sanity (positive rates, ratios
+that are the ratio of the printed rates), never for speed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ SUITE = os.path.join(REPO, "benchmarks", "gpu_suite.py")
 
 
 def run_suite(tmp_path, sections: str, timeout: float) -> dict:
+    """Run the dry run of ``sections`` into ``tmp_path/gpu_suite.json``; its report (no section failed)."""
     out = tmp_path / "gpu_suite.json"
     env = dict(os.environ, HOME=str(tmp_path / "home"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     # compiled_step's kernels and inductor's precompiled headers (under the temp dir whatever the cache dir) stay here
@@ -38,8 +39,18 @@ def run_suite(tmp_path, sections: str, timeout: float) -> dict:
     return report
 
 
-def test_in_process_sections_write_consistent_figures(tmp_path):
-    report = run_suite(tmp_path, "throughput,worker_sweep,tf32", timeout=600)
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> tuple[dict, str]:
+    """Every section's tiny dry run, once for this module: (the report, the path of its JSON)."""
+    folder = tmp_path_factory.mktemp("gpu_suite")
+    from benchmarks.gpu_suite import SECTIONS
+
+    return run_suite(folder, ",".join(SECTIONS), timeout=1800), str(folder / "gpu_suite.json")
+
+
+@pytest.mark.slow
+def test_in_process_sections_write_consistent_figures(dry_run):
+    report, path = dry_run
     cnn = report["sections"]["throughput"]["cnn"]
     for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker", "auto"):
         assert cnn[key] > 0, key
@@ -54,40 +65,17 @@ def test_in_process_sections_write_consistent_figures(tmp_path):
     tf32 = report["sections"]["tf32"]["cnn"]
     assert tf32["leaf_gain"] == pytest.approx(tf32["leaf_on"] / tf32["leaf_off"])
     assert tf32["max_relative_difference"] < 1e-5  # no TF32 on the CPU: the same float32 run twice
-    assert list(report["section_seconds"]) == ["throughput", "worker_sweep", "tf32"] and report["suite_seconds"] > 0
-    check = subprocess.run(
-        [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
-    )
+    from benchmarks.gpu_suite import SECTIONS
+
+    assert list(report["section_seconds"]) == list(SECTIONS) and report["suite_seconds"] > 0
+    check = subprocess.run([sys.executable, SUITE, "check", path], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
-    assert "missing (section not run)" in check.stdout and "one leaf, 64 devices, CNN" in check.stdout
-
-
-def test_compression_section_reports_every_codec_at_both_data_sizes(tmp_path):
-    report = run_suite(tmp_path, "compression", timeout=600)["sections"]["compression"]
-    for samples in ("50", "100"):
-        run = report[f"samples_{samples}"]
-        assert run["args"]["samples"] == int(samples) and run["training_device"] == "cpu"
-        codecs = run["codecs"]
-        assert set(codecs) == {"none", "fp16", "int8", "topk 10%", "topk 1%", "topk 4% int8"}
-        assert codecs["none"]["codec_share"] == 0 and codecs["none"]["fewer_bytes"] == 1
-        assert codecs["int8"]["fewer_bytes"] == pytest.approx(4.0, rel=0.01) and codecs["int8"]["codec_share"] > 0
-
-
-def test_unknown_section_is_one_clear_error(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, SUITE, "--device", "cpu", "--sections", "throughput,warp"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "--sections: unknown warp" in proc.stderr and "Traceback" not in proc.stderr
+    assert "one leaf, 64 devices, CNN" in check.stdout and "launch to the first finished round" in check.stdout
 
 
 @pytest.mark.slow
-def test_job_sections_dry_run(tmp_path):
-    report = run_suite(tmp_path, "fedavg_e2e,fedrevive,shared_gpu,compression_job", timeout=1500)
-    sections = report["sections"]
+def test_job_sections_dry_run(dry_run):
+    sections = dry_run[0]["sections"]
     for run in (sections["fedavg_e2e"]["cnn_default"], sections["fedavg_e2e"]["resnet18_1000_devices"]):
         assert run["first_round_seconds"] is not None and 0 < run["first_round_seconds"] < run["wall_seconds"]
         assert run["device_samples_per_s"] > 0 and "leaf_compute" in run["timing_mean_parts"]
@@ -100,10 +88,10 @@ def test_job_sections_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_async_and_compiled_step_sections_dry_run(tmp_path):
-    """Issue 31's sections: ratios that are the ratio of the printed rates, compiled deltas equal to eager's up to
-    float rounding (the compiled step compiles here with inductor on the CPU: about 15 s)."""
-    sections = run_suite(tmp_path, "async_throughput,compiled_step", timeout=900)["sections"]
+def test_async_and_compiled_step_sections_dry_run(dry_run):
+    """Ratios that are the ratio of the printed rates, compiled deltas equal to eager's up to float rounding (the
+    compiled step compiles here with inductor on the CPU: about 15 s)."""
+    sections = dry_run[0]["sections"]
     rates = sections["async_throughput"]["settings"]
     assert set(rates) == {"fedavg", "fedbuff B=2"} and sections["async_throughput"]["tight_loop_ms_per_update"] > 0
     fedbuff = rates["fedbuff B=2"]
@@ -113,6 +101,17 @@ def test_async_and_compiled_step_sections_dry_run(tmp_path):
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
+
+
+def test_unknown_section_is_one_clear_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, SUITE, "--device", "cpu", "--sections", "throughput,warp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--sections: unknown warp" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_check_puts_each_target_beside_its_figure():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -12,20 +13,76 @@ from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_men
 
 
 @pytest.mark.slow
-def test_poc_run_completes_learns_and_leaves_no_process(tmp_path):
+def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) at round 2: exit 130 within 5 s, the
+    server's results and checkpoint written, no process, /dev/shm folder or listening port left; ``--resume``
+    then completes the run in POC."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import REPO, isolated_env
+
+    run_dir = tmp_path / "run"
+    args = [*SMALL_RUN, "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"]
+    proc = subprocess.Popen(
+        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(run_dir)],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run_dir / "results.json").exists() and '"round": 2' in (run_dir / "results.json").read_text():
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        server_pids = [int(line.split(":", 1)[0]) for line in processes_mentioning(str(tmp_path / "poc"))]
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        seconds = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
+    assert not leftovers, leftovers
+    assert not [n for n in _exchange_folders() if n.split("-")[2] in {str(pid) for pid in server_pids}]
+    port = int(re.search(r"fed_learn_port: (\d+)", (tmp_path / "poc" / "project.yml").read_text()).group(1))
+    listening = [c for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port]
+    assert not listening, listening
+    results = find_results(run_dir)
+    assert results["stopped"]["reason"] == "SIGINT" and (run_dir / "checkpoint.pt").exists()
+    assert "continue with --resume" in output
     try:
         proc = run_job(
             "pt_job_fedavg.py",
-            [*SMALL_RUN, "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"],
+            ["--resume", str(run_dir), "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"],
             tmp_path,
             timeout=900,
         )
         assert "FINISHED:COMPLETED" in proc.stdout, proc.stdout[-3000:]
-        results = find_results(tmp_path / "ws" / "runs")
+        results = find_results(run_dir)
+        assert [r["round"] for r in results["rounds"]] == list(range(1, 7)) and "stopped" not in results
         assert results["summary"]["final_accuracy"] > 0.4
     finally:
         leftovers = end_leftovers(str(tmp_path))
     assert not leftovers, leftovers
+
+
+def _exchange_folders() -> list[str]:
+    from devsim.shared_arrays import FOLDER_PREFIX, SHARED_MEMORY_ROOT
+
+    try:
+        return [name for name in os.listdir(SHARED_MEMORY_ROOT) if name.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return []
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from devsim.config import AsyncConfig, ClusterConfig, ConfigError, FedReviveConfig, SimulationConfig
+from devsim.config import ClusterConfig, ConfigError, FedReviveConfig, SimulationConfig
 from devsim.privacy.accountant import RunAccountant, epsilon_after
 from devsim.privacy.clipping import clip_, clip_rows_, next_clip
 from devsim.privacy.device import DevicePrivacy
@@ -220,7 +220,7 @@ def test_bad_privacy_settings_get_one_line_naming_the_flag(overrides, flag):
     assert flag in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("config_cls", [AsyncConfig, FedReviveConfig, ClusterConfig])
+@pytest.mark.parametrize("config_cls", [FedReviveConfig, ClusterConfig])
 def test_methods_without_dp_refuse_it_in_one_line(config_cls):
     with pytest.raises(ConfigError, match="--dp: central is not available"):
         config_cls(dp="central", dp_noise_multiplier=1.0, num_leaf_nodes=2, devices_per_leaf=50).validate()

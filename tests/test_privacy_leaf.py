@@ -51,3 +51,27 @@ def test_loop_and_batched_paths_clip_alike(rounds):
         np.testing.assert_allclose(
             rounds["batched"][1].delta_sum[key], rounds["loop"][1].delta_sum[key], rtol=1e-3, atol=1e-9
         )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_async_jobs_are_clipped_and_noised_on_the_leaf(single_torch_thread, batch):
+    """DP-FedBuff: each job's own delta leaves the leaf clipped to S and, with a noise std (local DP or leaf
+    placement's share), with Gaussian noise of that std keyed by the job's train seed."""
+    weights = model_to_numpy(build_model("cnn"))
+    runner = LeafRoundRunner(small_processors(1), device_batch=batch)
+    try:
+        args = (weights, DEVICES, DEVICES, [100 + d for d in DEVICES])
+        clipped = runner.run_jobs(*args, privacy=DevicePrivacy(1e-3))
+        noised = runner.run_jobs(*args, privacy=DevicePrivacy(1e-3, 0.01, seed=4))
+    finally:
+        runner.close()
+    rows = np.sqrt(
+        sum(np.sum(v.astype(np.float64) ** 2, axis=tuple(range(1, v.ndim))) for v in clipped["deltas"].values())
+    )
+    assert rows.shape == (len(DEVICES),) and np.all(rows <= 1e-3 * (1 + 1e-5)) and np.all(rows > 0.9e-3)
+    deviation = np.concatenate([(noised["deltas"][k] - clipped["deltas"][k]).ravel() for k in clipped["deltas"]])
+    assert deviation.size > 100_000 and deviation.std() == pytest.approx(0.01, rel=0.05)
+    first, second = (
+        np.concatenate([(noised["deltas"][k] - clipped["deltas"][k])[i].ravel() for k in weights]) for i in (0, 1)
+    )
+    assert not np.allclose(first, second)  # each job draws its own noise

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -146,12 +147,12 @@ def test_grace_period_forces_the_stop(tmp_path):
 
 
 def test_stop_processes_kills_what_ignores_sigterm():
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
-    )
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    code += "time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     import psutil
 
-    time.sleep(0.3)
+    assert child.stdout.readline().strip() == "ready"  # SIGTERM is ignored from here on, however slow the start
     started = time.monotonic()
     stop_processes([psutil.Process(child.pid)], term_seconds=0.3)
     assert child.wait(timeout=5) == -signal.SIGKILL
@@ -214,3 +215,72 @@ def test_exchange_folder_of_a_stopped_server_is_removed_while_its_zombie_waits()
         child.wait()
         if os.path.isdir(folder):
             os.rmdir(folder)
+
+
+def test_processes_under_finds_what_names_the_folder_and_its_children(tmp_path):
+    """POC's services name their workspace on the command line and are not this process's descendants."""
+    from devsim_flare.run_signals import processes_under
+
+    folder = tmp_path / "poc"
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    named = subprocess.Popen([sys.executable, "-c", code + "time.sleep(60)", str(folder / "site-1")])
+    other = _sleeper()
+    try:
+        deadline = time.monotonic() + 10
+        found = []
+        while len(found) < 2 and time.monotonic() < deadline:
+            found = processes_under(str(folder))
+            time.sleep(0.05)
+        pids = {process.pid for process in found}
+        assert named.pid in pids and len(pids) == 2 and other.pid not in pids and os.getpid() not in pids
+        assert processes_under(str(tmp_path / "po")) == []  # a prefix of the name is another folder
+        stop_processes(found, term_seconds=1.0)
+        assert named.wait(timeout=5) is not None and processes_under(str(folder)) == []
+    finally:
+        for process in (named, other):
+            process.kill()
+            process.wait()
+
+
+def test_wait_for_job_ends_at_once_when_stopped_without_aborting():
+    from devsim_flare.deployment.poc import BackgroundStatus
+    from devsim_flare.execution import wait_for_job
+
+    run = _FakeRun()
+    started = time.monotonic()
+    flag = []
+    stopper = threading.Timer(0.2, flag.append, args=(1,))
+    stopper.start()
+    status, result = wait_for_job(BackgroundStatus(run, 0.05), 30.0, poll_seconds=10.0, stopped=lambda: bool(flag))
+    assert (status, result) == ("RUNNING", None) and not run.aborted
+    assert time.monotonic() - started < 1.0  # the 10 s status poll does not hold the stop
+
+
+def test_without_asking_the_server_the_first_signal_stops_the_processes(tmp_path):
+    child = _sleeper()
+    try:
+        with StopOnSignals(str(tmp_path), ask_server=False) as signals:
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 5
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert signals.exit_code == 130 and child.poll() is not None
+        assert not (tmp_path / STOP_FILE).exists()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_leaf_failure_names_the_leaf_and_why_nvflare_ended_the_job(tmp_path):
+    from devsim_flare.deployment.poc import leaf_failure
+
+    log = tmp_path / "example_project" / "prod_00" / "server" / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "2026-11-26 10:00:00 - FederatedServer - INFO - Failing job abc-1 due to reported failure from site-2: "
+        "exception\n"
+    )
+    line = leaf_failure(str(tmp_path), "abc-1")
+    assert "leaf site-2" in line and "(exception)" in line and "fails the whole job" in line and "\n" not in line
+    assert leaf_failure(str(tmp_path), "other-job") is None
+    assert leaf_failure(str(tmp_path / "nothing")) is None

@@ -1,6 +1,27 @@
 """Aggregation strategies: one class per method behind one interface."""
 
-from devsim.aggregation.base import LeafUpdate, SyncStrategy
-from devsim.aggregation.fedavg import FedAvg
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devsim.aggregation.base import LeafUpdate, SyncStrategy
+    from devsim.aggregation.fedavg import FedAvg
 
 __all__ = ["FedAvg", "LeafUpdate", "SyncStrategy"]
+
+_HOMES = {
+    "LeafUpdate": "devsim.aggregation.base",
+    "SyncStrategy": "devsim.aggregation.base",
+    "FedAvg": "devsim.aggregation.fedavg",
+}
+"""Where each exported name lives: imported on first use, so that importing one module of this package (e.g. its
+settings, which the run configuration imports) does not import PyTorch."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

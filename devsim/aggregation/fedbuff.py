@@ -19,8 +19,7 @@ import math
 import numpy as np
 
 from devsim.aggregation.base import Weights
-
-STALENESS_WEIGHTINGS = ("none", "polynomial")
+from devsim.aggregation.settings import STALENESS_WEIGHTINGS
 
 
 class FedBuff:
@@ -99,10 +98,12 @@ class FedBuff:
         """True when ``buffer_size`` updates are buffered."""
         return self._count == self.buffer_size
 
-    def apply(self, global_weights: Weights) -> Weights:
-        """New global weights ``w + global_lr * sum(s_i * delta_i) / count`` (dtypes of ``w``); resets the buffer.
+    def apply(self, global_weights: Weights, noise: Weights | None = None) -> Weights:
+        """New global weights ``w + global_lr * (sum(s_i * delta_i) + noise) / count`` (dtypes of ``w``); resets
+        the buffer.
 
-        Normally called when :meth:`ready`; a partial buffer is divided by its own count.
+        Normally called when :meth:`ready`; a partial buffer is divided by its own count. ``noise`` (DP-FedBuff:
+        Gaussian noise on the sum, arrays of the model's shapes) is added to the sum before the division.
         ``global_weights`` is not modified.
         """
         if self._count == 0:
@@ -112,7 +113,7 @@ class FedBuff:
         scale = self.global_lr / self._count
         new_weights: Weights = {}
         for name, value in global_weights.items():
-            step = scale * self._sum[name]
+            step = scale * (self._sum[name] if noise is None else self._sum[name] + noise[name])
             new_weights[name] = (np.asarray(value, dtype=np.float64) + step).astype(np.asarray(value).dtype)
         self.reset()
         return new_weights

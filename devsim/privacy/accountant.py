@@ -80,11 +80,7 @@ class RunAccountant:
         self.event, self.delta, self.kind, self.replace_one = event, float(delta), kind, bool(replace_one)
         self.rounds = 0
         if kind == "rdp":
-            unit = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation(replace_one))
-            with _quiet_orders():
-                unit.compose(event)
-            self._orders = unit._orders  # the library's orders and the one event's RDP at each (dp-accounting 0.6.0)
-            self._unit_rdp = unit._rdp.copy()
+            self._orders, self._unit_rdp = _unit_rdp(event, bool(replace_one))
         else:
             self._unit_pld = _event_pld(event, relation(replace_one))
             self._pld = None
@@ -125,6 +121,25 @@ class RunAccountant:
         if rounds == self.rounds + 1:
             return self._unit_pld if self._pld is None else self._pld.compose(self._unit_pld)
         return self._unit_pld.self_compose(rounds)
+
+
+_UNIT_RDP: dict[tuple, tuple] = {}
+UNIT_RDP_CACHE = 16
+"""Events whose RDP vector is kept (sampling without replacement takes about a second to compute)."""
+
+
+def _unit_rdp(event: dp_accounting.DpEvent, replace_one: bool) -> tuple:
+    """The library's orders and one ``event``'s RDP at each (dp-accounting 0.6.0), computed once per event."""
+    key = (event, replace_one)
+    if key not in _UNIT_RDP:
+        unit = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation(replace_one))
+        with _quiet_orders():
+            unit.compose(event)
+        if len(_UNIT_RDP) >= UNIT_RDP_CACHE:
+            _UNIT_RDP.pop(next(iter(_UNIT_RDP)))
+        _UNIT_RDP[key] = (unit._orders, unit._rdp.copy())
+    orders, rdp = _UNIT_RDP[key]
+    return orders, rdp.copy()
 
 
 def _event_pld(

@@ -12,7 +12,8 @@ from devsim.privacy.noise import add_local_noise_
 
 @dataclass(frozen=True)
 class DevicePrivacy:
-    """One round's device-side mechanism: clip to ``clip`` (L2), then add N(0, ``local_noise_std``^2) (local DP)."""
+    """One round's device-side mechanism: clip to ``clip`` (L2), then add N(0, ``local_noise_std``^2) (local DP; in
+    asynchronous runs also leaf placement's share of the buffer's noise, added to each update the leaf forwards)."""
 
     clip: float
     local_noise_std: float = 0.0
@@ -25,10 +26,12 @@ class DevicePrivacy:
             add_local_noise_(update, self.local_noise_std, self.seed, round_num, device_id)
         return norm <= self.clip
 
-    def apply_rows_(self, rows: list[torch.Tensor], round_num: int, device_ids: list[int]) -> list[bool]:
-        """:meth:`apply_` for a batched group: ``rows`` are (D, *shape), row i device ``device_ids[i]``."""
+    def apply_rows_(self, rows: list[torch.Tensor], round_num: int | list[int], device_ids: list[int]) -> list[bool]:
+        """:meth:`apply_` for a batched group: ``rows`` are (D, *shape), row i device ``device_ids[i]``.
+        ``round_num`` keys the noise of every row, or one key per row (asynchronous jobs: each job's seed)."""
         norms = clip_rows_(rows, self.clip)
         if self.local_noise_std:
+            keys = round_num if isinstance(round_num, list) else [round_num] * len(device_ids)
             for i, device_id in enumerate(device_ids):
-                add_local_noise_([t[i] for t in rows], self.local_noise_std, self.seed, round_num, device_id)
+                add_local_noise_([t[i] for t in rows], self.local_noise_std, self.seed, keys[i], device_id)
         return (norms <= self.clip).tolist()

@@ -10,6 +10,10 @@ what the server, the leaves and the accountant agree on:
   2021, Theorem 1), so ``z`` stays what is accounted.
 - local DP: each device adds standard deviation ``z * S`` to its own clipped update; the epsilon reported is that
   of one device's uploads in every round (replace-one, no sampling amplification: the receiver sees who uploaded).
+- asynchronous runs (DP-FedBuff, ``sampling == "buffer"``): a "round" is an applied version, whose buffer holds
+  exactly B updates of distinct devices, each dispatched to a device drawn uniformly from the idle ones (at least
+  population - K); each version is accounted as a sample of B without replacement from ``population`` = N - K
+  (replace-one), the denominator is B.
 """
 
 from __future__ import annotations
@@ -53,14 +57,15 @@ class PrivacyPlan:
         if settings.dp_noise_multiplier is None:
             raise ValueError("the noise multiplier is unresolved: call resolve_noise_multiplier first")
         population = int(settings.num_devices)
+        sampling, pool, expected = sampling_model(settings)
         count_noise = settings.dp_count_noise
         if settings.dp_target_quantile is not None and count_noise is None:
-            count_noise = settings.device_selection_size / COUNT_NOISE_DIVISOR
+            count_noise = expected / COUNT_NOISE_DIVISOR
         return cls(
             mode=settings.dp,
-            population=population,
-            expected=int(settings.device_selection_size),
-            sampling=settings.dp_sampling,
+            population=pool,
+            expected=expected,
+            sampling=sampling,
             noise_multiplier=float(settings.dp_noise_multiplier),
             delta=float(settings.dp_delta) if settings.dp_delta is not None else default_delta(population),
             clip=float(settings.dp_clip),
@@ -73,7 +78,7 @@ class PrivacyPlan:
 
     @property
     def rate(self) -> float:
-        """q: the probability that a given device is selected in a round."""
+        """q: the probability that a given device is selected in a round (in a version's buffer)."""
         return self.expected / self.population
 
     @property
@@ -83,8 +88,9 @@ class PrivacyPlan:
 
     @property
     def replace_one(self) -> bool:
-        """Whether the accounting is for replacing one device (fixed-size sampling, local DP) or adding/removing."""
-        return self.sampling == "fixed" or self.mode == "local"
+        """Whether the accounting is for replacing one device (fixed-size sampling, buffers, local DP) or
+        adding/removing one."""
+        return self.sampling != "poisson" or self.mode == "local"
 
     @property
     def sum_noise_multiplier(self) -> float:
@@ -108,7 +114,7 @@ def make_event(
     add/remove one device, ``z / 2`` with replace-one (two clipped updates differ by up to ``2 S``)."""
     if mode == "local":
         return dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
-    if sampling == "fixed":
+    if sampling in ("fixed", "buffer"):
         gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
         return dp_accounting.SampledWithoutReplacementDpEvent(population, expected, gaussian)
     return dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise_multiplier))
@@ -128,6 +134,15 @@ def sum_noise_multiplier(noise_multiplier: float, count_noise: float | None) -> 
     return 1.0 / math.sqrt(rest)
 
 
+def sampling_model(settings) -> tuple[str, int, int]:
+    """(sampling, population sampled from, expected devices per aggregate) of a run: synchronous rounds select
+    ``--device-selection-size`` of the N devices (``--dp-sampling``); an asynchronous run's buffer is B devices
+    from the N - K idle ones (``"buffer"``)."""
+    if hasattr(settings, "buffer_size"):
+        return "buffer", int(settings.num_devices) - int(settings.concurrency), int(settings.buffer_size)
+    return settings.dp_sampling, int(settings.num_devices), int(settings.device_selection_size)
+
+
 def default_delta(population: int) -> float:
     """``1 / population ** 1.1``."""
     return 1.0 / population**DEFAULT_DELTA_EXPONENT
@@ -142,19 +157,20 @@ def resolve_noise_multiplier(settings, rounds: int) -> float:
     population = int(settings.num_devices)
     delta = settings.dp_delta if settings.dp_delta is not None else default_delta(population)
     upper = MAX_NOISE_MULTIPLIER
+    sampling, pool, expected = sampling_model(settings)
     if settings.dp_target_quantile is not None:
-        count_noise = settings.dp_count_noise or settings.device_selection_size / COUNT_NOISE_DIVISOR
+        count_noise = settings.dp_count_noise or expected / COUNT_NOISE_DIVISOR
         upper = min(upper, 2.0 * count_noise * 0.999)
-    expected = int(settings.device_selection_size)
-    replace_one = settings.dp_sampling == "fixed" or settings.dp == "local"
+    replace_one = sampling != "poisson" or settings.dp == "local"
 
     def event(z: float) -> dp_accounting.DpEvent:
-        return make_event(settings.dp, settings.dp_sampling, z, expected / population, population, expected)
+        return make_event(settings.dp, sampling, z, expected / pool, pool, expected)
 
     z = solve_noise_multiplier(event, settings.dp_epsilon, rounds, delta, settings.dp_accountant, replace_one, upper)
     if z is None:
         raise ValueError(
             f"{settings.dp_epsilon:g} cannot be reached in {rounds} rounds at delta {delta:.3g}: it needs a noise "
-            f"multiplier above {upper:g}; allow a larger epsilon, fewer rounds or fewer devices per round"
+            f"multiplier above {upper:g}; allow a larger epsilon, fewer rounds (versions) or fewer devices per round "
+            "(a smaller buffer)"
         )
     return z

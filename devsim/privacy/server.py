@@ -1,5 +1,5 @@
-"""The server's side of user-level DP-FedAvg: noise on the round's sum, the fixed denominator, adaptive clipping's
-noised count, and the accountant fed one event per applied round.
+"""The server's side of user-level DP-FedAvg and DP-FedBuff: noise on the round's (the buffer's) sum, the fixed
+denominator, adaptive clipping's noised count, and the accountant fed one event per applied round or version.
 
 Sums run in float64 over the leaves in the order given (leaf-name order), so the result does not depend on which
 leaf answered first; every noise draw is a pure function of ``(seed, round)`` (:mod:`devsim.privacy.noise`).
@@ -37,16 +37,20 @@ class PrivateAggregator:
 
     ``num_leaves`` is L, the leaves that share the noise with ``noise_at == "leaves"``: each adds standard deviation
     ``z_sum * S / sqrt(L)``, and the server adds the shares of leaves whose sum did not arrive (none selected, lost,
-    rejected), so the total variance is ``(z_sum * S)^2`` in every round.
+    rejected), so the total variance is ``(z_sum * S)^2`` in every round. In an asynchronous run (DP-FedBuff) the
+    shares are the B updates of a buffer (``num_leaves`` = B, ``share`` "update"): each leaf adds one share to each
+    device update it forwards, and a buffer always holds B of them; :meth:`buffer_noise` and :meth:`account` replace
+    :meth:`aggregate` there (FedBuff sums and divides by B).
     """
 
-    def __init__(self, plan: PrivacyPlan, seed: int, num_leaves: int, global_lr: float = 1.0):
+    def __init__(self, plan: PrivacyPlan, seed: int, num_leaves: int, global_lr: float = 1.0, share: str = "leaf_sum"):
         if plan.target_quantile is not None and plan.noise_at == "leaves":
             raise ValueError("adaptive clipping counts at the server; use server noise placement")
         self.plan, self.seed, self.num_leaves, self.global_lr = plan, int(seed), int(num_leaves), float(global_lr)
+        self.share = share
         self.clip = plan.clip
         self.accountant = plan.new_accountant()
-        self.leaf_accountant = None  # leaf placement: one leaf's sum alone carries 1/L of the noise variance
+        self.leaf_accountant = None  # leaf placement: one share alone carries 1/L of the noise variance
         if plan.mode == "central" and plan.noise_at == "leaves" and self.num_leaves > 1:
             leaf_z = plan.noise_multiplier / math.sqrt(self.num_leaves)
             self.leaf_accountant = RunAccountant(plan.event(leaf_z), plan.delta, plan.accountant, plan.replace_one)
@@ -95,23 +99,32 @@ class PrivateAggregator:
                 summed += noise[name]
             new_weights[name] = (value + scale * summed).astype(np.float32)
         devices = sum(leaf.devices for leaf in leaves)
-        record = {
-            "dp_clip": clip,
-            "dp_devices": devices,
-            "dp_noise_std": plan.sum_noise_multiplier * clip if plan.mode == "central" else 0.0,
-        }
-        if plan.mode == "local":
-            record["dp_local_noise_std"] = plan.noise_multiplier * clip
+        record = {"dp_devices": devices}
         if plan.target_quantile is not None:
             below = sum(leaf.below_clip for leaf in leaves)
             centred = below - devices / 2.0 + derive_rng(self.seed, "dp-count", round_num).normal(0.0, plan.count_noise)
             fraction = centred / plan.denominator + 0.5
             self.clip = next_clip(clip, fraction, plan.target_quantile, plan.clip_lr)
             record["dp_noised_fraction_below"] = float(fraction)
+        return new_weights, {**self.account(clip), **record}
+
+    def buffer_noise(self, version: int, shapes: dict[str, tuple[int, ...]]) -> Weights | None:
+        """DP-FedBuff: the server's noise on the sum of the buffer that makes ``version`` (float32 per entry of
+        ``shapes``; None when the leaves added every share or in local DP), a pure function of (seed, version)."""
+        std = self.server_noise_std(self.num_leaves)
+        return gaussian_like(shapes, std, self.seed, "dp-buffer-noise", version) if std else None
+
+    def account(self, clip: float | None = None) -> dict:
+        """Compose one more event (a round or version was applied); the record's ``dp_*`` fields: the clip norm
+        ``clip`` (default: the current one), the sum's noise std, epsilon so far (and one share's alone)."""
+        plan, clip = self.plan, self.clip if clip is None else clip
+        record = {"dp_clip": clip, "dp_noise_std": plan.sum_noise_multiplier * clip if plan.mode == "central" else 0.0}
+        if plan.mode == "local":
+            record["dp_local_noise_std"] = plan.noise_multiplier * clip
         record["dp_epsilon"] = self.accountant.step()
         if self.leaf_accountant is not None:
-            record["dp_epsilon_one_leaf_sum"] = self.leaf_accountant.step()
-        return new_weights, record
+            record[f"dp_epsilon_one_{self.share}"] = self.leaf_accountant.step()
+        return record
 
     def state(self) -> dict:
         """What a checkpoint keeps: the accountant's state and the current clip norm."""
@@ -130,9 +143,11 @@ class PrivateAggregator:
     def describe(self) -> str:
         """One line: the mechanism and what it costs."""
         plan = self.plan
-        sampling = (
-            f"Poisson q={plan.rate:.4g}" if plan.sampling == "poisson" else f"fixed {plan.expected}/{plan.population}"
-        )
+        sampling = {
+            "poisson": f"Poisson q={plan.rate:.4g}",
+            "fixed": f"fixed {plan.expected}/{plan.population}",
+            "buffer": f"buffers of {plan.expected} from {plan.population} idle devices",
+        }[plan.sampling]
         where = f"noise at the {plan.noise_at}" if plan.mode == "central" else "noise on each device"
         clip = (
             f"adaptive S from {plan.clip:g} (quantile {plan.target_quantile:g})"

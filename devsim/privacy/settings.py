@@ -1,10 +1,11 @@
 """User-level differential privacy settings: the ``--dp-*`` flags and their checks.
 
-:class:`PrivacySettings` is a dataclass section that a run configuration inherits; every field is one command-line
-flag (field ``dp_clip`` is ``--dp-clip``) shown in the ``privacy`` group of ``--help``. Its checks run as part of the
-configuration's validation and raise the configuration's ``ConfigError`` naming the flag. Units: the clip norm is an
-L2 norm of a device's model update (``trained - global`` weights); noise multipliers are ratios of a Gaussian's
-standard deviation to that norm; epsilon and delta are those of (epsilon, delta)-DP for adding or removing one device.
+:class:`PrivacySettings` is a dataclass section (:mod:`devsim.sections`) that a run configuration inherits; every
+field is one command-line flag (field ``dp_clip`` is ``--dp-clip``) shown in the ``privacy`` group of ``--help``. Its
+checks run as part of the configuration's validation and raise the configuration's ``ConfigError`` naming the flag.
+Units: the clip norm is an L2 norm of a device's model update (``trained - global`` weights); noise multipliers are
+ratios of a Gaussian's standard deviation to that norm; epsilon and delta are those of (epsilon, delta)-DP for adding
+or removing one device.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devsim.config_errors import ConfigError
+from devsim.sections import check_choice, check_positive_finite, meta
 
 DP_MODES = ("off", "central", "local")
 NOISE_PLACEMENTS = ("server", "leaves")
@@ -23,8 +25,8 @@ MAX_NOISE_MULTIPLIER = 1000.0
 """``--dp-epsilon`` searches the noise multiplier up to this; a target that needs more is refused."""
 
 
-def _privacy(text: str) -> dict[str, str]:
-    return {"help": text, "section": "privacy"}
+def _privacy(text: str, sync_only: bool = False) -> dict[str, Any]:
+    return meta("privacy", text, **({"sync_only": True} if sync_only else {}))
 
 
 @dataclass
@@ -45,13 +47,16 @@ class PrivacySettings:
     dp_noise_multiplier: float | None = field(
         default=None,
         metadata=_privacy(
-            "z: Gaussian noise of standard deviation z * S on the round's sum (local: on each device's update); "
-            "unset: solved from --dp-epsilon"
+            "z: Gaussian noise of standard deviation z * S on the round's sum (asynchronous: on each applied buffer's "
+            "sum; local: on each device's update); unset: solved from --dp-epsilon"
         ),
     )
     dp_epsilon: float | None = field(
         default=None,
-        metadata=_privacy("target epsilon after the run's rounds at --dp-delta: the noise multiplier is solved for it"),
+        metadata=_privacy(
+            "target epsilon after the run's rounds (asynchronous: --max-versions versions) at --dp-delta: the noise "
+            "multiplier is solved for it"
+        ),
     )
     dp_delta: float | None = field(
         default=None, metadata=_privacy("delta, in (0, 1 / population]; unset: 1 / population^1.1")
@@ -60,14 +65,16 @@ class PrivacySettings:
         default="server",
         metadata=_privacy(
             f"where central noise is added, one of {', '.join(NOISE_PLACEMENTS)} (leaves: each of the L leaves adds "
-            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums)"
+            "standard deviation z * S / sqrt(L) to its own devices' sum, so the server sees only noised sums; "
+            "asynchronous: z * S / sqrt(B) on each update it forwards)"
         ),
     )
     dp_sampling: str = field(
         default="poisson",
         metadata=_privacy(
             f"how devices are selected and accounted, one of {', '.join(SAMPLINGS)} (poisson: each device with "
-            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)"
+            "probability --device-selection-size / population; fixed: exactly that many, replace-one accounting)",
+            sync_only=True,
         ),
     )
     dp_accountant: str = field(
@@ -76,7 +83,9 @@ class PrivacySettings:
     )
     dp_budget: float | None = field(
         default=None,
-        metadata=_privacy("stop before the round whose epsilon would exceed this (the run ends there, saying so)"),
+        metadata=_privacy(
+            "stop before the round (version) whose epsilon would exceed this (the run ends there, saying so)"
+        ),
     )
     dp_target_quantile: float | None = field(
         default=None,
@@ -96,27 +105,16 @@ class PrivacySettings:
     def check_privacy(self, population: bool = True) -> None:
         """Raise ConfigError naming the first bad ``--dp-*`` flag, or the flag DP cannot be combined with.
         ``population=False`` skips the checks against the population size."""
-
-        def choice(name: str, allowed: tuple[str, ...]) -> None:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    name, f"{getattr(self, name)!r} is not one of the allowed values: {', '.join(allowed)}"
-                )
-
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(name, f"{value} is not allowed; it must be a finite number > 0")
-
         for name, allowed in (
             ("dp", DP_MODES),
             ("dp_noise_at", NOISE_PLACEMENTS),
             ("dp_sampling", SAMPLINGS),
             ("dp_accountant", ACCOUNTANTS),
         ):
-            choice(name, allowed)
+            check_choice(name, getattr(self, name), allowed)
         for name in ("dp_clip", "dp_epsilon", "dp_budget", "dp_clip_lr", "dp_count_noise"):
-            positive(name)
+            if getattr(self, name) is not None:
+                check_positive_finite(name, getattr(self, name))
         z = self.dp_noise_multiplier
         if z is not None and not (math.isfinite(z) and z >= 0):
             raise ConfigError("dp_noise_multiplier", f"{z} is not allowed; it must be a finite number >= 0")
@@ -139,7 +137,7 @@ class PrivacySettings:
             )
         if self.dp_accountant == "pld" and self.dp_sampling == "fixed" and self.dp == "central":
             raise ConfigError("dp_accountant", "pld accounts Poisson sampling only; with --dp-sampling fixed: rdp")
-        _check_combinations(self)
+        _check_combinations(self, population)
         if population:
             size = int(getattr(self, "num_devices", 0))
             if self.dp_delta is not None and self.dp_delta > 1.0 / size:
@@ -149,7 +147,7 @@ class PrivacySettings:
                 )
 
 
-def _check_combinations(settings: Any) -> None:
+def _check_combinations(settings: Any, population: bool = True) -> None:
     """Options that DP cannot be combined with, each refused in one line naming the option."""
 
     if hasattr(settings, "kd_iterations") or hasattr(settings, "similarity_on"):
@@ -160,7 +158,7 @@ def _check_combinations(settings: Any) -> None:
         )
         raise ConfigError("dp", f"{settings.dp} is not available here: {reason}; allowed: off")
     if hasattr(settings, "buffer_size"):
-        raise ConfigError("dp", f"{settings.dp} is not available for asynchronous runs yet; allowed: off")
+        _check_asynchronous(settings, population)
     if getattr(settings, "update_codec", "none") != "none":
         raise ConfigError(
             "update_codec",
@@ -175,3 +173,27 @@ def _check_combinations(settings: Any) -> None:
         )
     if getattr(settings, "inject_faults", ""):
         raise ConfigError("inject_faults", "testing faults are not allowed with --dp; allowed: '' (none)")
+
+
+def _check_asynchronous(settings: Any, population: bool) -> None:
+    """DP-FedBuff's limits: fixed clipping, RDP, and at least B idle devices (population - K) to sample a buffer
+    from."""
+    if settings.dp_target_quantile is not None:
+        raise ConfigError(
+            "dp_target_quantile",
+            "adaptive clipping is not available in asynchronous runs (a buffer mixes updates clipped to the norms of "
+            "the versions they started from); allowed: unset",
+        )
+    if settings.dp_accountant != "rdp":
+        raise ConfigError(
+            "dp_accountant",
+            f"{settings.dp_accountant}: asynchronous buffers are accounted as fixed-size samples; allowed: rdp",
+        )
+    size = int(getattr(settings, "num_devices", 0))
+    if population and size - settings.concurrency < settings.buffer_size:
+        raise ConfigError(
+            "concurrency",
+            f"{settings.concurrency} leaves {size - settings.concurrency} idle devices, fewer than --buffer-size "
+            f"{settings.buffer_size}: DP accounts each buffer as a sample of B from population - K; "
+            f"allowed: 1..{size - settings.buffer_size}",
+        )

@@ -180,6 +180,7 @@ class LeafRoundRunner:
         version: int = 0,
         job_bases: list[int] | None = None,
         base_versions: list[int] | None = None,
+        privacy: DevicePrivacy | None = None,
     ) -> dict:
         """Train independent device jobs from one base model, or from several; each job's delta is returned on
         its own.
@@ -199,7 +200,8 @@ class LeafRoundRunner:
         entry, float32 stacked over jobs: shape (n, *entry_shape)) with the lossless ``none`` codec; with a
         lossy codec they are forwarded as they crossed the uplink: ``encoded`` (:func:`stack_rows`) with
         ``delta_keys`` (the entries in flattening order), for the server to decode (:func:`decode_row`).
-        ``version`` (the base model's) stamps error-feedback residuals.
+        ``version`` (the base model's) stamps error-feedback residuals. With ``privacy`` (DP-FedBuff) each update
+        is clipped, and noised when the mechanism says so (keyed by the job's train seed), before its uplink.
         """
         started = time.perf_counter()
         bases = _JobBases(
@@ -215,7 +217,7 @@ class LeafRoundRunner:
         else:
             size = max(1, min(self.device_batch, -(-len(jobs) // len(self.workers))))
             groups = [jobs[i : i + size] for i in range(0, len(jobs), size)]
-        futures = [self._pool.submit(self._train_jobs, bases, group, with_histograms) for group in groups]
+        futures = [self._pool.submit(self._train_jobs, bases, group, with_histograms, privacy) for group in groups]
         outputs = [output for f in futures for output in f.result()]
         self.uplink.sweep(max(bases.versions))
         trained = time.perf_counter()
@@ -248,7 +250,13 @@ class LeafRoundRunner:
         }
         return payload
 
-    def _train_jobs(self, bases: _JobBases, jobs: list[tuple[int, int, int]], with_histogram: bool):
+    def _train_jobs(
+        self,
+        bases: _JobBases,
+        jobs: list[tuple[int, int, int]],
+        with_histogram: bool,
+        privacy: DevicePrivacy | None = None,
+    ):
         """Train ``jobs`` ((device id, train seed, base) triples) on one idle worker and send each update over the
         uplink; (received float32 delta, metrics, histogram, uplink stats, encoded row) each: the delta with the
         lossless codec, else None; the encoded row (its parts, what the leaf forwards) with a lossy codec, else
@@ -263,6 +271,8 @@ class LeafRoundRunner:
                 start, shared = bases.for_group([b for _, _, b in jobs])
                 with TRAINING.measure():
                     deltas, metrics = worker.train_devices_batched(ids, seeds, start, per_device_base=not shared)
+                if privacy is not None:
+                    privacy.apply_rows_(deltas, seeds, ids)
                 group = UplinkStats()
                 rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
                 received = [[t[i] for t in rows] for i in range(len(jobs))]
@@ -278,6 +288,8 @@ class LeafRoundRunner:
                         metrics.append(worker.train_with_seed(device_id, train_seed, start))
                     stats.append(UplinkStats())
                     update = worker.delta(start)
+                    if privacy is not None:
+                        privacy.apply_(update, train_seed, device_id)
                     received.append(self.uplink.transmit(device_id, version, update, stats[-1], encoded))
             if encoded is None:  # lossless: the received float32 deltas go on
                 updates = [(tensors_to_numpy(self.keys, r), None) for r in received]

@@ -8,10 +8,11 @@ import json
 import os
 from typing import Any, ClassVar
 
-from devsim.config import AsyncConfig, ClusterConfig, FedReviveConfig, SimulationConfig
+from devsim.config import AsyncConfig, ClusterConfig, ConfigError, FedReviveConfig, SimulationConfig
+from devsim.sections import flatten_sections
 from devsim_flare import cli
 from devsim_flare.api.environments import Environment, SimEnv
-from devsim_flare.api.errors import RaisingParser, check_setting_names
+from devsim_flare.api.errors import RaisingParser, RecipeError, check_setting_names
 from devsim_flare.api.results import Run
 from devsim_flare.api.task_objects import task_spec
 
@@ -30,8 +31,9 @@ def recipe_settings(config_cls: type[SimulationConfig]) -> set[str]:
 class JobRecipe:
     """One job's recipe: its configuration class and defaults, its server, and how to run it.
 
-    ``settings`` are fields of :attr:`defaults`' configuration class by name; the command line's flags are the
-    same names with ``-``. ``preset`` names a file of app_configs/presets (or a JSON path) applied first."""
+    ``settings`` are fields of :attr:`defaults`' configuration class by name (``lr=0.01``), or whole sections by
+    their key in :data:`devsim.sections.SECTIONS` (``training={"lr": 0.01}``), or both; the command line's flags are
+    the same names with ``-``. ``preset`` names a file of app_configs/presets (or a JSON path) applied first."""
 
     method: ClassVar[str]
     server: ClassVar[str]
@@ -40,6 +42,10 @@ class JobRecipe:
     defaults: ClassVar[SimulationConfig]
 
     def __init__(self, task: Any = None, *, preset: str | None = None, **settings: Any):
+        try:
+            settings = flatten_sections(settings, type(self.defaults))
+        except ConfigError as error:
+            raise RecipeError(f"{type(self).__name__}: {error}") from None
         check_setting_names(type(self).__name__, self.method, settings, recipe_settings(type(self.defaults)))
         self.task = task
         self.preset = preset

@@ -15,6 +15,7 @@ import time
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
+from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
 
@@ -221,10 +222,41 @@ def run_sim(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str 
         workspace_root=workspace,
         log_config=console_log_config(args.log_level, workspace),
     )
+    from devsim_flare.run_signals import StopOnSignals, remove_orphan_exchanges
+
     started = time.perf_counter()
-    run = recipe.execute(env)  # exports and exits instead when --export was given
+    with StopOnSignals(output_dir, ask_server=False) as signals:
+        try:
+            run = recipe.execute(env)  # exports and exits instead when --export was given
+        except RuntimeError:
+            if signals.signum is None:
+                raise
+            run = None  # the simulator's processes were stopped on the signal
+    remove_orphan_exchanges()
+    if signals.signum is not None:
+        return report_stop(signals, output_dir or workspace, time.perf_counter() - started)
     status = run.get_status() or "finished"  # SimEnv has no status; a failed simulation raised above
     return print_outcome(status, output_dir or workspace, time.perf_counter() - started)
+
+
+def report_stop(signals, results_root: str, wall: float) -> int:
+    """Print how a run stopped by a signal ended (its evaluated versions are in the results); returns 128 + the
+    signal's number."""
+    from devsim_flare.run_signals import signal_name
+
+    name = signal_name(signals.signum)
+    path = find_results(results_root)
+    records = load_results(path)["records"] if path else []
+    if records:
+        last = records[-1]
+        print(
+            f"{name}: run stopped after {wall:.1f}s wall; {len(records)} evaluated versions, the last {last['version']}"
+            f" ({format_metrics(last['loss'], last['metrics'])}); results: {path}",
+            flush=True,
+        )
+    else:
+        print(f"{name}: run stopped before its first evaluated version ({wall:.1f}s wall)", flush=True)
+    return signals.exit_code
 
 
 def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str | None) -> int:
@@ -236,6 +268,7 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
     from nvflare.recipe import ProdEnv
 
     from devsim_flare.execution import wait_for_job
+    from devsim_flare.run_signals import StopOnSignals, signal_name
 
     user = {"username": args.username} if args.username else {}
     env = ProdEnv(startup_kit_location=os.path.abspath(args.startup_kit), login_timeout=30.0, **user)
@@ -246,9 +279,13 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
         print(f"error: {error}; is the deployment of --startup-kit {args.startup_kit} running?", file=sys.stderr)
         return 1
     print(f"submitted job {run.get_job_id()}; waiting up to {args.job_timeout:g}s", flush=True)
-    status, result = wait_for_job(run, args.job_timeout)
+    with StopOnSignals(None) as signals:  # a signal aborts the job it submitted
+        status, result = wait_for_job(run, args.job_timeout, stop_early=lambda: signals.signum is not None)
     wall = time.perf_counter() - started
     print(f"job status: {status}; server result folder: {result}")
+    if signals.signum is not None:
+        print(f"{signal_name(signals.signum)}: the job was aborted", flush=True)
+        return signals.exit_code
     if output_dir and os.path.isdir(output_dir):
         outcome = print_outcome(status, output_dir, wall)
     else:
@@ -267,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = build_recipe(args, output_dir, leaves_on_host=args.num_leaf_nodes if args.env == "sim" else 1)
     except ValueError as error:
         parser.error(str(error))
-    if args.env == "prod":
-        return run_prod(recipe, args, output_dir)
-    return run_sim(recipe, args, output_dir)
+    code = run_prod(recipe, args, output_dir) if args.env == "prod" else run_sim(recipe, args, output_dir)
+    if code in signal_exit_codes():
+        exit_now(code)  # every process the run started is stopped; skip the interpreter's teardown
+    return code

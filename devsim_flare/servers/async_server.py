@@ -25,11 +25,10 @@ from devsim.aggregation.fedbuff import FedBuff
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
 from devsim.clock.gather import JobGatherer, JobKey, job_key
-from devsim.clock.lookahead import dispatches_ahead
 from devsim.codec import load_numpy_into_model
-from devsim.compression import CodecSpec, decode_row, payload_bytes, row_of
+from devsim.compression import CodecSpec, decode_row, payload_bytes
 from devsim.config import AsyncConfig
-from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
+from devsim.observe.checkpoint import weights_to_tensors
 from devsim.observe.cpu import CpuLedger
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
@@ -44,11 +43,13 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
-from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
+from devsim.shared_arrays import open_exchange
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
-from devsim_flare.leaf_calls import LeafCallError, LeafCalls
+from devsim_flare.leaf_calls import LeafCalls
 from devsim_flare.leaf_liveness import LeafLiveness
+from devsim_flare.servers.async_checkpoint import AsyncCheckpoints
+from devsim_flare.servers.async_leaf_traffic import AsyncLeafTraffic
 from devsim_flare.servers.base import central_evaluator, start_run
 from devsim_flare.stop_request import StopRequest
 
@@ -60,11 +61,7 @@ MAX_CALL_MODEL_BYTES = {"download": 64 * 2**20, "inline": 4 * 2**20}
 inline, where the whole call is one message: the CNN up to 16 versions)."""
 
 
-class AsyncRunError(RuntimeError):
-    """A leaf failed or stopped answering during an asynchronous run."""
-
-
-class AsyncServer:
+class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
     """Server-side Collab object for FedBuff; :class:`FedReviveServer` extends the arrival step."""
 
     method = "fedbuff"
@@ -138,6 +135,7 @@ class AsyncServer:
             staleness_weighting=config.staleness_weighting,
             staleness_exponent=config.staleness_exponent,
         )
+        self.privacy = buffered_privacy(config)
         self.setup_method(config, device)
         self.snapshots = SnapshotStore()
         self.round_timeout = RoundTimeout(config.round_timeout)
@@ -160,13 +158,17 @@ class AsyncServer:
         """Leaves lost by ``--lose-leaf`` -> the simulated time they were lost at."""
         self.dropout = DropoutModel(config.device_dropout, config.device_never_answer, seed=config.seed)
         self.faults = FaultInjector(tuple(config.fault_kinds), config.fault_probability, seed=config.seed)
-        self.validator = UpdateValidator(
-            self.weights, max_norm=config.max_update_norm, max_norm_factor=config.update_norm_factor
+        self.validator = UpdateValidator(  # under DP clipping bounds every update; checks left: finite, shapes
+            self.weights,
+            max_norm=config.max_update_norm if self.privacy is None else None,
+            max_norm_factor=config.update_norm_factor if self.privacy is None else None,
         )
         self._base_norms: dict[int, float] = {}
         self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         if self.population_model is not None:
             self.failures[SESSION_END] = 0
+        if self.privacy is not None:
+            self.failures["dp_repeat"] = 0
         self.participation = Participation(config.num_devices)
         self.staleness_histogram = StalenessHistogram()
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
@@ -182,6 +184,8 @@ class AsyncServer:
             f"results in {output_dir}",
             flush=True,
         )
+        if self.privacy is not None:
+            print(f"[server] {self.privacy.describe()}", flush=True)
         run_started = time.time()
         timings: list[RoundTiming] = []
         window = WindowTiming(run_started)
@@ -208,7 +212,13 @@ class AsyncServer:
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
+            budget_checked = None
             while True:
+                if self.privacy is not None and self.buffer.count == 0 and budget_checked != self.scheduler.version:
+                    budget_checked = self.scheduler.version
+                    if self._over_budget():
+                        evaluation = self._evaluate_at_stop(recorder, evaluation)
+                        break
                 collector.maybe_collect()
                 job = self.scheduler.next_arrival()
                 if job is None:
@@ -223,6 +233,8 @@ class AsyncServer:
                 base = self.snapshots.get(job.base_version)
                 delta = self.revise_delta(job, result, staleness, base)
                 self.buffer.add(delta, staleness)
+                if self.privacy is not None:
+                    self.privacy.accepted(job.device_id)
                 self.snapshots.release(job.base_version)
                 accepted += 1
                 window_staleness.append(staleness)
@@ -234,7 +246,7 @@ class AsyncServer:
                 )
                 new_version = self.scheduler.record_accepted(job)
                 if new_version:
-                    self.weights = self.buffer.apply(self.weights)
+                    self._apply_buffer(metrics)
                     self.on_new_version()
                     self._apply_planned_losses()
                 window.add("server_aggregate", time.time() - started)
@@ -259,6 +271,7 @@ class AsyncServer:
                         **traffic,
                         **{f"failed_{k}": v for k, v in self.failures.items()},
                         **self.method_record(),
+                        **(self.privacy.last if self.privacy is not None else {}),
                     }
                     recorder.add_round(record)
                     metrics.after_round(self.scheduler.version, record, prefix="version")
@@ -309,134 +322,41 @@ class AsyncServer:
         recorder.data["startup"] = startup.record()
         self._finish(recorder, output_dir, evaluation, run_started, accepted)
 
+    def _apply_buffer(self, metrics: MetricsWriter) -> None:
+        """Apply the full buffer to the global model; under DP with the buffer's noise, accounting the version
+        (its epsilon goes to TensorBoard at every version, to the results at recorded ones). ``scheduler.version``
+        is already the new version's number."""
+        if self.privacy is None:
+            self.weights = self.buffer.apply(self.weights)
+            return
+        version = self.scheduler.version
+        noise = self.privacy.noise(version, {name: value.shape for name, value in self.weights.items()})
+        self.weights = self.buffer.apply(self.weights, noise)
+        epsilon = self.privacy.applied()["dp_epsilon"]
+        if not record_due(version, self.config, self.scheduler.done):  # a recorded version writes it with its record
+            metrics.scalars(version, {"dp_epsilon": epsilon}, "version")
+
+    def _over_budget(self) -> bool:
+        """True (and says so) when the next version would take epsilon above ``--dp-budget``."""
+        message = self.privacy.over_budget(self.config.dp_budget, self.scheduler.version + 1)
+        if message is not None:
+            print(f"[server] {message}", flush=True)
+        return message is not None
+
+    def _evaluate_at_stop(self, recorder: RunRecorder, evaluation: EvalResult) -> EvalResult:
+        """The model's evaluation where a budget stops the run, recorded when its version was not yet."""
+        rounds = recorder.data["rounds"]
+        if rounds and rounds[-1]["version"] == self.scheduler.version:
+            return evaluation
+        evaluation = self.evaluate()
+        record = {"version": self.scheduler.version, "simulated_time": self.scheduler.now, **evaluation.record()}
+        recorder.add_round({**record, **self.privacy.last})
+        return evaluation
+
     def _mark_stopped(self, recorder: RunRecorder, reason: str) -> None:
         """Record in results.json that the run stopped early (the command stops the processes once it reads it)."""
         recorder.data["stopped"] = {"at_version": self.scheduler.version, "reason": reason}
         recorder.flush()
-
-    def _dispatch(self, jobs: list[DeviceJob]) -> None:
-        """Retain the current version for newly dispatched jobs, gather them (see :class:`JobGatherer`) and send
-        what is ready; when some were not guessed, guess the rest of this version's dispatches and gather them."""
-        if not jobs:
-            return
-        self.snapshots.retain(self.scheduler.version, self.weights, len(jobs))
-        unguessed = self.gather.dispatched(jobs, [self._sendable(job) for job in jobs])
-        if unguessed and self.config.dispatch_lookahead:
-            ahead = dispatches_ahead(self.scheduler, self._guess_accepted, self.config.concurrency)
-            self.gather.guess(ahead, [self._sendable(job) for job in ahead])
-        self._send_ready()
-
-    def _sendable(self, job: DeviceJob) -> bool:
-        """Whether a job is worth training: it arrives within the run, its device answers, its leaf is alive."""
-        limit = self.config.max_sim_time
-        if job.dropped or (limit is not None and job.arrival_time > limit):
-            return False
-        if self.leaves[self.population.leaf_of(job.device_id)] in self.dead_leaves:
-            return False
-        return self.dropout.outcome(job.job_id, job.device_id) == "ok"
-
-    def _guess_accepted(self, job: DeviceJob) -> bool:
-        """The lookahead's guess of whether an arriving job's update will be accepted (the checks on the update
-        itself cannot be known before it is trained; an injected fault is guessed to be rejected)."""
-        return self._sendable(job) and self.faults.any_fault(job.job_id, job.device_id) is None
-
-    def _send_ready(self) -> None:
-        """One call per leaf for each ready batch, carrying each base version its jobs start from once (stacked)
-        and each job's index into them."""
-        for batch in self.gather.take_ready():
-            by_leaf: dict[str, list[DeviceJob]] = {}
-            for job in batch:
-                leaf = self.leaves[self.population.leaf_of(job.device_id)]
-                if leaf not in self.dead_leaves:
-                    by_leaf.setdefault(leaf, []).append(job)
-            for leaf, leaf_jobs in by_leaf.items():
-                self._send(leaf, leaf_jobs)
-
-    def _send(self, leaf: str, jobs: list[DeviceJob]) -> None:
-        versions = sorted({j.base_version for j in jobs})
-        index = {v: i for i, v in enumerate(versions)}
-        bases = [self.snapshots.get(v) if v in self.snapshots else self.weights for v in versions]
-        self.traffic.add("server_to_leaf", self.model_bytes * len(versions))
-        self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
-        self._in_flight.update(job_key(j) for j in jobs)
-        weights = {k: _stacked([base[k] for base in bases]) for k in bases[0]}
-        folder = self.exchange.path if self.exchange is not None else None  # the leaf replies the same way
-        arrays = weights_for_call(weights, folder, shared_or_inline(folder, weights))
-        self.calls.submit(
-            leaf,
-            "train_jobs",
-            tag=(time.time(), tuple(job_key(j) for j in jobs)),
-            version=versions[-1],
-            **arrays,
-            job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
-            device_ids=np.array([j.device_id for j in jobs], dtype=np.int64),
-            train_seeds=np.array([j.train_seed for j in jobs], dtype=np.int64),
-            with_histograms=self.wants_histograms(),
-            job_bases=np.array([index[j.base_version] for j in jobs], dtype=np.int64),
-            base_versions=np.array(versions, dtype=np.int64),
-        )
-
-    def method_state(self) -> dict:
-        """Method-specific state for checkpoints (FedRevive: the reviver)."""
-        return {}
-
-    def load_method_state(self, state: dict) -> None:
-        """Restore :meth:`method_state`."""
-
-    def _checkpoint(self, output_dir: str, recorder: RunRecorder, accepted: int) -> None:
-        in_flight = self.scheduler.base_versions_in_flight()
-        save_checkpoint(
-            output_dir,
-            {
-                "kind": "async",
-                "weights": self.weights,
-                "scheduler": self.scheduler.state_dict(),
-                "snapshots": {v: self.snapshots.get(v) for v in sorted(in_flight)},
-                "buffer": self.buffer.state_dict(),
-                "method": self.method_state(),
-                "records": recorder.data["rounds"],
-                "accepted": accepted,
-                "failures": dict(self.failures),
-                "participation": self.participation.state(),
-                "staleness_histogram": self.staleness_histogram.state(),
-                "lost_at": dict(self.lost_at),
-                "config": self.config.to_dict(),
-            },
-        )
-
-    def _resume(self, recorder: RunRecorder) -> int:
-        """Restore a checkpoint and relaunch the jobs that were in flight; returns accepted updates so far."""
-        state = load_checkpoint(self.config.resume_from)
-        if state.get("kind") != "async":
-            raise RuntimeError(f"{self.config.resume_from} holds a checkpoint of a synchronous run")
-        self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["weights"].items()}
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.load_method_state(state["method"])
-        self.failures.update(state["failures"])
-        self.lost_at = dict(state.get("lost_at", {}))
-        self.dead_leaves.update(self.lost_at)
-        if "participation" in state:
-            self.participation.load(state["participation"])
-            self.staleness_histogram.load(state["staleness_histogram"])
-        recorder.data["rounds"] = list(state["records"])
-        self.traffic.load_totals(recorder.data["rounds"][-1].get("bytes_total", {}) if recorder.data["rounds"] else {})
-        jobs = self.scheduler.in_flight_jobs()
-        by_version: dict[int, list[DeviceJob]] = {}
-        for job in jobs:
-            by_version.setdefault(job.base_version, []).append(job)
-        for version, version_jobs in sorted(by_version.items()):
-            weights = {k: np.asarray(v, dtype=np.float32) for k, v in state["snapshots"][version].items()}
-            self.snapshots.retain(version, weights, len(version_jobs))
-        self.gather.add([job for job in jobs if self._sendable(job)])
-        self.gather.flush()
-        self._send_ready()
-        print(
-            f"[server] resumed from {self.config.resume_from} at version {self.scheduler.version}, simulated time "
-            f"{self.scheduler.now:.2f}s, {len(jobs)} jobs relaunched",
-            flush=True,
-        )
-        return int(state["accepted"])
 
     def _arrival_result(self, job: DeviceJob, window: WindowTiming) -> dict | None:
         """The accepted result of an arriving job, or None when the device dropped out, never answered,
@@ -465,6 +385,9 @@ class AsyncServer:
         if result is None:
             self.failures["leaf_lost"] += 1
             return None
+        if self.privacy is not None and self.privacy.repeats(job.device_id):  # DP: one update per device and buffer
+            self.failures["dp_repeat"] += 1
+            return None
         if "encoded" in result:  # a lossy uplink's row, forwarded by the leaf as it arrived
             parts, keys = result.pop("encoded"), result.pop("delta_keys")
             decode_started = time.perf_counter()
@@ -479,7 +402,8 @@ class AsyncServer:
         fault = self.faults.any_fault(job.job_id, job.device_id)
         if fault is not None:
             result["delta"] = FaultInjector.corrupt(result["delta"], fault)
-        self.validator.max_norm = self.config.update_norm_limit(self._base_norm(job.base_version))
+        if self.privacy is None:
+            self.validator.max_norm = self.config.update_norm_limit(self._base_norm(job.base_version))
         rejection = self.validator.check_job_result(result["delta"], result["num_samples"], f"device {job.device_id}")
         if rejection is not None:
             self.failures["rejected"] += 1
@@ -498,118 +422,13 @@ class AsyncServer:
             self._base_norms[version] = norm
         return norm
 
-    def _wait_for(self, key: JobKey, window: WindowTiming) -> dict | None:
-        """The result of the job ``key`` names, taking finished calls (in host order) until it is among them;
-        None when the call carrying it failed (its leaf is then dropped from the run). Results of wrongly
-        guessed jobs (``gather.stale``) are dropped as they come."""
-        while key not in self._waiting and key not in self._failed_jobs:
-            waited = time.time()
-            self.calls.call_timeout = self.round_timeout.seconds
-            try:
-                outcome = self.calls.next()
-            except LeafCallError as error:
-                raise AsyncRunError(f"waiting for job {key[0]}: {error} ({self.round_timeout.describe()})") from error
-            window.add_wait(time.time() - waited)
-            dispatched_at, keys = outcome.tag
-            if outcome.error is None:
-                self.round_timeout.observe(time.time() - dispatched_at)
-            self._in_flight.difference_update(keys)
-            if outcome.error is not None:
-                self._lose_leaf(outcome.leaf, outcome.error, keys)
-                continue
-            payload = outcome.result
-            try:
-                reply_arrays_taken(payload, "deltas", self.exchange)
-            except (ValueError, OSError) as error:
-                self._lose_leaf(outcome.leaf, error, keys)
-                continue
-            self._startup.leaf_reply(outcome.leaf, payload)
-            self._count_reply(outcome.leaf, payload)
-            self.cpu.leaf_reply(outcome.leaf, payload["timing"])
-            window.add_call(dispatched_at, time.time(), payload["timing"], name=outcome.leaf)
-            for row, job in enumerate(keys):
-                if job in self.gather.stale:
-                    self.gather.stale.discard(job)
-                    continue
-                if "encoded" in payload:  # decoded on arrival (_arrival_result): held here at the uplink's size
-                    update = {"encoded": row_of(payload["encoded"], row), "delta_keys": payload["delta_keys"]}
-                else:
-                    update = {"delta": {k: v[row] for k, v in payload["deltas"].items()}}
-                self._waiting[job] = {
-                    **update,
-                    "num_samples": int(payload["num_samples"][row]),
-                    "loss": float(payload["loss"][row]),
-                    "label_hist": payload["label_hist"][row] if "label_hist" in payload else None,
-                }
-        self._failed_jobs.discard(key)
-        return self._waiting.pop(key, None)
-
-    def _count_reply(self, leaf: str, payload: dict) -> None:
-        """Bytes of one leaf reply: the device updates as they crossed the uplink (and their float32 size), and
-        as the leaf sent them on (encoded with a lossy codec, float32 with ``none``)."""
-        if "encoded" in payload:
-            forwarded = array_bytes(payload["encoded"])
-            float32 = int(np.sum(payload["uplink_raw_bytes"]))
-        else:
-            forwarded = float32 = array_bytes(payload["deltas"])
-        self.traffic.add("device_to_leaf", int(np.sum(payload.get("uplink_bytes", 0))))
-        self.traffic.add("device_to_leaf_float32", float32)
-        self.traffic.add("leaf_to_server", forwarded)
-        self._residual_counts[leaf] = dict(payload.get("counts", {}))
-
-    def _traffic_fields(self) -> dict:
-        """Record fields: the window's ``bytes`` per hop, run totals, and the leaves' residual-store counts."""
-        counts = self._residual_counts.values()
-        return {
-            "bytes": self.traffic.drain(),
-            "bytes_total": dict(self.traffic.totals),
-            "residual_evictions": sum(int(c.get("residual_evictions", 0)) for c in counts),
-            "residuals_held": sum(int(c.get("residuals_held", 0)) for c in counts),
-        }
-
-    def _apply_planned_losses(self) -> None:
-        """Lose the leaves ``--lose-leaf`` names at the version just made (at the simulated time now)."""
-        for leaf, version in self.planned_losses.items():
-            if version <= self.scheduler.version and leaf not in self.lost_at:
-                self.lost_at[leaf] = self.scheduler.now
-                self._mark_dead(leaf, f"--lose-leaf {leaf}@{version}")
-
-    def _lose_leaf(self, leaf: str, error: BaseException, keys: list[JobKey]) -> None:
-        """Drop a leaf whose call failed; its jobs count as lost. Stops the run below ``--min-leaves``."""
-        self._failed_jobs.update(keys)
-        if leaf not in self.dead_leaves:
-            self._mark_dead(leaf, f"stopped answering ({error})")
-
-    def _mark_dead(self, leaf: str, why: str) -> None:
-        """Drop ``leaf`` from the run; stops the run below ``--min-leaves``."""
-        self.dead_leaves.add(leaf)
-        alive = len(self.leaves) - len(self.dead_leaves)
-        if alive < self.config.min_leaves:
-            raise AsyncRunError(
-                f"leaf {leaf} {why}; only {alive} of {len(self.leaves)} leaves remain, fewer than "
-                f"--min-leaves {self.config.min_leaves}"
-            )
-        print(
-            f"[server] version {self.scheduler.version}: leaf {leaf} {why}; continuing with {alive} leaves", flush=True
-        )
-
-    def _drain(self) -> None:
-        """Wait for calls still running at the end so no leaf is left mid-call; their results are dropped."""
-        while self.calls.pending:
-            try:
-                self.calls.next()
-            except LeafCallError:
-                break
-        self._waiting.clear()
-        self._in_flight.clear()
-        self.gather.clear()
-        self.snapshots.prune(set())
-
     def _print_progress(self, progress: ProgressLine | None, record: dict, run_started: float) -> None:
         summary = (
             f"sim-time {record['simulated_time']:.1f}s  {format_metrics(record['loss'], record['metrics'])}  "
             f"staleness {record['staleness_mean']:.1f}"
         )
+        if "dp_epsilon" in record:
+            summary += f"  epsilon {record['dp_epsilon']:.3f}"
         elapsed = time.time() - run_started
         sim_eta = self._sim_time_eta.update(record["simulated_time"], elapsed) if self._sim_time_eta else None
         line = progress.line(record["version"], elapsed, summary, other_eta=sim_eta) if progress else None
@@ -639,6 +458,7 @@ class AsyncServer:
                 "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
                 **self.method_record(),
+                **(self.privacy.summary() if self.privacy is not None else {}),
             }
         )
         print(
@@ -650,11 +470,6 @@ class AsyncServer:
 
 class FedBuffServer(AsyncServer):
     """Asynchronous buffered aggregation (FedBuff)."""
-
-
-def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
-    """(V, *shape) of V same-shape arrays; one array becomes a view with a leading axis, not a copy."""
-    return arrays[0][np.newaxis] if len(arrays) == 1 else np.stack(arrays)
 
 
 def record_due(version: int, config: AsyncConfig, done: bool) -> bool:
@@ -672,3 +487,13 @@ def _truncate_lines(path: str, keep: int) -> None:
         lines = stream.readlines()[:keep]
     with open(path, "w", encoding="utf-8") as stream:
         stream.writelines(lines)
+
+
+def buffered_privacy(config: AsyncConfig):
+    """The run's :class:`~devsim.privacy.buffered.BufferedPrivacy` (DP-FedBuff), or None without ``--dp``."""
+    if config.dp == "off":
+        return None
+    from devsim.privacy.buffered import BufferedPrivacy
+    from devsim.privacy.plan import PrivacyPlan
+
+    return BufferedPrivacy(PrivacyPlan.from_settings(config), config.seed, config.global_lr)

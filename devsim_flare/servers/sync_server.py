@@ -46,6 +46,7 @@ from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls, RunStopped
 from devsim_flare.leaf_liveness import LeafLiveness
 from devsim_flare.servers.base import group_evaluators, start_run
+from devsim_flare.servers.round_records import count_traffic, dropouts_by_cause, mean_metric, round_summary
 from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
@@ -235,7 +236,7 @@ class SyncServer:
                     self.round_timeout.observe(results_in - dispatched)
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
                 record["devices_on_dead_leaves"] = on_dead_leaves
-                _count_traffic(traffic, payloads, model_bytes, len(assignments), record)
+                count_traffic(traffic, payloads, model_bytes, len(assignments), record)
                 payloads = self._screen(round_num, payloads, len(selected) - on_dead_leaves, record)
                 answered = [d for p in payloads.values() for d in p["device_metrics"]["device_id"].tolist()]
                 if not clock:
@@ -247,11 +248,9 @@ class SyncServer:
                 else:  # every selected device sat on a lost leaf (counted by --min-leaves): the model stays
                     record["no_updates"] = True
                 aggregated = time.time()
-                record.update(
-                    train_seconds=aggregated - round_started, device_train_loss=_mean_metric(payloads, "loss")
-                )
+                record.update(train_seconds=aggregated - round_started, device_train_loss=mean_metric(payloads, "loss"))
                 if self.task.classification:
-                    record["device_train_accuracy"] = _mean_metric(payloads, "accuracy")
+                    record["device_train_accuracy"] = mean_metric(payloads, "accuracy")
                 if (round_num + 1) % config.eval_frequency == 0 or round_num + 1 == config.num_rounds:
                     evaluation = self.evaluate()
                     record.update(evaluation)
@@ -268,7 +267,7 @@ class SyncServer:
                 recorder.add_round(record)
                 metrics.after_round(round_num + 1, record)
                 startup.round_finished(round_ended)
-                line = progress.line(round_num + 1, round_ended - run_started, _round_summary(record))
+                line = progress.line(round_num + 1, round_ended - run_started, round_summary(record))
                 if line:
                     print(line, flush=True)
                 done = round_num + 1
@@ -306,7 +305,7 @@ class SyncServer:
                 "rounds": config.num_rounds,
                 "simulated_time": sim_clock.now if self.population_model is None else self.sim_time,
                 "bytes_total": dict(traffic.totals),
-                "dropouts_by_cause": _dropouts_by_cause(recorder.data["rounds"]),
+                "dropouts_by_cause": dropouts_by_cause(recorder.data["rounds"]),
                 "participation": self.participation.summary(),
                 "wall_seconds": time.time() - run_started,
                 "final_model": final_path,
@@ -548,64 +547,3 @@ class FedAvgServer(SyncServer):
 def codec_spec(config: SimulationConfig) -> CodecSpec:
     """The run's device -> leaf codec (``--update-codec`` and its options)."""
     return CodecSpec.from_settings(config.to_dict())
-
-
-def _count_traffic(
-    traffic: TrafficCounter, payloads: dict[str, dict], model_bytes: int, called: int, record: dict
-) -> None:
-    """Bytes of a round from the leaves' replies (before screening: what crossed the wire) into ``record``."""
-    traffic.add("server_to_leaf", model_bytes * called)
-    evictions, held = 0, 0
-    for payload in payloads.values():
-        counts = payload.get("counts", {}) if isinstance(payload, dict) else {}
-        traffic.add("device_to_leaf", int(counts.get("uplink_bytes", 0)))
-        traffic.add("device_to_leaf_float32", int(counts.get("uplink_raw_bytes", 0)))
-        trained = int(counts.get("uplink_updates", 0)) + int(counts.get("dropped", 0))
-        traffic.add("leaf_to_device", model_bytes * trained)
-        if isinstance(payload, dict) and isinstance(payload.get("delta_sum"), dict):
-            traffic.add("leaf_to_server", array_bytes(payload["delta_sum"]))
-        evictions += int(counts.get("residual_evictions", 0))
-        held += int(counts.get("residuals_held", 0))
-    record["bytes"] = traffic.drain()
-    record["bytes_total"] = dict(traffic.totals)
-    record["residual_evictions"] = evictions
-    record["residuals_held"] = held
-
-
-def _dropouts_by_cause(records: list[dict]) -> dict[str, int]:
-    """Selected devices lost over the run, by cause (record fields summed over rounds)."""
-    causes = {"session_end": SESSION_END, "dropped": "dropped", "silent": "silent", "rejected": "rejected_devices"}
-    return {cause: int(sum(r.get(key, 0) for r in records)) for cause, key in causes.items()}
-
-
-def _mean_metric(payloads: dict[str, dict], name: str) -> float:
-    """Sample-weighted mean of a per-device metric over the replies (NaN without any device)."""
-    if not any(len(p["device_metrics"][name]) for p in payloads.values()):
-        return float("nan")
-    values = [p["device_metrics"][name] for p in payloads.values()]
-    weights = [p["device_metrics"]["num_samples"] for p in payloads.values()]
-    return float(np.average(np.concatenate(values), weights=np.concatenate(weights)))
-
-
-def _round_summary(record: dict) -> str:
-    """The figures of a round line after the progress prefix: accuracy, loss, the task's metrics, seconds."""
-    if "loss" in record:
-        text = format_metrics(record["loss"], record.get("metrics", {}))
-    else:
-        text = f"train-loss {record['device_train_loss']:.4f}"
-    if "mean_leaf_accuracy" in record:
-        text += f"  mean-leaf-accuracy {record['mean_leaf_accuracy']:.4f}"
-    if "num_clusters" in record:
-        text += f"  clusters {record['num_clusters']}"
-    if record.get("cluster_thresholds"):
-        text += "  tau " + "/".join(f"{t:.3f}" for t in record["cluster_thresholds"])
-    if record.get("pending_rounds"):
-        text += f"  pending {record['pending_rounds']}"
-    for check in record.get("resplit") or []:
-        if check["split"]:
-            text += "  re-split " + "|".join(",".join(part) for part in check["parts"])
-        elif check["rounds"]:
-            text += f"  re-split pending {check['rounds']}"
-    if "dp_epsilon" in record:
-        text += f"  epsilon {record['dp_epsilon']:.3f}"
-    return f"{text}  round {record['round_seconds']:.2f}s (train {record['train_seconds']:.2f}s)"

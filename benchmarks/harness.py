@@ -1,0 +1,347 @@
+"""The benchmark harness: launch a job, read its results, record the machine and load, write figures JSON.
+
+Every benchmark script holds only its measurement and goes through this module for the rest:
+
+- ``run_job(script, flags, workdir)`` runs ``jobs/<script>`` (NVFlare's simulator unless the flags say otherwise)
+  in its own process group with HOME, workspace and output inside ``workdir``, and returns its ``results.json``
+  with ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1``/``version 1``
+  progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
+  for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
+  starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
+- ``alternate(arms, rounds)`` times several settings side by side, in turn. ``run_child(script, args)`` runs a
+  measurement in a fresh Python process and returns the JSON it printed; ``worktree(rev)`` checks out a baseline
+  commit in a temporary git worktree for the duration of a block.
+- ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
+  ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
+  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
+FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
+WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages now ("n/a" where /proc/loadavg cannot be read)."""
+    try:
+        with open("/proc/loadavg", encoding="utf-8") as stream:
+            return " ".join(stream.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def machine(start: str | None = None) -> str:
+    """This machine in a few words: cores and the load average now (after ``start``, the load read at the
+    run's start, when given)."""
+    now = load()
+    return f"{os.cpu_count()} cores, load {now if start is None else f'{start} -> {now}'}"
+
+
+def invocation(
+    env: tuple[str, ...] = ("OMP_NUM_THREADS",), script: str | None = None, argv: list[str] | None = None
+) -> str:
+    """The command line that runs this script, as a figure's command: those of ``env`` that are set, then
+    ``.venv/bin/python``, the script's path from the repository root and its arguments, shell-quoted (``script``
+    and ``argv``: a ``main(argv)`` called from Python; default ``sys.argv``)."""
+    script = os.path.relpath(os.path.abspath(script or sys.argv[0]), REPO)
+    prefix = [f"{name}={shlex.quote(os.environ[name])}" for name in env if name in os.environ]
+    return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *(sys.argv[1:] if argv is None else argv)])])
+
+
+def figure(name: str, value: str, target: str, command: str, date: str, where: str) -> dict[str, str]:
+    """One published figure (every field a short string)."""
+    return {"figure": name, "value": value, "target": target, "command": command, "date": date, "machine": where}
+
+
+def short_commit(tree: str = REPO) -> str:
+    """The short commit checked out in ``tree`` (default this checkout); "" when git cannot say."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip()
+
+
+def alternate(
+    arms: dict[K, Callable[[], T]], rounds: int, done: Callable[[int, K, T], None] | None = None
+) -> dict[K, list[T]]:
+    """Side by side: each arm once per round, the arms in turn (A B A B ...), so that every arm sees the same load
+    on a shared machine; arm -> its results in round order. ``done(round, arm, result)`` after each run."""
+    runs: dict[K, list[T]] = {name: [] for name in arms}
+    for index in range(rounds):
+        for name, measure in arms.items():
+            runs[name].append(measure())
+            if done is not None:
+                done(index, name, runs[name][-1])
+    return runs
+
+
+def commit_of(rev: str) -> str | None:
+    """The short commit ``rev`` names in this repository, or None when it names none."""
+    proc = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return proc.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[str]:
+    """A temporary git worktree of ``rev`` (a baseline checkout to measure side by side with this one), removed
+    when the block ends."""
+    folder = tempfile.mkdtemp(prefix="devsim-baseline-")
+    git = ["git", "-C", REPO, "worktree"]
+    subprocess.run([*git, "add", "--detach", folder, rev], check=True, capture_output=True, timeout=300)
+    try:
+        yield folder
+    finally:
+        subprocess.run([*git, "remove", "--force", folder], capture_output=True, timeout=300)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_results(benchmark: str, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
+    """Write ``payload`` with its ``figures``, the date, machine and commit to ``path`` (default
+    ``benchmarks/results/<benchmark>-<date>.json``); returns the path."""
+    date = time.strftime("%Y-%m-%d")
+    if not path:
+        os.makedirs(RESULTS, exist_ok=True)
+        path = os.path.join(RESULTS, f"{benchmark}-{date}.json")
+    document = {"date": date, "machine": machine(), "commit": short_commit(), **payload, "figures": figures}
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=1)
+    return path
+
+
+class Session:
+    """One benchmark invocation: ``date``, ``load_start`` and ``command`` (this script's command line) are read
+    when it is made; ``figure`` stamps a figure with them and the load now, ``write`` writes the results JSON."""
+
+    def __init__(self, benchmark: str, script: str | None = None, argv: list[str] | None = None):
+        self.benchmark = benchmark
+        self.date = time.strftime("%Y-%m-%d")
+        self.load_start = load()
+        self.command = invocation(script=script, argv=argv)
+        self.started = time.perf_counter()
+
+    def where(self) -> str:
+        """Cores and the load at the start and now."""
+        return machine(self.load_start)
+
+    def figure(self, name: str, value: str, target: str, command: str | None = None) -> dict[str, str]:
+        """One published figure of this invocation (its command unless ``command`` is given)."""
+        return figure(name, value, target, command or self.command, self.date, self.where())
+
+    def write(self, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
+        """Write the results JSON (``load_start`` added to ``payload``) and print where; returns the path."""
+        written = write_results(self.benchmark, {"load_start": self.load_start, **payload}, figures, path)
+        print(f"wrote {written}", flush=True)
+        return written
+
+
+def run_child(
+    script: str, args: list[str], timeout: float = 1800.0, env: dict[str, str] | None = None, cwd: str = REPO
+) -> Any:
+    """Run ``script`` (a path) with ``args`` in a fresh Python process (environment ``env``, default this one's) and
+    return the JSON its last line of output holds: a measurement kept apart from this process's imports and
+    memory. RuntimeError with its error output when it fails."""
+    proc = subprocess.run(
+        [sys.executable, script, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{os.path.basename(script)} {shlex.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _descendants(pid: int) -> dict[int, float]:
+    """pid -> create time of every live descendant of ``pid``."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return {}
+    found = {}
+    for child in children:
+        try:
+            found[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+    return found
+
+
+def _kill_tracked(tracked: dict[int, float]) -> None:
+    """Kill each tracked process that still runs (same pid and create time: never a recycled pid)."""
+    import psutil
+
+    killed = []
+    for pid, created in tracked.items():
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() == created:
+                process.kill()
+                killed.append(process)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(killed, timeout=5)
+
+
+def _freeze_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` (SIGSTOP or SIGCONT) to process group ``pgid``, if it is still there."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL it when it has not exited within 10 s."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_isolated(
+    cmd: list[str],
+    workdir: str,
+    timeout: float,
+    log_name: str = "job.log",
+    env: dict[str, str] | None = None,
+    cwd: str = REPO,
+    watch: Callable[[str, float], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> tuple[int | None, float, str]:
+    """Run ``cmd`` in its own process group with HOME inside ``workdir`` (``env`` added to this environment),
+    its output to ``workdir/log_name``; ``watch(line, seconds since launch)`` sees each output line as it comes,
+    ``on_start(pid)`` the command's process id once it runs.
+    Returns (exit code, None on timeout; wall seconds; the output's last 4,000 characters). Every process it
+    started is gone when this returns."""
+    home = os.path.join(workdir, "home")
+    os.makedirs(home, exist_ok=True)
+    full_env = dict(os.environ, HOME=home, PYTHONUNBUFFERED="1", **(env or {}))
+    started = time.perf_counter()
+    tracked: dict[int, float] = {}
+    tail: deque[str] = deque(maxlen=200)
+    with open(os.path.join(workdir, log_name), "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            cwd=cwd,
+        )
+
+        def pump() -> None:
+            for line in proc.stdout:
+                tail.append(line)
+                if log.closed:  # a process that outlived the wait still writes: keep only the tail
+                    continue
+                log.write(line)
+                if watch is not None:
+                    watch(line.rstrip("\n"), time.perf_counter() - started)
+
+        if on_start is not None:
+            on_start(proc.pid)
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        rc = None
+        try:
+            while time.perf_counter() - started < timeout:
+                tracked.update(_descendants(proc.pid))
+                try:
+                    rc = proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            if rc is None:
+                _freeze_group(proc.pid, signal.SIGSTOP)  # a stopped group starts nothing between the scan and the kill
+                tracked.update(_descendants(proc.pid))
+                _freeze_group(proc.pid, signal.SIGCONT)
+                _stop_group(proc)
+            _kill_tracked(tracked)
+            reader.join(timeout=10)
+    return rc, time.perf_counter() - started, "".join(tail)[-4000:]
+
+
+def run_job(
+    script: str,
+    flags: list[str],
+    workdir: str,
+    name: str = "run",
+    timeout: float = 3600.0,
+    env: dict[str, str] | None = None,
+    tree: str = REPO,
+    watch: Callable[[str, float], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``;
+    ``watch`` and ``on_start`` as for ``run_isolated``) and return its ``results.json`` plus ``wall`` and
+    ``first_round`` (seconds; see the module docstring) and ``worker_lines`` (each leaf's ``[site-N] workers=...``
+    plan line, sorted); RuntimeError with the output's tail when it fails or times out."""
+    folder = os.path.join(workdir, name)
+    out = os.path.join(folder, "out")
+    cmd = [sys.executable, os.path.join(tree, "jobs", script), *flags]
+    cmd += ["--workspace", os.path.join(folder, "ws"), "--output-dir", out]
+    first: list[float] = []
+    workers: list[str] = []
+
+    def seen(line: str, seconds: float) -> None:
+        if not first and FIRST_PROGRESS.match(line):
+            first.append(seconds)
+        if WORKERS_LINE.match(line):
+            workers.append(line)
+        if watch is not None:
+            watch(line, seconds)
+
+    os.makedirs(folder, exist_ok=True)
+    rc, wall, tail = run_isolated(cmd, folder, timeout, env=env, cwd=tree, watch=seen, on_start=on_start)
+    found = sorted(glob.glob(os.path.join(out, "**", "results.json"), recursive=True))
+    if rc != 0 or not found:
+        status = "timed out" if rc is None else f"exited {rc}"
+        raise RuntimeError(f"{script} {shlex.join(flags)} {status} after {wall:.0f} s:\n{tail}")
+    with open(found[0], encoding="utf-8") as stream:
+        results = json.load(stream)
+    results["wall"] = wall
+    results["first_round"] = first[0] if first else None
+    results["worker_lines"] = sorted(workers)
+    return results
