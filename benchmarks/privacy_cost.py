@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = dict(dataset="digits", samples_per_device=50, partition="iid", batch_size=10, seed=0)
     runner = LeafRoundRunner([TaskDeviceProcessor.from_settings(settings)], device_batch=args.device_batch)
     if args.asynchronous:
-        return _asynchronous(args, runner, load_start)
+        return _asynchronous(args, runner, session)
     config = SimulationConfig(
         dp="central", dp_noise_multiplier=1.0, dp_clip=1.0, dp_accountant=args.accountant, devices_per_leaf=500
     )
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, load_start: str) -> int:
+def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, session: Session) -> int:
     """A DP-FedBuff version (B jobs trained in one leaf call, one buffer applied) against a plain FedBuff one."""
     config = AsyncConfig(
         dp="central",
@@ -134,23 +134,20 @@ def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, load_start:
         runner.close()
     plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
     ratio = private / plain
-    print(f"machine: {machine(load_start)}")
+    print(f"machine: {session.where()}")
     print(
         f"version of {args.devices} jobs without DP {plain * 1000:.1f} ms, DP-FedBuff (noise at the {args.noise_at}) "
         f"{private * 1000:.1f} ms: {ratio:.3f}x"
     )
     if args.json:
-        date = time.strftime("%Y-%m-%d")
-        payload = {"settings": vars(args), "load_start": load_start, "seconds": times, "ratio": ratio}
-        shown = figure(
+        payload = {"settings": vars(args), "seconds": times, "ratio": ratio}
+        shown = session.figure(
             f"DP-FedBuff version / plain FedBuff version, batched path (noise at the {args.noise_at})",
             f"{ratio:.3f}x",
             "<= 1.10x",
-            invocation(),
-            date,
-            machine(load_start),
         )
-        print(f"wrote {write_results(f'privacy_cost-async-{args.noise_at}', payload, [shown])}")
+        session.benchmark = f"privacy_cost-async-{args.noise_at}"
+        session.write(payload, [shown])
     return 0
 
 

@@ -32,11 +32,11 @@ from devsim.resources.threads import one_torch_thread
 from devsim.seeding import derive_seed
 from devsim.tasks import Task, task_from_settings
 from devsim.tasks.shards import grouped_task, task_partitioner
-from devsim.training.batch_probe import TOLERANCE, ProbeOutcome, probe_batching
 from devsim.training.batched import BatchedTrainer, batched_device_bytes
 from devsim.training.compiled_step import CompileChoice, CompiledGroups, probe_compiled, resolve_compile
 from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec, Objective
-from devsim.training.probe_cache import cached_probe, task_probe_key
+from devsim.training.probe.batch_probe import TOLERANCE, ProbeOutcome, probe_batching
+from devsim.training.probe.probe_cache import cached_probe, task_probe_key
 
 _SHARED_LOCK = threading.Lock()
 _SHARED_SOURCES: dict[tuple, DeviceDataSource] = {}
@@ -291,7 +291,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
     def batching_obstacle(self, timed: bool = True) -> str | None:
         """Why this worker's devices cannot be trained as one batch (None: they can).
 
-        Decided once per process on a probe (:func:`devsim.training.batch_probe.probe_batching`): three small
+        Decided once per process on a probe (:func:`devsim.training.probe.batch_probe.probe_batching`): three small
         devices trained one at a time and batched from the same weights must get the same updates, and with
         ``timed`` (``--device-batch auto``) batched training must also be faster here. An explicit
         ``--device-batch N`` checks exactness only, so the path, and with it the float rounding, does not

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from devsim.data.device_shards import ShardPool
-from devsim.training.batch_probe import probe_batching
 from devsim.training.batched import BatchedTrainer
 from devsim.training.local import LocalTrainer, LocalTrainingSpec, Objective
+from devsim.training.probe.batch_probe import probe_batching
 
 CPU = torch.device("cpu")
 
@@ -142,7 +142,7 @@ def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says
     assert drifting.startswith("batched updates differ from one-at-a-time updates")
     # The LSTM's per-sample loop is detected from vmap's own warning; its timing sits near the 0.8x margin on this
     # CPU (0.85-1.07x at batch 32, measured), so the timed comparison is fixed here to "not faster".
-    monkeypatch.setattr("devsim.training.batch_probe._timed", lambda *args: (0.040, 0.040))
+    monkeypatch.setattr("devsim.training.probe.batch_probe._timed", lambda *args: (0.040, 0.040))
     lstm = probe_batching(CharLSTM, LocalTrainingSpec(batch_size=32), Objective(), _tokens(), CPU).obstacle
     assert lstm is not None and "no batching rule for aten::" in lstm and "40.0 ms batched against 40.0 ms" in lstm
     rmsprop = probe_batching(_mlp, LocalTrainingSpec(optimizer="rmsprop"), Objective(), _features(), CPU).obstacle
@@ -185,7 +185,7 @@ def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):
 
 def test_an_explicit_device_batch_checks_exactness_only(tmp_path, monkeypatch):
     """auto times both ways (load-dependent); an explicit --device-batch N does not, so its path is fixed."""
-    import devsim.training.batch_probe as batch_probe
+    import devsim.training.probe.batch_probe as batch_probe
     from processors.task_processor import TaskDeviceProcessor
     from tests.test_tasks import GOOD, write_task
 

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from devsim.data.device_shards import ShardPool
-from devsim.training.batch_probe import TOLERANCE
 from devsim.training.batched import BatchedTrainer
 from devsim.training.compiled_step import (
     BUCKETS,
@@ -18,6 +17,7 @@ from devsim.training.compiled_step import (
     resolve_compile,
 )
 from devsim.training.local import LocalTrainingSpec
+from devsim.training.probe.batch_probe import TOLERANCE
 
 SPEC = LocalTrainingSpec(epochs=1, batch_size=4, lr=0.1, momentum=0.9)
 FAST = {"backend": "eager"}  # dynamo traces and guards the step as torch.compile does, without code generation

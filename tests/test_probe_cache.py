@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from devsim.training.batch_probe import ProbeOutcome
 from devsim.training.local import LocalTrainingSpec, Objective
-from devsim.training.probe_cache import CACHE_ENV, cache_root, cached_probe, key_path, probe_key, task_identity
+from devsim.training.probe.batch_probe import ProbeOutcome
+from devsim.training.probe.probe_cache import CACHE_ENV, cache_root, cached_probe, key_path, probe_key, task_identity
 
 TASK = task_identity(
     {"name": "t", "origin": "builtin:t", "sha256": None, "sample_shape": [4], "input_dtype": "float32"}

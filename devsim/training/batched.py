@@ -20,7 +20,7 @@ of ``torch.func.grad`` of the shared module called with each device's tensors an
 
 :func:`batching_obstacle` says why a model and spec cannot be batched (None when they can): an optimizer other
 than SGD/Adam, or a BatchNorm with a cumulative average. Whether a task's model gives the same updates batched
-is checked on a probe before a leaf batches it (:func:`devsim.training.batch_probe.probe_batching`).
+is checked on a probe before a leaf batches it (:func:`devsim.training.probe.batch_probe.probe_batching`).
 :func:`batched_device_bytes` estimates what one more device in a batch costs in memory, for sizing.
 """
 

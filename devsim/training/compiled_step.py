@@ -12,7 +12,7 @@ Whether compiling is used (:func:`resolve_compile`):
 - ``off``: eager.
 - ``on``: compiled on any device (``reduce-overhead``, i.e. CUDA graphs, on a GPU; inductor on the CPU).
 - ``auto``: compiled on a GPU when :func:`probe_compiled` finds the compiled, padded step exact (same deltas as
-  eager within :data:`devsim.training.batch_probe.TOLERANCE`) and faster warm, for models up to
+  eager within :data:`devsim.training.probe.batch_probe.TOLERANCE`) and faster warm, for models up to
   :data:`AUTO_MAX_PARAMS` (launch-bound small models: the digits CNN's groups of 2-10 ran 4-7x faster with CUDA
   graphs on an H100; a ResNet-18 compiles for much longer per bucket and has not been measured compiled); eager on
   the CPU, where each shape compiles for 8-19 s and the gain does not repay it in a run's first thousands of updates

@@ -1,6 +1,6 @@
 """The batching probe's verdict, kept on disk per model, task, training settings, machine and PyTorch version.
 
-:func:`devsim.training.batch_probe.probe_batching` decides, once per leaf process, whether a model trains many
+:func:`devsim.training.probe.batch_probe.probe_batching` decides, once per leaf process, whether a model trains many
 devices batched or one at a time; with ``--device-batch auto`` on the CPU the verdict depends on a timing taken while
 the leaves start together, so two runs of the same job could take different paths (the same accuracy, a loss
 differing in the fourth digit from the float rounding of each path). :func:`cached_probe` keeps the first verdict in a
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from devsim.training.batch_probe import ProbeOutcome
+from devsim.training.probe.batch_probe import ProbeOutcome
 
 CACHE_ENV = "DEVSIM_CACHE_DIR"
 CACHE_OFF = "off"
@@ -120,8 +120,8 @@ def probe_key(
     """The key of a probe's verdict (JSON-able): ``model`` a fresh copy of the task's model, ``task`` what names
     the task and its data (:func:`task_identity`), ``spec`` the local training settings (a dataclass),
     ``objective`` the loss and augmentation (:class:`devsim.training.local.Objective`)."""
-    import devsim.training.batch_probe as probe_module
     import devsim.training.batched as batched_module
+    import devsim.training.probe.batch_probe as probe_module
 
     classes = sorted({type(m) for m in model.modules()}, key=lambda c: f"{c.__module__}.{c.__qualname__}")
     return {
