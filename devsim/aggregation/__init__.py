@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from devsim.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from devsim.aggregation.base import LeafUpdate, SyncStrategy
@@ -20,8 +21,4 @@ _HOMES = {
 settings, which the run configuration imports) does not import PyTorch."""
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -9,8 +9,9 @@ the project.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from devsim.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from devsim.compression.codecs import CODECS, CodecSpec, Encoded, decode, encode, payload_bytes, round_payload_bytes
@@ -57,8 +58,4 @@ _HOMES = {
 settings, which the run configuration imports) does not import PyTorch."""
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(__name__, _HOMES)
