@@ -81,19 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                     times[name].append(time.perf_counter() - started)
     finally:
         runner.close()
-    plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
-    ratio = private / plain
-    print(f"machine: {session.where()}")
-    print(f"round without DP {plain * 1000:.1f} ms, with DP ({args.accountant}) {private * 1000:.1f} ms: {ratio:.3f}x")
-    if args.json:
-        payload = {"settings": vars(args), "seconds": times, "ratio": ratio}
-        shown = session.figure(
-            f"DP round / plain round, batched path ({args.accountant})",
-            f"{ratio:.3f}x",
-            "<= 1.10x",
-        )
-        session.benchmark = f"privacy_cost-{args.accountant}"
-        session.write(payload, [shown])
+    _report(
+        args,
+        session,
+        times,
+        f"round without DP {{plain}}, with DP ({args.accountant}) {{private}}",
+        f"DP round / plain round, batched path ({args.accountant})",
+        f"privacy_cost-{args.accountant}",
+    )
     return 0
 
 
@@ -132,23 +127,30 @@ def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, session: Se
                     times[name].append(time.perf_counter() - started)
     finally:
         runner.close()
+    _report(
+        args,
+        session,
+        times,
+        f"version of {args.devices} jobs without DP {{plain}}, DP-FedBuff (noise at the {args.noise_at}) {{private}}",
+        f"DP-FedBuff version / plain FedBuff version, batched path (noise at the {args.noise_at})",
+        f"privacy_cost-async-{args.noise_at}",
+    )
+    return 0
+
+
+def _report(
+    args: argparse.Namespace, session: Session, times: dict[str, list[float]], line: str, name: str, benchmark: str
+) -> None:
+    """Print the medians and their ratio (``line`` with ``{plain}`` and ``{private}`` for the two medians in ms) and,
+    with ``--json``, write the figure ``name`` to ``benchmarks/results/<benchmark>-<date>.json``."""
     plain, private = statistics.median(times["plain"]), statistics.median(times["dp"])
     ratio = private / plain
     print(f"machine: {session.where()}")
-    print(
-        f"version of {args.devices} jobs without DP {plain * 1000:.1f} ms, DP-FedBuff (noise at the {args.noise_at}) "
-        f"{private * 1000:.1f} ms: {ratio:.3f}x"
-    )
+    print(f"{line.format(plain=f'{plain * 1000:.1f} ms', private=f'{private * 1000:.1f} ms')}: {ratio:.3f}x")
     if args.json:
-        payload = {"settings": vars(args), "seconds": times, "ratio": ratio}
-        shown = session.figure(
-            f"DP-FedBuff version / plain FedBuff version, batched path (noise at the {args.noise_at})",
-            f"{ratio:.3f}x",
-            "<= 1.10x",
-        )
-        session.benchmark = f"privacy_cost-async-{args.noise_at}"
-        session.write(payload, [shown])
-    return 0
+        shown = session.figure(name, f"{ratio:.3f}x", "<= 1.10x")
+        session.benchmark = benchmark
+        session.write({"settings": vars(args), "seconds": times, "ratio": ratio}, [shown])
 
 
 if __name__ == "__main__":
