@@ -1,19 +1,12 @@
 """FedAvg, FedBuff and FedRevive on one non-IID synthetic setting with heavy staleness, side by side.
 
-All three run through the same asynchronous server and leaves, on the same devices, data and delay
-schedule, for the same simulated time: FedAvg as synchronous waves (K = B = O), FedBuff and
-FedRevive with K concurrent jobs and a new version after every B arrivals. Printed: accuracy at
-equal simulated time (the last evaluation and the best one), versions reached, accepted updates,
-FedRevive's KD count (arrivals blended with a KD delta), KD runs (distillations run) and its server seconds
-per arrival (wall, and CPU seconds of the server thread, which the machine's load does not inflate), wall
-time, and the wall-time ratio FedRevive / FedBuff. ``--methods FedRevive`` runs a subset.
+All three run through the same asynchronous server and leaves, on the same devices, data and delay schedule, for
+the same simulated time: FedAvg as synchronous waves (K = B = O), FedBuff and FedRevive with K concurrent jobs and a
+new version every B arrivals. Printed: final and best accuracy, versions, accepted updates, FedRevive's KD counts
+and server seconds per arrival (wall, and the server thread's CPU), wall seconds, and FedRevive / FedBuff's wall
+ratio. ``--json`` writes the rows and the figure to ``benchmarks/results/async_quality-<date>.json``:
 
-    .venv/bin/python benchmarks/async_quality.py                      # K=50, B=1, shifted schedule
-    .venv/bin/python benchmarks/async_quality.py --sim-time 4 --concurrency 100
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_quality.py --methods FedBuff,FedRevive --seed 0 --json
-
-``--json`` writes every method's summary and (with FedBuff and FedRevive both run) the published figure to
-``benchmarks/results/async_quality-<date>.json``.
 """
 
 from __future__ import annotations

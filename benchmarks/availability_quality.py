@@ -1,26 +1,15 @@
 """FedBuff and FedRevive on a trace-driven population of 100,000 devices against always-on devices.
 
-A trace of ``2 x --devices-per-leaf`` devices (diurnal sessions, lognormal speeds with log-sd 0.5, two
-network classes; seeded) is written once as an NPZ file. Each method then runs three times through the
-real jobs, with the same data, devices, model, local training and version budget:
+A trace of ``2 x --devices-per-leaf`` devices (diurnal sessions, lognormal speeds with log-sd 0.5, two network
+classes; seeded) is written once as an NPZ file. Each method then runs through the real jobs with the same data,
+devices, model, local training (Adam 1e-3, 10 steps of batch 32) and version budget, three ways: ``always /
+profile`` (always online, delays from the schedule), ``always / lognormal`` (the trace's speeds) and ``trace``
+(online only in the trace's sessions). Printed per run: final and best accuracy, versions, simulated hours, jobs
+lost to ``session_end`` and their share, devices that took part, Jain's index, mean / p90 staleness, wall seconds.
+``--json`` writes the runs and, per method, the figure (final accuracy always-on / trace) to
+``benchmarks/results/availability_quality-<date>.json``:
 
-* ``always / profile``: today's default (every device always online, delays from the delay schedule);
-* ``always / lognormal``: always online, but the same speeds as the trace (isolates the speed effect);
-* ``trace``: online only in the trace's sessions, the trace's speeds and network classes.
-
-Local training: Adam 1e-3, 10 steps of batch 32 (320 samples a job); FedRevive adds
-``fedrevive_small_cpu`` (small generator, DFKD every 5 versions) with its gates at 1/5 and 1/3 of the
-version budget. Printed per run: final and best accuracy, versions, simulated time, jobs lost because the device went
-offline (``session_end``) and their share of finished jobs, devices that took part, Jain's fairness index,
-mean / p90 staleness, and wall time.
-
-    .venv/bin/python benchmarks/availability_quality.py                                 # digits, 100,000 devices
-    .venv/bin/python benchmarks/availability_quality.py --dataset synthetic --devices-per-leaf 500 --max-versions 20
-    .venv/bin/python benchmarks/availability_quality.py --methods fedbuff --json   # + the results JSON
-
-The runs live in a temporary folder, removed at the end (``--keep DIR`` keeps them). ``--json`` writes every run's
-summary and, per method run both always-on (profile) and on the trace, the published figure (final accuracy of
-each) to ``benchmarks/results/availability_quality-<date>.json``.
+    .venv/bin/python benchmarks/availability_quality.py --methods fedbuff --json
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Per-device cost of the batched trainer's groups of a few digits CNNs, this checkout against a baseline checkout.
 
-One process per measurement trains groups of ``--groups`` devices (default 2, 4 and 10) with
-``TaskDeviceProcessor.train_devices_batched`` as an asynchronous leaf does: digits, the built-in CNN, 100 samples a
-device (Dirichlet), 1 local epoch at batch 10, SGD, one torch thread (a leaf's worker). Each measurement times
-``--calls`` calls per group size after a warm-up call and keeps the fastest (wall and the thread's CPU time: on a
-shared machine the fastest call is the one least disturbed); the rounds alternate the two trees
-(this, baseline, this, baseline, ...) so both see the same load. Printed per group size: milliseconds per device
-of each tree (median over ``--rounds``), the speed-up, and whether both trees returned the same updates bit for bit
-(the same seeds, the same devices).
+One process per measurement trains groups of ``--groups`` devices with ``train_devices_batched`` as an asynchronous
+leaf does (digits, CNN, 100 samples a device, 1 epoch at batch 10, SGD, one torch thread), ``--calls`` calls per
+group size; the rounds alternate the two trees (``harness.alternate``; the baseline a temporary worktree of
+``--baseline-commit``). Printed per group size: milliseconds per device of each tree (median over ``--rounds`` of
+each measurement's median call, wall and thread CPU), the speed-up, and whether both trees' updates are
+bit-identical. ``--profile`` prints cProfile's top entries of this tree's step instead. ``--json`` writes
+``benchmarks/results/batched_step-<date>.json``:
 
-    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --json   # REV: the code before the change
-
-The baseline is measured in a temporary git worktree of ``REV``, removed at the end.
-
-``--json`` writes ``benchmarks/results/batched_step-<date>.json``. ``--profile`` prints cProfile's top entries of
-this tree's step for each group size instead (where the per-step time goes).
-Medians over rounds of each measurement's fastest call are printed.
+    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --rounds 3 --calls 15 --json
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Resident memory of a bare NVFlare Collab echo over many calls, without any of this project's code.
 
-The server sends a 62k-parameter float32 NumPy dict (the small CNN's size; ``--params``) to each of 2
-clients per round and the clients echo it back with a probe of their own process. Printed every ``--every``
-rounds (and at the last): RSS (MB), live threads (``/proc/self/task``), NVFlare's receive-side
-stream tasks still held in memory (``RxTask.rx_task_map``) and the full garbage collections run so far
-(``gc2``) of the server and of each client. This
-isolates growth that happens in NVFlare's messaging layer from growth in the project's own leaf and
-server code (compare with benchmarks/memory_growth.py).
+The server sends a 62k-parameter float32 NumPy dict (the small CNN's size; ``--params``) to each of 2 clients per
+round and the clients echo it back with a probe of their own process. Printed every ``--every`` rounds: RSS (MB),
+live threads, NVFlare's receive-side stream tasks still held (``RxTask.rx_task_map``) and the full garbage
+collections so far, of the server and each client: growth in NVFlare's messaging layer apart from the project's
+code (compare ``benchmarks/memory_growth.py``). It launches ``SimEnv`` directly, so the project's runtime defaults
+apply only with ``--project-defaults``; otherwise the environment is used as given.
 
-The script launches NVFlare's simulator directly (``SimEnv``), not through this project's
-``build_env``, so the runtime defaults of ``devsim_flare.recipe.apply_runtime_env_defaults`` apply
-only with ``--project-defaults``; without it the environment is used as given, which makes it the
-place to compare settings:
-
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --project-defaults
-    NVFLARE_STREAMING_RETRY_TIMEOUT=2 .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000  # 45 MB each way
-
-``--compare`` runs the echo several times, each as a child process of this script (its own process group and a
-temporary folder, killed with every process it started after ``--timeout`` seconds), and prints the settings side
-by side: ``defaults`` NVFlare's defaults and then ``--project-defaults``; ``chunk`` with
-``NVFLARE_STREAMING_CHUNK_SIZE`` 1 MiB and 256 KiB, alternated ``--pairs`` times. ``--json`` writes the probes of
-every run to ``benchmarks/results/collab_echo_memory[-<compare>]-<date>.json`` with the published figure of the
-comparison (server threads at the last round; seconds per round after round 10, 256 KiB over 1 MiB):
+``--compare`` runs the echo once per setting as a child process (``harness.run_isolated``): ``defaults`` NVFlare's
+defaults then ``--project-defaults``; ``chunk`` ``NVFLARE_STREAMING_CHUNK_SIZE`` 1 MiB and 256 KiB, alternated
+``--pairs`` times. ``--json`` writes the probes and the comparison's figure (server threads at the last round; s per
+round after round 10, 256 KiB over 1 MiB) to ``benchmarks/results/collab_echo_memory[-chunk]-<date>.json``:
 
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --compare defaults --json
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000 --compare chunk --json

@@ -1,22 +1,14 @@
 """Memory and selection time of a heterogeneous, intermittently available population of a million devices.
 
-Each setting runs in a fresh child process so that its peak RSS (``ru_maxrss``) is its own:
+Each setting runs in a fresh child process so that its peak RSS is its own: ``always`` (``DevicePopulation``,
+always online: selection only), ``diurnal`` (a ``PopulationModel`` with seeded diurnal sessions and lognormal
+speeds) and ``trace`` (the same written once to an NPZ trace and loaded from it). For each: build seconds, RSS and
+peak RSS (MB), bytes in per-device arrays, and median wall / CPU milliseconds over ``--repeats`` times spread over
+a day of ``online``, one selection of ``--select`` online devices, the async ``select_online`` excluding ``--busy``
+devices, and a whole ``plan_round``. ``--json`` writes the rows and the figure (one selection, diurnal / trace) to
+``benchmarks/results/population_scale-<date>.json``:
 
-* ``always``: today's population (``DevicePopulation``, every device always online): selection only;
-* ``diurnal``: a ``PopulationModel`` with seeded diurnal sessions and lognormal speeds, built in the child;
-* ``trace``: the same sessions and speeds written once to an NPZ trace file (by a separate child, not
-  counted), then loaded from the file in the child (``--availability trace --speed-distribution trace``).
-
-For each: build seconds, RSS after building and peak RSS (MB), bytes held in per-device arrays, and the
-median over ``--repeats`` times spread over a day of: ``online`` (who is online), one selection of
-``--select`` devices among the online ones (sync ``plan_round`` without the per-device delays, and the
-async dispatch's ``select_online`` excluding ``--busy`` in-flight devices), and one whole ``plan_round``
-(selection + delays + session ends). Ratios are against the always-on selection measured the same way.
-Timings on a shared machine are noisy; the load average is printed before and after.
-
-    .venv/bin/python benchmarks/population_scale.py                       # 1,000,000 devices
-    .venv/bin/python benchmarks/population_scale.py --devices 100000 --repeats 50
-    .venv/bin/python benchmarks/population_scale.py --json     # also benchmarks/results/population_scale-<date>.json
+    .venv/bin/python benchmarks/population_scale.py --json
 """
 
 from __future__ import annotations
