@@ -120,16 +120,7 @@ def run_child(args: argparse.Namespace, label: str, flags: list[str], env: dict[
         probes_file = os.path.join(workdir, "probes.jsonl")
         cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--every", str(args.every)]
         cmd += ["--params", str(args.params), "--probes-file", probes_file, *flags]
-        saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
-            rc, wall, tail = run_isolated(cmd, workdir, args.timeout, log_name="echo.log")
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        rc, wall, tail = run_isolated(cmd, workdir, args.timeout, log_name="echo.log", env=env)
         probes = read_probes(probes_file)
     status = "timed out" if rc is None else f"exit {rc}"
     print(f"[{label}] {status} after {wall:.1f} s wall; log tail:\n{tail[-2500:]}", flush=True)
@@ -154,10 +145,8 @@ def compare(args: argparse.Namespace) -> list[dict]:
     return [run_child(args, label, flags, env) for label, flags, env in settings]
 
 
-def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -> list[dict[str, str]]:
+def figures(args: argparse.Namespace, runs: list[dict], session) -> list[dict[str, str]]:
     """The comparison's figure: server threads at the last round, or the 256 KiB chunk's cost per round."""
-    from benchmarks.harness import figure, invocation
-
     if any(run["status"] != "exit 0" or not run["probes"] for run in runs):
         return []
     if args.compare == "defaults":
@@ -173,7 +162,7 @@ def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -
         name = f"streaming chunk 256 KiB vs 1 MiB, {4 * args.params / 1e6:.0f} MB payloads"
         value = f"{100 * (small / large - 1):+.0f}% per round"
         target = "documented cost"
-    return [figure(name, value, target, invocation((*COMMAND_ENV, *MORE_WATCHED_ENV)), date, where)]
+    return [session.figure(name, value, target)]
 
 
 def main() -> None:
@@ -199,9 +188,10 @@ def main() -> None:
     parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, REPO)
-    from benchmarks.harness import load, machine, write_results
+    from benchmarks.harness import Session
 
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
+    session = Session(name, env=(*COMMAND_ENV, *MORE_WATCHED_ENV))
     if args.compare != "none":
         runs = compare(args)
         for run in runs:
@@ -218,10 +208,8 @@ def main() -> None:
             echo(args, probes_file)
             runs = [{"setting": "this run", "status": "exit 0", "probes": read_probes(probes_file)}]
     if args.json:
-        payload = {"settings": vars(args), "load_start": load_start, "runs": runs}
-        name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
-        published = figures(args, runs, date, machine(load_start)) if args.compare != "none" else []
-        print(f"wrote {write_results(name, payload, published)}")
+        published = figures(args, runs, session) if args.compare != "none" else []
+        session.write({"settings": vars(args), "runs": runs}, published)
 
 
 def echo(args: argparse.Namespace, probes_file: str) -> None:

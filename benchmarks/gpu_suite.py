@@ -35,7 +35,6 @@ import functools
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -56,6 +55,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     section_shared_gpu,
 )
+from benchmarks.harness import short_commit  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -90,49 +90,31 @@ ASYNC_SETTINGS = ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
 LIMIT_BATCH = 256
 
 
+SIZES = {  # workload size: (the dry run's, seconds on a CPU; the real suite's)
+    "rounds": (2, 10),
+    "resnet_devices": (20, 1000),
+    "resnet_selected": (4, 100),
+    "leaf_devices": (4, 64),
+    "leaf_samples": (20, 100),
+    "central_samples": (64, 8192),
+    "sweep": ([1, 2], [1, 2, 4, 8, 16]),
+    "sweep_groups": ([1], [1, 2, 4]),
+    "resnet_rounds": (2, 5),
+    "tf32_models": (["cnn"], ["cnn", "resnet18"]),
+    "resnet_leaf_devices": (2, 64),
+    "revive_versions": (8, 30),
+    "models": (["cnn"], ["cnn", "resnet18"]),
+    "compression_job": (["--quick", "--codecs", "none,topk 10%"], ["--seeds", "0,1"]),
+    "async_updates": (80, 800),
+    "async_settings": (["fedavg", "fedbuff B=2"], list(ASYNC_SETTINGS)),
+    "step_groups": ([2], [2, 4, 10]),
+    "step_samples": (20, 100),
+}
+
+
 def sizes(tiny: bool) -> dict:
-    """Workload sizes: the real suite, or the dry run's (seconds on a CPU)."""
-    if tiny:
-        return {
-            "rounds": 2,
-            "resnet_devices": 20,
-            "resnet_selected": 4,
-            "leaf_devices": 4,
-            "leaf_samples": 20,
-            "central_samples": 64,
-            "sweep": [1, 2],
-            "sweep_groups": [1],
-            "resnet_rounds": 2,
-            "tf32_models": ["cnn"],
-            "resnet_leaf_devices": 2,
-            "revive_versions": 8,
-            "models": ["cnn"],
-            "compression_job": ["--quick", "--codecs", "none,topk 10%"],
-            "async_updates": 80,
-            "async_settings": ["fedavg", "fedbuff B=2"],
-            "step_groups": [2],
-            "step_samples": 20,
-        }
-    return {
-        "rounds": 10,
-        "resnet_devices": 1000,
-        "resnet_selected": 100,
-        "leaf_devices": 64,
-        "leaf_samples": 100,
-        "central_samples": 8192,
-        "sweep": [1, 2, 4, 8, 16],
-        "sweep_groups": [1, 2, 4],
-        "resnet_rounds": 5,
-        "tf32_models": ["cnn", "resnet18"],
-        "resnet_leaf_devices": 64,
-        "revive_versions": 30,
-        "models": ["cnn", "resnet18"],
-        "compression_job": ["--seeds", "0,1"],
-        "async_updates": 800,
-        "async_settings": list(ASYNC_SETTINGS),
-        "step_groups": [2, 4, 10],
-        "step_samples": 100,
-    }
+    """Workload sizes: the real suite's, or the dry run's."""
+    return {key: values[0 if tiny else 1] for key, values in SIZES.items()}
 
 
 def machine_facts(device: str) -> dict:
@@ -152,12 +134,7 @@ def machine_facts(device: str) -> dict:
         facts["cudnn"] = torch.backends.cudnn.version()
         facts["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
         facts["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
-    try:
-        facts["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        facts["git_commit"] = None
+    facts["git_commit"] = short_commit() or None
     return facts
 
 
