@@ -19,7 +19,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -93,21 +93,14 @@ def main() -> None:
         f"B={args.buffer_size} (FedAvg: K=B=O), schedule {args.schedule}, simulated time {args.sim_time}s, "
         f"seed {args.seed}"
     )
-    print(
-        f"{'method':<10} {'final acc':>9} {'best acc':>9} {'versions':>9} {'updates':>8} {'KD':>5} {'KD runs':>7} "
-        f"{'s/arrival':>9} {'CPU s/arr':>9} {'wall s':>7}"
-    )
+    table = []
     for name, summary, best, wall in rows:
-        kd = summary.get("kd_updates", "-")
-        kd_runs = summary.get("kd_runs", "-")
-        per_arrival = summary.get("revive_seconds_per_arrival")
-        per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
-        cpu = summary.get("revive_cpu_seconds_per_arrival")
-        cpu = f"{cpu:.3f}" if cpu is not None else "-"
-        print(
-            f"{name:<10} {summary['final_accuracy']:>9.4f} {best:>9.4f} {summary['versions']:>9} "
-            f"{summary['accepted_updates']:>8} {kd!s:>5} {kd_runs!s:>7} {per_arrival:>9} {cpu:>9} {wall:>7.0f}"
-        )
+        kd = [summary.get("kd_updates", "-"), summary.get("kd_runs", "-")]
+        server = [_seconds(summary.get(f"revive_{kind}seconds_per_arrival")) for kind in ("", "cpu_")]
+        counts = [summary["versions"], summary["accepted_updates"], *kd]
+        table.append([name, f"{summary['final_accuracy']:.4f}", f"{best:.4f}", *counts, *server, f"{wall:.0f}"])
+    columns = ["method", "final acc", "best acc", "versions", "updates", "KD", "KD runs", "s/arrival", "CPU s/arr"]
+    print_table([*columns, "wall s"], table)
     walls = {name: wall for name, _, _, wall in rows}
     if "FedRevive" in walls and "FedBuff" in walls:
         print(f"wall time FedRevive / FedBuff: {walls['FedRevive'] / walls['FedBuff']:.2f}x", end="; ")
@@ -123,8 +116,7 @@ def figures(rows: list[tuple], session: Session) -> list[dict[str, str]]:
     if "FedRevive" not in by_name or "FedBuff" not in by_name:
         return []
     (revive, revive_wall), (buff, buff_wall) = by_name["FedRevive"], by_name["FedBuff"]
-    per_arrival = revive.get("revive_seconds_per_arrival")
-    per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
+    per_arrival = _seconds(revive.get("revive_seconds_per_arrival"))
     return [
         session.figure(
             "FedRevive vs FedBuff at equal simulated time: accuracy, s/arrival, wall ratio",
@@ -133,6 +125,10 @@ def figures(rows: list[tuple], session: Session) -> list[dict[str, str]]:
             "<= 0.35 s/arrival, <= 3x",
         )
     ]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -129,20 +129,18 @@ def main() -> int:
         f"--samples-per-second {args.samples_per_second:g}, seed {args.seed}"
         + (f"; runs in {workdir}" if args.keep else "")
     )
-    print(
-        f"{'method':9} {'setting':18} {'final acc':>9} {'best acc':>8} {'sim time h':>10} {'session_end':>11} "
-        f"{'lost %':>6} {'devices':>7} {'Jain':>6} {'stale mean':>10} {'p90':>4} {'wall s':>6}"
-    )
+    table = []
     for method, setting, s in rows:
         lost = s["dropouts_by_cause"].get("session_end", 0)
         finished = s["accepted_updates"] + sum(s["dropouts_by_cause"].values())
         part, stale = s["participation"], s["staleness"]
-        print(
-            f"{method:9} {setting:18} {s['final_accuracy']:9.4f} {s['best_accuracy']:8.4f} "
-            f"{s['simulated_time'] / 3600:10.2f} {lost:11d} {100 * lost / max(finished, 1):6.1f} "
-            f"{part['participated']:7d} {part['jain_index']:6.4f} {stale['mean']:10.2f} {stale['p90']:4d} "
-            f"{s['wall']:6.0f}"
+        accuracy = [f"{s['final_accuracy']:.4f}", f"{s['best_accuracy']:.4f}", f"{s['simulated_time'] / 3600:.2f}"]
+        lost_cells = [lost, f"{100 * lost / max(finished, 1):.1f}", part["participated"], f"{part['jain_index']:.4f}"]
+        table.append(
+            [method, setting, *accuracy, *lost_cells, f"{stale['mean']:.2f}", stale["p90"], f"{s['wall']:.0f}"]
         )
+    columns = ["method", "setting", "final acc", "best acc", "sim time h", "session_end", "lost %", "devices", "Jain"]
+    print_table([*columns, "stale mean", "p90", "wall s"], table)
     if args.json:
         runs = [{"method": m, "setting": setting, "summary": s} for m, setting, s in rows]
         session.write({"settings": vars(args), "rows": runs}, figures(rows, session))

@@ -8,9 +8,9 @@ Every benchmark script holds only its measurement and goes through this module f
   progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
   for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
   starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
-- ``alternate(arms, rounds)`` times several settings side by side, in turn. ``run_child(script, args)`` runs a
-  measurement in a fresh Python process and returns the JSON it printed; ``worktree(rev)`` checks out a baseline
-  commit in a temporary git worktree for the duration of a block.
+- ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown
+  table. ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
+  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
   (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
@@ -70,6 +70,12 @@ def invocation(
     script = os.path.relpath(os.path.abspath(script or sys.argv[0]), REPO)
     prefix = [f"{name}={shlex.quote(os.environ[name])}" for name in env if name in os.environ]
     return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *(sys.argv[1:] if argv is None else argv)])])
+
+
+def print_table(columns: list[str], rows: list[list[Any]]) -> None:
+    """Print a Markdown table: ``columns`` as its header, then one line per row (cells as ``str`` gives them)."""
+    for cells in (columns, ["---"] * len(columns), *rows):
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 def short_commit(tree: str = REPO) -> str:

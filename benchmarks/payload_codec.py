@@ -30,7 +30,7 @@ from torch import nn
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -156,26 +156,22 @@ def main() -> None:
         f"median of {args.repeats} runs after 3 warm-ups "
         f"(NumPy/codec rows), {args.list_repeats} runs after 1 warm-up (list rows)"
     )
-    header = f"{'params':>11}  {'method':<14} {'encode ms':>10} {'decode ms':>10} {'bytes':>13}"
-    print(header)
-    print("-" * len(header))
-    ratios, measured = [], []
+    table, ratios, measured = [], [], []
     for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         params, rows = bench_size(name, args.repeats, args.list_repeats, fobs)
         measured.append({"size": name, "params": int(params), "rows": rows})
-        for method, enc, dec, size in rows:
-            print(f"{params:>11,}  {method:<14} {enc * 1e3:>10.2f} {dec * 1e3:>10.2f} {size:>13,}")
-        cold, warm = rows[0], rows[1]
+        table += [
+            [f"{params:,}", method, f"{enc * 1e3:.2f}", f"{dec * 1e3:.2f}", f"{size:,}"]
+            for method, enc, dec, size in rows
+        ]
+        (_, *cold), (_, *warm) = rows[0], rows[1]
         for method, enc, dec, size in rows[2:4]:
-            ratios.append((params, method, enc / cold[1], dec / cold[2], size / cold[3], enc / warm[1], dec / warm[2]))
+            against = [enc / cold[0], dec / cold[1], size / cold[2], enc / warm[0], dec / warm[1]]
+            ratios.append([f"{params:,}", method, *(f"{x:.2f}x" for x in against)])
+    print_table(["params", "method", "encode ms", "decode ms", "bytes"], table)
     print("* previous result kept alive between runs (warm heap); other rows free it first (see timed())")
-    print()
-    print("ratio lists / fobs numpy (list rows free their result too) and lists / fobs numpy* (warm heap)")
-    print(f"{'params':>11}  {'method':<14} {'encode':>8} {'decode':>8} {'bytes':>8} {'enc/warm':>9} {'dec/warm':>9}")
-    for params, method, enc, dec, size, enc_warm, dec_warm in ratios:
-        print(
-            f"{params:>11,}  {method:<14} {enc:>7.1f}x {dec:>7.1f}x {size:>7.2f}x {enc_warm:>8.1f}x {dec_warm:>8.1f}x"
-        )
+    print("\nratio lists / fobs numpy (list rows free their result too) and lists / fobs numpy* (warm heap)")
+    print_table(["params", "method", "encode", "decode", "bytes", "enc/warm", "dec/warm"], ratios)
     if args.json:
         columns = ("method", "encode_s", "decode_s", "bytes")
         sizes = [{**m, "rows": [dict(zip(columns, row, strict=True)) for row in m["rows"]]} for m in measured]

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -178,28 +178,18 @@ def measure(cell: Cell, args: argparse.Namespace) -> dict:
 
 
 def describe(cell: Cell, result: dict) -> list[str]:
-    """Detail lines of one measured cell."""
-    lines = []
-    for name, sim in result["sims"].items():
-        lines += [
-            f"[--device-batch {name}] leaves: {sim['path'] or 'no path line found'}",
-            f"[--device-batch {name}] sim round times (s): {', '.join(f'{t:.3f}' for t in sim['sim_rounds'])}",
-            f"[--device-batch {name}] sim steady-state round (median of rounds {cell.warmup_rounds + 1}..{cell.rounds})"
-            f": {sim['sim']:.3f} s ({cell.total_samples / sim['sim']:,.0f} samples/s)",
-            f"[--device-batch {name}] sim steady round parts along the slowest leaf (medians, s): "
-            + ", ".join(f"{part} {value:.3f}" for part, value in sim["parts"].items() if value >= 0.0005),
-        ]
-    for threads, (seconds, runs) in result["baselines"].items():
-        lines.append(
-            f"tight single-process loop, torch threads={threads} (best of {runs}): {seconds:.3f} s "
-            f"({cell.total_samples / seconds:,.0f} samples/s)"
-        )
-    for name, sim in result["sims"].items():
-        lines.append(
-            f"ratio sim / fastest tight loop (threads={result['best_threads']}), --device-batch {name}: "
-            f"{sim['ratio']:.3f}"
-        )
-    return lines
+    """Detail lines of one measured cell: each path's leaves, rounds, steady round and its parts; the loops."""
+    lines = [
+        f"[--device-batch {name}] {sim['path'] or 'no path line found'}; round s "
+        f"{', '.join(f'{t:.3f}' for t in sim['sim_rounds'])}; steady (median of rounds {cell.warmup_rounds + 1}.."
+        f"{cell.rounds}) {sim['sim']:.3f} s; its parts along the slowest leaf (medians, s) "
+        + ", ".join(f"{part} {value:.3f}" for part, value in sim["parts"].items() if value >= 0.0005)
+        for name, sim in result["sims"].items()
+    ]
+    return lines + [
+        f"tight single-process loop, torch threads={threads} (best of {runs}): {seconds:.3f} s"
+        for threads, (seconds, runs) in result["baselines"].items()
+    ]
 
 
 def parse_list(text: str, kind: type, name: str, parser: argparse.ArgumentParser) -> list:
@@ -316,32 +306,21 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}", flush=True)
         rows.append((cell, result))
 
-    print()
     paths = args.device_batch_paths
-    header = (
-        f"{'devices':>7}  {'model':<9} {'samples/dev':>11} {'samples/round':>13} "
-        + "".join(f"{'sim s (' + p + ')':>14}" for p in paths)
-        + f" {'tight loop s':>12} "
-        + "".join(f"{'ratio (' + p + ')':>13}" for p in paths)
-    )
-    print(header)
-    print("-" * len(header))
+    table = []
     for cell, result in rows:
-        if result is None:
-            print(f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13}   failed")
-            continue
-        sims = result["sims"]
-        print(
-            f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13} "
-            + "".join(f"{sims[p]['sim']:>14.3f}" for p in paths)
-            + f" {result['loop']:>12.3f} "
-            + "".join(f"{sims[p]['ratio']:>13.3f}" for p in paths)
-        )
+        sims = result["sims"] if result else {}
+        sim = [f"{sims[p]['sim']:.3f}" if result else "failed" for p in paths]
+        ratio = [f"{sims[p]['ratio']:.3f}" if result else "-" for p in paths]
+        loop = f"{result['loop']:.3f}" if result else "-"
+        table.append([cell.devices, cell.model, cell.samples, *sim, loop, *ratio])
     print(
-        "sim round: median of the steady rounds (send -> aggregated), per --device-batch value; tight loop: fastest "
-        f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. "
-        f"Load average at end {load()}"
+        "\nsim round: median of the steady rounds (send -> aggregated) per --device-batch value; tight loop: fastest "
+        f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop"
     )
+    columns = ["devices", "model", "samples/device", *(f"sim s ({p})" for p in paths), "tight loop s"]
+    print_table([*columns, *(f"ratio ({p})" for p in paths)], table)
+    print(f"load average at end {load()}")
     if args.json:
         write_json(rows, args)
 
