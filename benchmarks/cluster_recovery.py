@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -167,17 +167,15 @@ def main() -> None:
 def report(rows: list[dict], args: argparse.Namespace, session: Session, wall: float) -> None:
     """Print the per-row summary; with ``--out`` write the runs, with ``--json`` the summary and its figures."""
     summary = summarise(rows, args.rounds)
-    print(
-        f"\n| dataset | kind | groups | leaves/group | ARI = 1 by round {args.rounds} | mean exact round "
-        "| per-leaf acc | FedAvg acc | failures |\n|" + " --- |" * 9
-    )
-    for row in summary:
-        print(
-            f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
-            f"| {row['exact']}/{row['runs']} | {_fmt(row['mean_exact_round'], 1)} "
-            f"| {_fmt(row['cluster_accuracy'], 3)} | {_fmt(row['fedavg_accuracy'], 3)} "
-            f"| {', '.join(row['failures']) or '-'} |"
-        )
+    table = [
+        [row["dataset"], row["kind"], row["groups"], row["leaves_per_group"], f"{row['exact']}/{row['runs']}"]
+        + [_fmt(row["mean_exact_round"], 1), _fmt(row["cluster_accuracy"], 3), _fmt(row["fedavg_accuracy"], 3)]
+        + [", ".join(row["failures"]) or "-"]
+        for row in summary
+    ]
+    columns = ["dataset", "kind", "groups", "leaves/group", f"ARI = 1 by round {args.rounds}", "mean exact round"]
+    print()
+    print_table([*columns, "per-leaf acc", "FedAvg acc", "failures"], table)
     print(f"wall {wall:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if args.out:
         with open(args.out, "w") as stream:

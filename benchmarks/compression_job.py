@@ -31,7 +31,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import ONE_THREAD, Session, load, run_job  # noqa: E402
+from benchmarks.harness import ONE_THREAD, Session, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -170,16 +170,11 @@ def report_runs(
 ) -> None:
     """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``bases``: the
     ``none`` run each codec's run of a seed is compared with, by codec and seed."""
-    width = max(12, *(len(name) for name in names))
     print(
         f"\nFedAvg job on digits, job defaults, {rounds} rounds, seeds {','.join(map(str, seeds))}; timing over rounds "
         f"{WARM_ROUNDS + 1}-{rounds}; load average {session.load_start} before, {load()} after"
     )
-    print(
-        f"{'codec':<{width}} {'x fewer':>8} {'final vs none (points, per seed)':>34} {'last-5 mean vs none':>34} "
-        f"{'codec/round (sum)':>18} {'(critical leaf)':>16} {'round s':>8} {'vs none':>8}"
-    )
-    table = {}
+    table, lines = {}, []
     for name in names:
         runs, base = [figures[name][s] for s in seeds], [bases[name][s] for s in seeds]
         row = table[name] = {
@@ -192,11 +187,12 @@ def report_runs(
             "per_seed": {str(s): figures[name][s] for s in seeds},
         }
         row["round_wall_vs_none"] = row["round_wall_mean"] / _mean([b["round_wall_mean"] for b in base])
-        print(
-            f"{name:<{width}} {row['fewer_bytes']:8.2f} {_points(row['final_vs_none_points']):>34} "
-            f"{_points(row['last5_vs_none_points']):>34} {_range(row['codec_share_sum']):>18} "
-            f"{_range(row['codec_share_critical']):>16} {row['round_wall_mean']:8.3f} {row['round_wall_vs_none']:8.3f}"
-        )
+        shares = [_range(row["codec_share_sum"]), _range(row["codec_share_critical"])]
+        points = [_points(row["final_vs_none_points"]), _points(row["last5_vs_none_points"])]
+        walls = [f"{row['round_wall_mean']:.3f}", f"{row['round_wall_vs_none']:.3f}"]
+        lines.append([name, f"{row['fewer_bytes']:.2f}", *points, *shares, *walls])
+    columns = ["codec", "x fewer", "final vs none (points, per seed)", "last-5 mean vs none", "codec/round (sum)"]
+    print_table([*columns, "(critical leaf)", "round s", "vs none"], lines)
     summary = horizon_summary(figures, bases, names, seeds, horizons) if horizons else None
     if summary is not None:
         print_summary(summary, seeds, horizons)
@@ -376,18 +372,17 @@ def print_summary(summary: dict, seeds: list[int], horizons: list[int]) -> None:
         f"\nover seeds {','.join(map(str, seeds))}: points against none of the same seed, mean / worst "
         "(final accuracy; last-5 mean) [x fewer bytes up to that round]"
     )
-    width = max(9, *(len(n) for n in summary))
-    columns = "".join(f" {'after ' + str(h):>36}" for h in horizons)
-    print(f"{'codec':<{width}} {'x fewer':>8} {'codec share':>15}{columns}")
+    table = []
     for name, entry in summary.items():
         share = f"{100 * entry['codec_share_min']:.2f}-{100 * entry['codec_share_max']:.2f}%"
-        cells = "".join(
-            f" {h['final_vs_none_mean']:+6.2f} /{h['final_vs_none_worst']:+6.2f};"
-            f"{h['last5_vs_none_mean']:+6.2f} /{h['last5_vs_none_worst']:+6.2f}"
-            + (f" [{h['fewer_bytes']:5.1f}x]" if "fewer_bytes" in h else " " * 9)
+        cells = [
+            f"{h['final_vs_none_mean']:+.2f} / {h['final_vs_none_worst']:+.2f}; "
+            f"{h['last5_vs_none_mean']:+.2f} / {h['last5_vs_none_worst']:+.2f}"
+            + (f" [{h['fewer_bytes']:.1f}x]" if "fewer_bytes" in h else "")
             for h in (entry["horizons"][str(horizon)] for horizon in horizons)
-        )
-        print(f"{name:<{width}} {entry['fewer_bytes']:8.2f} {share:>15}{cells}")
+        ]
+        table.append([name, f"{entry['fewer_bytes']:.2f}", share, *cells])
+    print_table(["codec", "x fewer", "codec share", *(f"after {h}" for h in horizons)], table)
 
 
 if __name__ == "__main__":

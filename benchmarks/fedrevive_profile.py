@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -115,15 +115,13 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} (1 min)")
     for name, settings in columns.items():
         print(f"  {name}: {settings}")
-    names = list(columns)
-    print(f"\n{'phase (CPU ms / arrival)':<28}" + "".join(f"{n:>20}" for n in names))
     keys = sorted({key for _, phases in results.values() for key in phases})
-    for key in keys:
-        print(f"{key:<28}" + "".join(f"{results[n][1].get(key, 0.0):>20.1f}" for n in names))
-    print(f"{'wall s / arrival':<28}" + "".join(f"{results[n][0][0]:>20.3f}" for n in names))
-    print(f"{'CPU s / arrival (thread)':<28}" + "".join(f"{results[n][0][1]:>20.3f}" for n in names))
-    first = results[names[0]][0][1]
-    print(f"{'CPU speed-up vs first col.':<28}" + "".join(f"{first / results[n][0][1]:>19.2f}x" for n in names))
+    table = [[key, *(f"{phases.get(key, 0.0):.1f}" for _, phases in results.values())] for key in keys]
+    table.append(["wall s / arrival", *(f"{wall:.3f}" for (wall, _), _ in results.values())])
+    table.append(["CPU s / arrival (thread)", *(f"{cpu:.3f}" for (_, cpu), _ in results.values())])
+    first = results["paper-rate loop"][0][1]
+    table.append(["CPU speed-up vs first column", *(f"{first / cpu:.2f}x" for (_, cpu), _ in results.values())])
+    print_table(["phase (CPU ms / arrival)", *columns], table)
     if args.json:
         payload = {
             "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},

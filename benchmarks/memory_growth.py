@@ -35,6 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.harness import print_table  # noqa: E402
+from devsim.population.devices import natural_sort  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
 from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH  # noqa: E402
 
@@ -186,10 +188,6 @@ def median_usage(usages: list[Usage]) -> Usage | None:
     return Usage(*(type(values[0])(statistics.median(values)) for values in zip(*usages, strict=True)))
 
 
-def natural_key(name: str) -> list[object]:
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
 def growth(begin: float, end: float) -> str:
     return f"{100.0 * (end - begin) / begin:+.1f}%" if begin else "-"
 
@@ -204,7 +202,8 @@ def part_rounds(args) -> dict:
     after_eval = args.eval_frequency + 10
     marks = {first, max(first, last // 2), last} | {r for r in (after_eval, 200) if first < r < last}
     checkpoints = sorted(r for r in marks if r in round_times)
-    roles = sorted(sampler.pids, key=lambda r: (r != "server", natural_key(r)))
+    leaves = natural_sort([role for role in sampler.pids if role != "server"])
+    roles = (["server"] if "server" in sampler.pids else []) + leaves
     print(
         f"{args.leaves} leaves x {args.devices_per_leaf} devices, {args.selected} selected per round, "
         f"{args.samples} samples per device, {last} rounds, eval every {args.eval_frequency}, no checkpoints; "
@@ -218,27 +217,21 @@ def part_rounds(args) -> dict:
             usage_at[role][rnd] = median_usage([u[role] for _, u in window if role in u])
     what = f"medians over rounds r-{args.window}..r+{args.window}" if args.window else "last sample before round r"
     print(f"RSS MB (anonymous MB) / open fds / threads, {what}:")
-    print(f"{'process':<8}" + "".join(f"{'round ' + str(r):>29}" for r in checkpoints))
-    for role in roles:
-        cells = "".join(
-            f"{u.rss:>10.1f} ({u.anon:>6.1f}) / {u.fds:>3d} / {u.threads:>4d}" if u else f"{'-':>29}"
-            for u in usage_at[role].values()
-        )
-        print(f"{role:<8}{cells}")
+    table = [
+        [role, *(f"{u.rss:.1f} ({u.anon:.1f}) / {u.fds} / {u.threads}" if u else "-" for u in usage_at[role].values())]
+        for role in roles
+    ]
+    print_table(["process", *(f"round {r}" for r in checkpoints)], table)
     spans = [(first, r) for r in (200, last) if first < r <= last and r in round_times]
-    if after_eval in checkpoints:
-        spans.append((after_eval, last))
-    spans = list(dict.fromkeys(spans))
+    spans = list(dict.fromkeys(spans + ([(after_eval, last)] if after_eval in checkpoints else [])))
     print("growth: RSS % (anonymous %), open fds and threads from -> to")
     for role in roles:
-        parts = []
-        for begin_round, end_round in spans:
-            begin, end = usage_at[role].get(begin_round), usage_at[role].get(end_round)
-            if begin and end:
-                parts.append(
-                    f"{begin_round}->{end_round} {growth(begin.rss, end.rss)} ({growth(begin.anon, end.anon)}), "
-                    f"fds {begin.fds}->{end.fds}, threads {begin.threads}->{end.threads}"
-                )
+        parts = [
+            f"{b}->{e} {growth(begin.rss, end.rss)} ({growth(begin.anon, end.anon)}), fds {begin.fds}->{end.fds}, "
+            f"threads {begin.threads}->{end.threads}"
+            for b, e in spans
+            if (begin := usage_at[role].get(b)) and (end := usage_at[role].get(e))
+        ]
         print(f"  {role:<8}" + "; ".join(parts))
     peak = {
         r: tuple(max((s[1][r][i] for s in sampler.samples if r in s[1]), default=0) for i in range(3)) for r in roles
@@ -248,15 +241,13 @@ def part_rounds(args) -> dict:
     )
     if args.trajectory:
         print(f"RSS MB / open fds / threads every {args.trajectory} rounds (s: seconds since launch):")
-        print(f"{'round':>7}{'s':>7}" + "".join(f"{role:>22}" for role in roles))
+        table = []
         for rnd in range(args.trajectory, last + 1, args.trajectory):
             sample = sample_at(sampler.samples, round_times[rnd]) if rnd in round_times else None
-            cells = ""
-            for role in roles:
-                usage = sample[1].get(role) if sample else None
-                cells += f"{usage.rss:>10.1f} / {usage.fds:>3d} / {usage.threads:>4d}" if usage else f"{'-':>22}"
-            when = f"{round_times[rnd] - sampler.started:>7.1f}" if rnd in round_times else f"{'-':>7}"
-            print(f"{rnd:>7}{when}{cells}")
+            usages = [sample[1].get(role) if sample else None for role in roles]
+            when = f"{round_times[rnd] - sampler.started:.1f}" if rnd in round_times else "-"
+            table.append([rnd, when, *(f"{u.rss:.1f} / {u.fds} / {u.threads}" if u else "-" for u in usages)])
+        print_table(["round", "s", *roles], table)
     return {
         "rounds": last,
         "wall_s": wall,
