@@ -64,7 +64,9 @@ def _read(path: str) -> str | None:
 
 
 def find_roles(root: int) -> dict[str, int]:
-    """Role -> pid for the descendants of ``root``: ``server`` and one ``site-N`` per leaf worker."""
+    """Role -> pid for the descendants of ``root``: ``server`` and one ``site-N`` per leaf worker, found by their
+    command lines (``simulator_worker --client site-N --parent_pid P``) or, for processes the fork server forked
+    (which keep the job command's command line), by the names it gives them (``sim-site-N``, ``sim-simulator``)."""
     import psutil
 
     roles = {}
@@ -74,10 +76,14 @@ def find_roles(root: int) -> dict[str, int]:
         return roles
     for child in children:
         try:
-            cmdline = " ".join(child.cmdline())
+            name, cmdline = child.name(), " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if "simulator_worker" in cmdline:
+        if name.startswith("sim-site-"):
+            roles[name.removeprefix("sim-")] = child.pid
+        elif name == "sim-simulator":
+            roles["server"] = child.pid
+        elif "simulator_worker" in cmdline:
             if client := CLIENT_ARG.search(cmdline):
                 roles[client.group(1)] = child.pid
             if (parent := PARENT_ARG.search(cmdline)) and psutil.pid_exists(int(parent.group(1))):
