@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -128,22 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     base_rate, base_sum = measure(args, 1, workers)
     scale = max(float(np.abs(v).max()) for v in base_sum.values())
-    print(f"{'setting':<28} {'samples/s':>11} {'speedup':>8} {'max rel diff vs pool':>21}")
-    print(f"{f'thread pool, {workers} workers':<28} {base_rate:>11.0f} {1.0:>8.2f} {0.0:>21.2e}")
+    table = [[f"thread pool, {workers} workers", f"{base_rate:.0f}", "1.00", "0", ""]]
     rows: list[dict[str, Any]] = [{"setting": "thread pool", "workers": workers, "samples_per_s": base_rate}]
     for value in batches:
         for pool in sorted({1, workers}):
             batch, note = resolve(args, value, pool)
             rate, delta_sum = measure(args, batch, pool)
             diff = max(float(np.abs(delta_sum[k] - base_sum[k]).max()) for k in base_sum) / scale
-            label = (
-                f"device_batch {value}{f'={batch}' if value == 'auto' else ''}, {pool} worker{'s' if pool > 1 else ''}"
-            )
-            print(f"{label:<28} {rate:>11.0f} {rate / base_rate:>8.2f} {diff:>21.2e}" + (f"  ({note})" if note else ""))
+            label = f"device_batch {value}{f'={batch}' if value == 'auto' else ''}, {pool} worker(s)"
+            table.append([label, f"{rate:.0f}", f"{rate / base_rate:.2f}", f"{diff:.2e}", note])
             rows.append(
                 {"setting": value, "device_batch": batch, "workers": pool, "samples_per_s": rate}
                 | {"speedup": rate / base_rate, "max_rel_diff": diff, "note": note}
             )
+    print_table(["setting", "samples/s", "speed-up", "max rel diff vs pool", "auto's choice"], table)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         payload = {"settings": vars(args), "rows": rows}

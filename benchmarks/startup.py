@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, commit_of, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, commit_of, print_table, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -134,9 +134,8 @@ def main() -> int:
         samples = measure(chosen, job, args.runs)
     numbers = (*STAGES, "command_s")
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
-    print(f"\n{args.job}, {session.where()}\n{'arm':<14}" + "".join(f"{k:>27}" for k in numbers))
-    for name, row in medians.items():
-        print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in numbers))
+    print(f"\n{args.job}, {session.where()}; medians, seconds:")
+    print_table(["arm", *numbers], [[name, *(f"{row[k]:.2f}" for k in numbers)] for name, row in medians.items()])
     project = medians["project"]["command_to_first_round"]
     for name, row in medians.items():
         if name != "project":

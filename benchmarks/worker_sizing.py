@@ -24,7 +24,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, alternate, run_job  # noqa: E402
+from benchmarks.harness import Session, alternate, print_table, run_job  # noqa: E402
 
 
 def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
@@ -68,25 +68,18 @@ def main() -> None:
     print(
         f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "
         f"x 1 epoch, model {args.model}, batch {args.batch_size}: {samples} device-samples per round, "
-        f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved"
+        f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved; machine: {session.where()}"
     )
-    print(f"machine: {session.where()}")
-    throughput = {}
-    for workers, (steady, _) in results.items():
-        throughput[workers] = samples / statistics.median(steady)
+    throughput = {workers: samples / statistics.median(steady) for workers, (steady, _) in results.items()}
     best = max(throughput, key=throughput.get)
     label = {w: ("auto" if w is None else f"workers={w}") for w in settings}
-    print(f"{'setting':<12}{'round 2.. times (s)':<34}{'median':>11}{'samples/s':>11}{'vs best':>9}")
-    for workers, (steady, _) in results.items():
-        times = ", ".join(f"{t:.2f}" for t in steady)
-        median = statistics.median(steady)
-        print(
-            f"{label[workers]:<12}{times:<34}{median:>10.3f}s{throughput[workers]:>11,.0f}"
-            f"{throughput[workers] / throughput[best]:>9.2f}"
-        )
-    print("automatic choice, as printed by the leaves:")
-    for line in results[None][1]:
-        print(f"  {line}")
+    table = [
+        [label[w], ", ".join(f"{t:.2f}" for t in steady), f"{statistics.median(steady):.3f}"]
+        + [f"{throughput[w]:,.0f}", f"{throughput[w] / throughput[best]:.2f}"]
+        for w, (steady, _) in results.items()
+    ]
+    print_table(["setting", "round 2.. times (s)", "median s", "samples/s", "vs best"], table)
+    print("automatic choice, as printed by the leaves:\n  " + "\n  ".join(results[None][1]))
     print(
         f"auto throughput / best ({label[best]}): {throughput[None] / throughput[best]:.2f} "
         f"({throughput[None]:,.0f} vs {throughput[best]:,.0f} samples/s)"
