@@ -34,22 +34,15 @@ def common_args(args) -> list[str]:
 
 
 def methods(args) -> dict[str, tuple[str, list[str]]]:
+    """Method -> (job script, flags): K = ``args.concurrency`` jobs, B = ``args.buffer_size`` (FedAvg: K = B = O)."""
     k, b = str(args.concurrency), str(args.buffer_size)
     asynchronous = [
         *("--concurrency", k, "--buffer-size", b, "--min-open-slots", "1"),
         *("--global-lr", str(args.async_lr), "--eval-frequency", str(args.eval_every)),
     ]
     waves = [
-        "--concurrency",
-        k,
-        "--buffer-size",
-        k,
-        "--min-open-slots",
-        k,
-        "--global-lr",
-        "1.0",
-        "--eval-frequency",
-        "1",
+        *("--concurrency", k, "--buffer-size", k, "--min-open-slots", k),
+        *("--global-lr", "1.0", "--eval-frequency", "1"),
     ]
     return {
         "FedAvg": ("pt_job_fedbuff.py", waves),
