@@ -1,21 +1,41 @@
 """Device updates per second of asynchronous runs (FedBuff, FedRevive) against synchronous FedAvg on the same work.
 
 Every setting trains the same population (``--leaves`` x ``--devices-per-leaf`` devices, the built-in CNN, 100
-samples a device, 1 local epoch at batch 10, SGD) for the same number of device updates (``--updates``) in NVFlare's
-simulator: ``fedavg`` (20 devices a round), ``fedbuff B=10`` and ``fedbuff B=2`` (K = 20), the FedRevive paper's
-shape scaled to this CPU (1,000 devices, K = 100, B = 2, staleness-weighted updates: ``fedbuff paper`` and
-``fedrevive paper``), and each asynchronous setting also ``sent at once`` (``--dispatch-batch 1``: one leaf call per
-dispatch, the path before jobs were gathered).
+samples a device, 1 local epoch at batch 10, SGD) for the same number of device updates (``--updates``), each job
+with its own defaults otherwise, in NVFlare's simulator:
 
-Steady updates/s: accepted updates over the wall seconds of every evaluation window after the first, evaluation
-time taken out. The tight loop trains the same updates in one process (best of 1 thread and every core); "wall per
-update / tight loop" below 1 means the simulator trains an update faster than one loop can. Each row also prints
-CPU ms per update of the server and leaf processes (``devsim/observe/cpu.py``), updates per leaf call and per
-training group, and how busy the cores were. ``--repeats N`` runs the settings N times in turn; each row keeps the
-round with the median ratio to FedAvg's same round and prints the range. ``--json`` writes the rows and one figure
-per asynchronous setting to ``benchmarks/results/async_throughput-<date>.json``:
+- ``fedavg``: ``pt_job_fedavg.py``, 20 devices a round, ``updates / 20`` rounds;
+- ``fedbuff B=10`` and ``fedbuff B=2``: ``pt_job_fedbuff.py`` at K = 20, ``updates / B`` versions;
+- ``paper shape``: the FedRevive paper's setting scaled to this CPU: 1,000 devices, K = 100, B = 2, updates
+  weighted by staleness as in the paper (``--staleness-weighting polynomial``; unweighted, updates 30-50 versions
+  stale at global lr 0.3 diverged to chance accuracy and a stream of rejected updates, so the rate measured a
+  broken run) (``fedbuff paper`` and ``fedrevive paper``, the latter with ``pt_job_fedrevive.py``'s preset
+  training);
+- each asynchronous setting also with ``--dispatch-batch 1`` (``... sent at once``): every dispatch sent to its
+  leaf at once, one call per dispatch, as before jobs were gathered: the before/after pair in one run.
 
-    .venv/bin/python benchmarks/async_throughput.py --datasets digits --repeats 3 --json
+Steady updates/s: accepted device updates over the wall time of every evaluation window after the first, with
+the evaluations' own time taken out (FedAvg evaluates every round, FedBuff every few versions). The tight loop
+trains the same number of device updates (each device's 10 SGD steps) in one process, best of 1 thread and every
+core; "wall per update / tight loop" below 1 means the simulator trains an update faster than one loop can.
+
+Where the time goes: each row also prints the CPU milliseconds per update of the server process and of the leaf
+processes over the same windows (``server_cpu_seconds`` / ``leaf_cpu_seconds`` in each record's timing, see
+``devsim/observe/cpu.py``), the device updates per leaf call (the size of the batched groups a leaf trains) and
+how busy the machine's cores were (both processes' CPU over wall x cores). The leaves' CPU is split further: the
+part their threads spent training devices (``leaf_train_cpu_seconds``), and the device updates per training group
+(``leaf_training_groups``: one batched computation, or one device trained alone), which sets what a device's
+training costs (the batched step has a fixed cost per step, shared by the devices of its group).
+
+    .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
+    .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
+
+``--repeats N`` runs the chosen settings N times in turn (A B C, A B C, ...), so each round's ratios compare runs made
+minutes apart: rates on this 2-core machine move by 5-15% from run to run, and a ratio of two single runs with them.
+Each row then holds the round with the median ratio to FedAvg, and ``rounds`` (every round's updates/s, ratio and
+final accuracy); the printed and published ratio is that median with the range of the rounds.
+
+``--json`` writes the rows with the machine, load and commit to ``benchmarks/results/async_throughput-<date>.json``.
 """
 
 from __future__ import annotations
