@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
@@ -76,7 +75,6 @@ def run(method: str, setting: str, trace: str, args, workdir: str) -> dict:
     summary = results["summary"]
     summary["best_accuracy"] = max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
     summary["wall"] = results["wall"]
-    summary["run_dir"] = os.path.join(workdir, name, "out")
     return summary
 
 
@@ -97,7 +95,6 @@ def main() -> int:
     parser.add_argument("--methods", default="fedbuff,fedrevive")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of: {', '.join(SETTINGS)}")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs in DIR (default: a temp folder)")
     parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
     session = Session("availability_quality")
@@ -105,11 +102,9 @@ def main() -> int:
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         parser.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
-    workdir = args.keep or tempfile.mkdtemp(prefix="availability_quality_")
-    os.makedirs(workdir, exist_ok=True)
     print(f"load average before: {session.load_start}", flush=True)
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="availability_quality_") as workdir:
         trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
         for method in args.methods.split(","):
             for setting in settings:
@@ -119,15 +114,11 @@ def main() -> int:
                     f"  {method:9} {setting:18} accuracy {summary['final_accuracy']:.4f}  ({summary['wall']:.0f} s)",
                     flush=True,
                 )
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average after:  {load()}")
     print(
         f"{2 * args.devices_per_leaf:,} devices, {args.dataset}, K={args.concurrency} B={args.buffer_size}, "
         f"{args.max_versions} versions, {args.samples_per_device} samples/device, "
         f"--samples-per-second {args.samples_per_second:g}, seed {args.seed}"
-        + (f"; runs in {workdir}" if args.keep else "")
     )
     table = []
     for method, setting, s in rows:

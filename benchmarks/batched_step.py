@@ -5,7 +5,7 @@ leaf does (digits, CNN, 100 samples a device, 1 epoch at batch 10, SGD, one torc
 group size; the rounds alternate the two trees (``harness.alternate``; the baseline a temporary worktree of
 ``--baseline-commit``). Printed per group size: milliseconds per device of each tree (median over ``--rounds`` of
 each measurement's median call, wall and thread CPU), the speed-up, and whether both trees' updates are
-bit-identical. ``--profile`` prints cProfile's top entries of this tree's step instead. ``--json`` writes
+bit-identical. ``--json`` writes
 ``benchmarks/results/batched_step-<date>.json``:
 
     .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --rounds 3 --calls 15 --json
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import functools
 import hashlib
 import json
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -40,7 +38,7 @@ SETTINGS = {
 }
 
 
-def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dict:
+def measure_here(tree: str, groups: list[int], calls: int) -> dict:
     """Milliseconds per device for each group size, with ``tree``'s code (imported from it), and a digest of the
     updates of each group size (to compare trees bit for bit)."""
     sys.path.insert(0, tree)
@@ -60,19 +58,12 @@ def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dic
         for delta in deltas:
             digest.update(delta.contiguous().numpy().tobytes())
         out["digest"][str(size)] = digest.hexdigest()[:16]
-        if profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
         times, cpu = [], []
         for _ in range(calls):
             started, cpu_started = time.perf_counter(), time.thread_time()
             processor.train_devices_batched(ids, ids, start)
             times.append(time.perf_counter() - started)
             cpu.append(time.thread_time() - cpu_started)
-        if profile:
-            profiler.disable()
-            print(f"--- group of {size}: {1000 * statistics.median(times):.1f} ms a call")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
         out["ms_per_device"][str(size)] = 1000 * statistics.median(times) / size
         out["cpu_ms_per_device"][str(size)] = 1000 * statistics.median(cpu) / size
     return out
@@ -92,7 +83,6 @@ def main() -> int:
     parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
-    parser.add_argument("--profile", action="store_true", help="cProfile this tree's calls instead")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/batched_step-<date>.json")
     parser.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -100,10 +90,7 @@ def main() -> int:
     if not groups or min(groups) < 2:
         parser.error(f"--groups must list sizes >= 2, got {args.groups!r}")
     if args.inner:
-        print(json.dumps(measure_here(args.inner, groups, args.calls, profile=False)))
-        return 0
-    if args.profile:
-        measure_here(REPO, groups, args.calls, profile=True)
+        print(json.dumps(measure_here(args.inner, groups, args.calls)))
         return 0
     sys.path.insert(0, REPO)
     from benchmarks.harness import Session, alternate, commit_of, worktree

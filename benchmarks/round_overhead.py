@@ -91,7 +91,6 @@ def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str, device_
         *("--local-epochs", "1", "--batch-size", str(cell.batch_size), "--model", cell.model),
         *("--num-rounds", str(cell.rounds), "--eval-frequency", str(cell.rounds), "--partition", "iid"),
         *("--synthetic-train-size", str(cell.train_size), "--device-batch", device_batch),
-        *(["--num-workers", str(args.num_workers)] if args.num_workers else []),
     ]
     results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
     return results["rounds"], plan_lines(results)
@@ -337,7 +336,6 @@ def main() -> None:
         default=None,
         help="rounds left out of the median (default 2; 1 per ResNet cell)",
     )
-    parser.add_argument("--num-workers", type=int, default=None, help="device threads per leaf (default: automatic)")
     parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")
     parser.add_argument(
         "--baseline-budget",
