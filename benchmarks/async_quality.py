@@ -1,19 +1,12 @@
 """FedAvg, FedBuff and FedRevive on one non-IID synthetic setting with heavy staleness, side by side.
 
-All three run through the same asynchronous server and leaves, on the same devices, data and delay
-schedule, for the same simulated time: FedAvg as synchronous waves (K = B = O), FedBuff and
-FedRevive with K concurrent jobs and a new version after every B arrivals. Printed: accuracy at
-equal simulated time (the last evaluation and the best one), versions reached, accepted updates,
-FedRevive's KD count (arrivals blended with a KD delta), KD runs (distillations run) and its server seconds
-per arrival (wall, and CPU seconds of the server thread, which the machine's load does not inflate), wall
-time, and the wall-time ratio FedRevive / FedBuff. ``--methods FedRevive`` runs a subset.
+All three run through the same asynchronous server and leaves, on the same devices, data and delay schedule, for
+the same simulated time: FedAvg as synchronous waves (K = B = O), FedBuff and FedRevive with K concurrent jobs and a
+new version every B arrivals. Printed: final and best accuracy, versions, accepted updates, FedRevive's KD counts
+and server seconds per arrival (wall, and the server thread's CPU), wall seconds, and FedRevive / FedBuff's wall
+ratio. ``--json`` writes the rows and the figure to ``benchmarks/results/async_quality-<date>.json``:
 
-    .venv/bin/python benchmarks/async_quality.py                      # K=50, B=1, shifted schedule
-    .venv/bin/python benchmarks/async_quality.py --sim-time 4 --concurrency 100
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_quality.py --methods FedBuff,FedRevive --seed 0 --json
-
-``--json`` writes every method's summary and (with FedBuff and FedRevive both run) the published figure to
-``benchmarks/results/async_quality-<date>.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -41,22 +34,15 @@ def common_args(args) -> list[str]:
 
 
 def methods(args) -> dict[str, tuple[str, list[str]]]:
+    """Method -> (job script, flags): K = ``args.concurrency`` jobs, B = ``args.buffer_size`` (FedAvg: K = B = O)."""
     k, b = str(args.concurrency), str(args.buffer_size)
     asynchronous = [
         *("--concurrency", k, "--buffer-size", b, "--min-open-slots", "1"),
         *("--global-lr", str(args.async_lr), "--eval-frequency", str(args.eval_every)),
     ]
     waves = [
-        "--concurrency",
-        k,
-        "--buffer-size",
-        k,
-        "--min-open-slots",
-        k,
-        "--global-lr",
-        "1.0",
-        "--eval-frequency",
-        "1",
+        *("--concurrency", k, "--buffer-size", k, "--min-open-slots", k),
+        *("--global-lr", "1.0", "--eval-frequency", "1"),
     ]
     return {
         "FedAvg": ("pt_job_fedbuff.py", waves),
@@ -100,21 +86,14 @@ def main() -> None:
         f"B={args.buffer_size} (FedAvg: K=B=O), schedule {args.schedule}, simulated time {args.sim_time}s, "
         f"seed {args.seed}"
     )
-    print(
-        f"{'method':<10} {'final acc':>9} {'best acc':>9} {'versions':>9} {'updates':>8} {'KD':>5} {'KD runs':>7} "
-        f"{'s/arrival':>9} {'CPU s/arr':>9} {'wall s':>7}"
-    )
+    table = []
     for name, summary, best, wall in rows:
-        kd = summary.get("kd_updates", "-")
-        kd_runs = summary.get("kd_runs", "-")
-        per_arrival = summary.get("revive_seconds_per_arrival")
-        per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
-        cpu = summary.get("revive_cpu_seconds_per_arrival")
-        cpu = f"{cpu:.3f}" if cpu is not None else "-"
-        print(
-            f"{name:<10} {summary['final_accuracy']:>9.4f} {best:>9.4f} {summary['versions']:>9} "
-            f"{summary['accepted_updates']:>8} {kd!s:>5} {kd_runs!s:>7} {per_arrival:>9} {cpu:>9} {wall:>7.0f}"
-        )
+        kd = [summary.get("kd_updates", "-"), summary.get("kd_runs", "-")]
+        server = [_seconds(summary.get(f"revive_{kind}seconds_per_arrival")) for kind in ("", "cpu_")]
+        counts = [summary["versions"], summary["accepted_updates"], *kd]
+        table.append([name, f"{summary['final_accuracy']:.4f}", f"{best:.4f}", *counts, *server, f"{wall:.0f}"])
+    columns = ["method", "final acc", "best acc", "versions", "updates", "KD", "KD runs", "s/arrival", "CPU s/arr"]
+    print_table([*columns, "wall s"], table)
     walls = {name: wall for name, _, _, wall in rows}
     if "FedRevive" in walls and "FedBuff" in walls:
         print(f"wall time FedRevive / FedBuff: {walls['FedRevive'] / walls['FedBuff']:.2f}x", end="; ")
@@ -130,8 +109,7 @@ def figures(rows: list[tuple], session: Session) -> list[dict[str, str]]:
     if "FedRevive" not in by_name or "FedBuff" not in by_name:
         return []
     (revive, revive_wall), (buff, buff_wall) = by_name["FedRevive"], by_name["FedBuff"]
-    per_arrival = revive.get("revive_seconds_per_arrival")
-    per_arrival = f"{per_arrival:.3f}" if per_arrival is not None else "-"
+    per_arrival = _seconds(revive.get("revive_seconds_per_arrival"))
     return [
         session.figure(
             "FedRevive vs FedBuff at equal simulated time: accuracy, s/arrival, wall ratio",
@@ -140,6 +118,10 @@ def figures(rows: list[tuple], session: Session) -> list[dict[str, str]]:
             "<= 0.35 s/arrival, <= 3x",
         )
     ]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -1,33 +1,21 @@
 """FedBuff and FedRevive on a trace-driven population of 100,000 devices against always-on devices.
 
-A trace of ``2 x --devices-per-leaf`` devices (diurnal sessions, lognormal speeds with log-sd 0.5, two
-network classes; seeded) is written once as an NPZ file. Each method then runs three times through the
-real jobs, with the same data, devices, model, local training and version budget:
+A trace of ``2 x --devices-per-leaf`` devices (diurnal sessions, lognormal speeds with log-sd 0.5, two network
+classes; seeded) is written once as an NPZ file. Each method then runs through the real jobs with the same data,
+devices, model, local training (Adam 1e-3, 10 steps of batch 32) and version budget, three ways: ``always /
+profile`` (always online, delays from the schedule), ``always / lognormal`` (the trace's speeds) and ``trace``
+(online only in the trace's sessions). Printed per run: final and best accuracy, versions, simulated hours, jobs
+lost to ``session_end`` and their share, devices that took part, Jain's index, mean / p90 staleness, wall seconds.
+``--json`` writes the runs and, per method, the figure (final accuracy always-on / trace) to
+``benchmarks/results/availability_quality-<date>.json``:
 
-* ``always / profile``: today's default (every device always online, delays from the delay schedule);
-* ``always / lognormal``: always online, but the same speeds as the trace (isolates the speed effect);
-* ``trace``: online only in the trace's sessions, the trace's speeds and network classes.
-
-Local training: Adam 1e-3, 10 steps of batch 32 (320 samples a job); FedRevive adds
-``fedrevive_small_cpu`` (small generator, DFKD every 5 versions) with its gates at 1/5 and 1/3 of the
-version budget. Printed per run: final and best accuracy, versions, simulated time, jobs lost because the device went
-offline (``session_end``) and their share of finished jobs, devices that took part, Jain's fairness index,
-mean / p90 staleness, and wall time.
-
-    .venv/bin/python benchmarks/availability_quality.py                                 # digits, 100,000 devices
-    .venv/bin/python benchmarks/availability_quality.py --dataset synthetic --devices-per-leaf 500 --max-versions 20
-    .venv/bin/python benchmarks/availability_quality.py --methods fedbuff --json   # + the results JSON
-
-The runs live in a temporary folder, removed at the end (``--keep DIR`` keeps them). ``--json`` writes every run's
-summary and, per method run both always-on (profile) and on the trace, the published figure (final accuracy of
-each) to ``benchmarks/results/availability_quality-<date>.json``.
+    .venv/bin/python benchmarks/availability_quality.py --methods fedbuff --json
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
@@ -36,7 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -87,7 +75,6 @@ def run(method: str, setting: str, trace: str, args, workdir: str) -> dict:
     summary = results["summary"]
     summary["best_accuracy"] = max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
     summary["wall"] = results["wall"]
-    summary["run_dir"] = os.path.join(workdir, name, "out")
     return summary
 
 
@@ -108,7 +95,6 @@ def main() -> int:
     parser.add_argument("--methods", default="fedbuff,fedrevive")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of: {', '.join(SETTINGS)}")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs in DIR (default: a temp folder)")
     parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
     session = Session("availability_quality")
@@ -116,11 +102,9 @@ def main() -> int:
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         parser.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
-    workdir = args.keep or tempfile.mkdtemp(prefix="availability_quality_")
-    os.makedirs(workdir, exist_ok=True)
     print(f"load average before: {session.load_start}", flush=True)
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="availability_quality_") as workdir:
         trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
         for method in args.methods.split(","):
             for setting in settings:
@@ -130,30 +114,24 @@ def main() -> int:
                     f"  {method:9} {setting:18} accuracy {summary['final_accuracy']:.4f}  ({summary['wall']:.0f} s)",
                     flush=True,
                 )
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average after:  {load()}")
     print(
         f"{2 * args.devices_per_leaf:,} devices, {args.dataset}, K={args.concurrency} B={args.buffer_size}, "
         f"{args.max_versions} versions, {args.samples_per_device} samples/device, "
         f"--samples-per-second {args.samples_per_second:g}, seed {args.seed}"
-        + (f"; runs in {workdir}" if args.keep else "")
     )
-    print(
-        f"{'method':9} {'setting':18} {'final acc':>9} {'best acc':>8} {'sim time h':>10} {'session_end':>11} "
-        f"{'lost %':>6} {'devices':>7} {'Jain':>6} {'stale mean':>10} {'p90':>4} {'wall s':>6}"
-    )
+    table = []
     for method, setting, s in rows:
         lost = s["dropouts_by_cause"].get("session_end", 0)
         finished = s["accepted_updates"] + sum(s["dropouts_by_cause"].values())
         part, stale = s["participation"], s["staleness"]
-        print(
-            f"{method:9} {setting:18} {s['final_accuracy']:9.4f} {s['best_accuracy']:8.4f} "
-            f"{s['simulated_time'] / 3600:10.2f} {lost:11d} {100 * lost / max(finished, 1):6.1f} "
-            f"{part['participated']:7d} {part['jain_index']:6.4f} {stale['mean']:10.2f} {stale['p90']:4d} "
-            f"{s['wall']:6.0f}"
+        accuracy = [f"{s['final_accuracy']:.4f}", f"{s['best_accuracy']:.4f}", f"{s['simulated_time'] / 3600:.2f}"]
+        lost_cells = [lost, f"{100 * lost / max(finished, 1):.1f}", part["participated"], f"{part['jain_index']:.4f}"]
+        table.append(
+            [method, setting, *accuracy, *lost_cells, f"{stale['mean']:.2f}", stale["p90"], f"{s['wall']:.0f}"]
         )
+    columns = ["method", "setting", "final acc", "best acc", "sim time h", "session_end", "lost %", "devices", "Jain"]
+    print_table([*columns, "stale mean", "p90", "wall s"], table)
     if args.json:
         runs = [{"method": m, "setting": setting, "summary": s} for m, setting, s in rows]
         session.write({"settings": vars(args), "rows": runs}, figures(rows, session))

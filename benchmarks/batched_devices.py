@@ -1,24 +1,14 @@
 """Batched device training (``--device-batch``) against the leaf's thread pool, in one process.
 
-One leaf's synchronous round (``devsim.training.leaf_runner.LeafRoundRunner``, no NVFlare) trains the same
-devices from the same global model once per setting: the thread pool training one device at a time
-per worker (``device_batch`` 1, workers from ``--workers``), and each ``--batches`` value, where a
-worker trains that many devices at once as one ``torch.func.vmap`` computation over stacked weights.
-Each setting runs ``--rounds`` rounds (the first is a warm-up); throughput is device-samples per
-second over the median of the others. Printed: throughput, speedup against the thread pool, and the
-largest difference between the setting's leaf delta sum and the thread pool's, relative to the sum's
-largest entry (float rounding only: every device sees the same batches). Uses the GPU when there is
-one (``--compute-device``). ``auto`` in ``--batches`` is resolved as a leaf resolves the default
-``--device-batch auto`` (``devsim.resources.device_batch.plan_device_batch``: exact-batching check, free
-memory, the CPU's compute-bound cut-off), and its line says what it chose and why.
+One leaf's synchronous round (``LeafRoundRunner``, no NVFlare) trains the same devices from the same global model
+once per setting: the thread pool (one device at a time per worker) and each ``--batches`` value (that many devices
+as one vmapped computation), at 1 worker and every core's worth. Throughput: device-samples/s, median of rounds 2..
+of ``--rounds``. Printed: throughput, speed-up against the thread pool, and the largest difference of the leaf
+delta sum from the pool's, relative to its largest entry (float rounding only). ``auto`` resolves as a leaf does
+(``plan_device_batch``) and says why. ``--json`` writes the rows and the figure (``auto``'s speed-up at its faster
+worker count) to ``benchmarks/results/batched_devices-<date>.json``:
 
-    .venv/bin/python benchmarks/batched_devices.py
-    .venv/bin/python benchmarks/batched_devices.py --model resnet18 --optimizer adam --lr 1e-3 \
-        --devices 16 --samples 20 --batches auto,4,16
-    .venv/bin/python benchmarks/batched_devices.py --json    # also benchmarks/results/batched_devices-<date>.json
-
-``--json`` writes every setting's row and the published figure (``auto``'s speed-up over the thread pool, at its
-faster worker count) to ``benchmarks/results/batched_devices-<date>.json``.
+    .venv/bin/python benchmarks/batched_devices.py --json
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -79,26 +69,37 @@ def resolve(args, value: str, workers: int) -> tuple[int, str]:
     return plan.size, plan.reason
 
 
-def measure(args, device_batch: int, workers: int, weights: dict) -> tuple[float, dict]:
-    """Median device-samples/s over rounds 2.. and the last round's delta sum (torch threads: cores / workers)."""
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    settings = settings_of(args)
-    processors = [
-        TaskDeviceProcessor.from_settings(settings, compute_device=args.compute_device) for _ in range(workers)
-    ]
-    runner = LeafRoundRunner(processors, device_batch=device_batch)
+def leaf_rate(
+    settings: dict, device: str, devices: int, workers: int, device_batch: int, rounds: int, fill_groups: bool = False
+) -> tuple[float, dict]:
+    """Median device-samples/s of one leaf (``workers`` processors of ``settings`` on ``device``, ``device_batch``
+    devices a computation) training devices 0..``devices``-1 from the same global model, over rounds 2.. (the first
+    warms up; one round: that one), and the last round's leaf delta sum (name -> array). Every round is round 0, so
+    every setting trains the same batches. On the CPU torch gets usable cores / workers threads."""
+    if device == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    torch.manual_seed(0)
+    weights = model_to_numpy(build_model(settings["model"]))
+    processors = [TaskDeviceProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
+    runner = LeafRoundRunner(processors, device_batch=device_batch, fill_groups=fill_groups)
+    samples = devices * settings["samples_per_device"] * settings["local_epochs"]
     rates, result = [], None
     try:
-        for round_num in range(args.rounds):
+        for round_num in range(rounds):
             started = time.perf_counter()
-            result = runner.run_round(0, weights, list(range(args.devices)))
-            if args.compute_device.startswith("cuda"):
+            result = runner.run_round(0, weights, list(range(devices)))
+            if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            if round_num:
-                rates.append(args.devices * args.samples * args.epochs / (time.perf_counter() - started))
+            if round_num or rounds == 1:
+                rates.append(samples / (time.perf_counter() - started))
     finally:
         runner.close()
     return statistics.median(rates), result.delta_sum
+
+
+def measure(args, device_batch: int, workers: int) -> tuple[float, dict]:
+    """``leaf_rate`` of this invocation's leaf."""
+    return leaf_rate(settings_of(args), args.compute_device, args.devices, workers, device_batch, args.rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,32 +120,28 @@ def main(argv: list[str] | None = None) -> int:
     session = Session("batched_devices")
     batches = [b.strip() for b in args.batches.split(",") if b.strip()]
     workers = args.workers or len(os.sched_getaffinity(0))
-    torch.manual_seed(0)
-    weights = model_to_numpy(build_model(args.model))
     print(
         f"{args.devices} devices x {args.samples} samples x {args.epochs} epoch(s), batch {args.batch_size}, "
         f"model {args.model}, {args.optimizer}, {args.compute_device}; "
         "torch threads per worker = usable cores / workers; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    base_rate, base_sum = measure(args, 1, workers, weights)
+    base_rate, base_sum = measure(args, 1, workers)
     scale = max(float(np.abs(v).max()) for v in base_sum.values())
-    print(f"{'setting':<28} {'samples/s':>11} {'speedup':>8} {'max rel diff vs pool':>21}")
-    print(f"{f'thread pool, {workers} workers':<28} {base_rate:>11.0f} {1.0:>8.2f} {0.0:>21.2e}")
+    table = [[f"thread pool, {workers} workers", f"{base_rate:.0f}", "1.00", "0", ""]]
     rows: list[dict[str, Any]] = [{"setting": "thread pool", "workers": workers, "samples_per_s": base_rate}]
     for value in batches:
         for pool in sorted({1, workers}):
             batch, note = resolve(args, value, pool)
-            rate, delta_sum = measure(args, batch, pool, weights)
+            rate, delta_sum = measure(args, batch, pool)
             diff = max(float(np.abs(delta_sum[k] - base_sum[k]).max()) for k in base_sum) / scale
-            label = (
-                f"device_batch {value}{f'={batch}' if value == 'auto' else ''}, {pool} worker{'s' if pool > 1 else ''}"
-            )
-            print(f"{label:<28} {rate:>11.0f} {rate / base_rate:>8.2f} {diff:>21.2e}" + (f"  ({note})" if note else ""))
+            label = f"device_batch {value}{f'={batch}' if value == 'auto' else ''}, {pool} worker(s)"
+            table.append([label, f"{rate:.0f}", f"{rate / base_rate:.2f}", f"{diff:.2e}", note])
             rows.append(
                 {"setting": value, "device_batch": batch, "workers": pool, "samples_per_s": rate}
                 | {"speedup": rate / base_rate, "max_rel_diff": diff, "note": note}
             )
+    print_table(["setting", "samples/s", "speed-up", "max rel diff vs pool", "auto's choice"], table)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         payload = {"settings": vars(args), "rows": rows}

@@ -1,33 +1,24 @@
 """Per-device cost of the batched trainer's groups of a few digits CNNs, this checkout against a baseline checkout.
 
-One process per measurement trains groups of ``--groups`` devices (default 2, 4 and 10) with
-``TaskDeviceProcessor.train_devices_batched`` as an asynchronous leaf does: digits, the built-in CNN, 100 samples a
-device (Dirichlet), 1 local epoch at batch 10, SGD, one torch thread (a leaf's worker). Each measurement times
-``--calls`` calls per group size after a warm-up call and keeps the fastest (wall and the thread's CPU time: on a
-shared machine the fastest call is the one least disturbed); the rounds alternate the two trees
-(this, baseline, this, baseline, ...) so both see the same load. Printed per group size: milliseconds per device
-of each tree (median over ``--rounds``), the speed-up, and whether both trees returned the same updates bit for bit
-(the same seeds, the same devices).
+One process per measurement trains groups of ``--groups`` devices with ``train_devices_batched`` as an asynchronous
+leaf does (digits, CNN, 100 samples a device, 1 epoch at batch 10, SGD, one torch thread), ``--calls`` calls per
+group size; the rounds alternate the two trees (``harness.alternate``; the baseline a temporary worktree of
+``--baseline-commit``). Printed per group size: milliseconds per device of each tree (median over ``--rounds`` of
+each measurement's median call, wall and thread CPU), the speed-up, and whether both trees' updates are
+bit-identical. ``--json`` writes
+``benchmarks/results/batched_step-<date>.json``:
 
-    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --json   # REV: the code before the change
-
-The baseline is measured in a temporary git worktree of ``REV``, removed at the end.
-
-``--json`` writes ``benchmarks/results/batched_step-<date>.json``. ``--profile`` prints cProfile's top entries of
-this tree's step for each group size instead (where the per-step time goes).
-Medians over rounds of each measurement's fastest call are printed.
+    .venv/bin/python benchmarks/batched_step.py --baseline-commit REV --rounds 3 --calls 15 --json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import functools
 import hashlib
 import json
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -47,7 +38,7 @@ SETTINGS = {
 }
 
 
-def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dict:
+def measure_here(tree: str, groups: list[int], calls: int) -> dict:
     """Milliseconds per device for each group size, with ``tree``'s code (imported from it), and a digest of the
     updates of each group size (to compare trees bit for bit)."""
     sys.path.insert(0, tree)
@@ -67,19 +58,12 @@ def measure_here(tree: str, groups: list[int], calls: int, profile: bool) -> dic
         for delta in deltas:
             digest.update(delta.contiguous().numpy().tobytes())
         out["digest"][str(size)] = digest.hexdigest()[:16]
-        if profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
         times, cpu = [], []
         for _ in range(calls):
             started, cpu_started = time.perf_counter(), time.thread_time()
             processor.train_devices_batched(ids, ids, start)
             times.append(time.perf_counter() - started)
             cpu.append(time.thread_time() - cpu_started)
-        if profile:
-            profiler.disable()
-            print(f"--- group of {size}: {1000 * statistics.median(times):.1f} ms a call")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
         out["ms_per_device"][str(size)] = 1000 * statistics.median(times) / size
         out["cpu_ms_per_device"][str(size)] = 1000 * statistics.median(cpu) / size
     return out
@@ -99,7 +83,6 @@ def main() -> int:
     parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
-    parser.add_argument("--profile", action="store_true", help="cProfile this tree's calls instead")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/batched_step-<date>.json")
     parser.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -107,10 +90,7 @@ def main() -> int:
     if not groups or min(groups) < 2:
         parser.error(f"--groups must list sizes >= 2, got {args.groups!r}")
     if args.inner:
-        print(json.dumps(measure_here(args.inner, groups, args.calls, profile=False)))
-        return 0
-    if args.profile:
-        measure_here(REPO, groups, args.calls, profile=True)
+        print(json.dumps(measure_here(args.inner, groups, args.calls)))
         return 0
     sys.path.insert(0, REPO)
     from benchmarks.harness import Session, alternate, commit_of, worktree

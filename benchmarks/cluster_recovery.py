@@ -2,8 +2,8 @@
 
 For every dataset x group kind x number of groups x leaves per group x seed, runs the core-level cluster
 simulation (devsim/training/cluster_sim.py: the cluster job's leaves, data, selection and training
-without NVFlare) twice on identical data and devices: once with the cluster strategy (the job's
-defaults, or the flags below) and once as FedAvg (every leaf in one cluster). Printed per run:
+without NVFlare) twice on identical data and devices: once with the cluster strategy (the cluster
+job's defaults) and once as FedAvg (every leaf in one cluster). Printed per run:
 the adjusted Rand index (ARI) of the final clusters against the true groups, the first round from
 which the partition stays exact, and the mean per-leaf accuracy (each leaf's model on its group's
 view of the test set) of both, side by side. Then one line per row (dataset, kind, groups, leaves per
@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -56,42 +56,18 @@ def run_one(task: tuple) -> dict:
         num_rounds=args.rounds,
         seed=seed,
         data_seed=seed,
-        tau=args.tau,
-        similarity_on=args.similarity_on,
-        min_silhouette=args.min_silhouette,
-        centre_similarity=args.centre_similarity,
-        confirm_rounds=args.confirm_rounds,
-        resplit_silhouette=args.resplit_silhouette,
-        scale_entries=args.scale_entries,
-        agree_on=args.agree_on,
-        confirm_pairs=args.confirm_pairs,
-        pair_window=args.pair_window,
-        pair_companion=args.pair_companion,
-        lone_pull=args.lone_pull,
     ).validate()
     reference, keys = initial_weights(config)
     started = time.time()
     strategy = ClusterAggregation(last_layer_keys=keys, reference=reference, **config_settings(config))
-    clustered = simulate_clusters(config, strategy) if args.cluster else None
+    clustered = simulate_clusters(config, strategy)
     cluster_seconds = time.time() - started
-    fedavg = None
     reused = args.fedavg_runs.get((dataset, kind, groups, per_group, seed))
-    if args.fedavg and reused is not None:
-        fedavg = argparse.Namespace(leaf_accuracy=[reused] * leaves)
-    elif args.fedavg:
+    if reused is not None:
+        fedavg_accuracy = reused
+    else:
         baseline = ClusterAggregation(tau=-1.0, similarity_on="last_layer_updates", last_layer_keys=keys)
-        fedavg = simulate_clusters(config, baseline)
-    if clustered is None:
-        return {
-            "dataset": dataset,
-            "kind": kind,
-            "groups": groups,
-            "leaves_per_group": per_group,
-            "seed": seed,
-            "ari": None,
-            "cluster_accuracy": float("nan"),
-            "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
-        }
+        fedavg_accuracy = sum(simulate_clusters(config, baseline).leaf_accuracy) / leaves
     aris = [adjusted_rand_index(clustered.true_groups, r["labels"]) for r in clustered.rounds]
     exact_from = None
     for index in range(len(aris) - 1, -1, -1):
@@ -110,7 +86,7 @@ def run_one(task: tuple) -> dict:
         "final_labels": clustered.labels,
         "true_groups": clustered.true_groups,
         "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
-        "fedavg_accuracy": sum(fedavg.leaf_accuracy) / leaves if fedavg else float("nan"),
+        "fedavg_accuracy": fedavg_accuracy,
         "rounds": [
             {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")}
             for r in clustered.rounds
@@ -131,51 +107,12 @@ def main() -> None:
     parser.add_argument("--dataset", default="synthetic,digits", help="one or more datasets, comma-separated")
     parser.add_argument("--devices-per-leaf", type=int, default=20)
     parser.add_argument("--devices-per-round", type=int, default=10, help="devices selected per leaf per round")
-    parser.add_argument("--similarity-on", default=ClusterConfig.similarity_on)
-    parser.add_argument("--tau", type=float, default=None, help="fixed threshold; unset: chosen each round")
-    parser.add_argument("--min-silhouette", type=float, default=ClusterConfig.min_silhouette)
-    parser.add_argument(
-        "--centre-similarity", action=argparse.BooleanOptionalAction, default=ClusterConfig.centre_similarity
-    )
-    parser.add_argument("--confirm-rounds", type=int, default=ClusterConfig.confirm_rounds)
-    parser.add_argument(
-        "--resplit-silhouette",
-        type=lambda text: None if text.lower() == "none" else float(text),
-        default=ClusterConfig.resplit_silhouette,
-        help="bar of the re-split of clusters on their members' updates; 'none': never re-split",
-    )
-    parser.add_argument("--scale-entries", action=argparse.BooleanOptionalAction, default=ClusterConfig.scale_entries)
-    parser.add_argument("--agree-on", default=ClusterConfig.agree_on, choices=("drift", "updates"))
-    parser.add_argument("--confirm-pairs", action=argparse.BooleanOptionalAction, default=ClusterConfig.confirm_pairs)
-    parser.add_argument(
-        "--pair-window",
-        type=_int_or_none,
-        default=ClusterConfig.pair_window,
-        help="pairs join when together in --confirm-rounds of this many last proposals; 'none': in each of them",
-    )
-    parser.add_argument(
-        "--pair-companion",
-        type=_int_or_none,
-        default=ClusterConfig.pair_companion,
-        help="when pairs join, pairs together in each of this many last proposals join along; 'none': never",
-    )
-    parser.add_argument(
-        "--lone-pull",
-        type=_float_or_none,
-        default=ClusterConfig.lone_pull,
-        help="a leaf alone joins the cluster its update prefers over every other cluster by a cosine above this "
-        "in --confirm-rounds consecutive rounds; 'none': never",
-    )
     parser.add_argument(
         "--batched",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="train a leaf's devices of a round as one vmapped batch (same maths, several times faster on a CPU)",
     )
-    parser.add_argument(
-        "--cluster", action=argparse.BooleanOptionalAction, default=True, help="run the cluster strategy"
-    )
-    parser.add_argument("--fedavg", action=argparse.BooleanOptionalAction, default=True, help="run the baseline")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
     parser.add_argument(
         "--fedavg-from",
@@ -202,10 +139,7 @@ def main() -> None:
     # The largest cells first, so the pool does not end on one long run.
     tasks = sorted(((*cell, args) for cell in grid), key=lambda t: -t[2] * t[3])
     print(
-        f"{len(tasks)} runs, {args.rounds} rounds, similarity {args.similarity_on}, tau {args.tau or 'auto'}, "
-        f"min silhouette {args.min_silhouette}, centred {args.centre_similarity}, confirm {args.confirm_rounds}, "
-        f"re-split {args.resplit_silhouette}, lone pull {args.lone_pull}; "
-        f"load average {os.getloadavg()[0]:.2f}",
+        f"{len(tasks)} runs, {args.rounds} rounds, the cluster job's defaults; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     started = time.time()
@@ -233,17 +167,15 @@ def main() -> None:
 def report(rows: list[dict], args: argparse.Namespace, session: Session, wall: float) -> None:
     """Print the per-row summary; with ``--out`` write the runs, with ``--json`` the summary and its figures."""
     summary = summarise(rows, args.rounds)
-    print(
-        f"\n| dataset | kind | groups | leaves/group | ARI = 1 by round {args.rounds} | mean exact round "
-        "| per-leaf acc | FedAvg acc | failures |\n|" + " --- |" * 9
-    )
-    for row in summary:
-        print(
-            f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
-            f"| {row['exact']}/{row['runs']} | {_fmt(row['mean_exact_round'], 1)} "
-            f"| {_fmt(row['cluster_accuracy'], 3)} | {_fmt(row['fedavg_accuracy'], 3)} "
-            f"| {', '.join(row['failures']) or '-'} |"
-        )
+    table = [
+        [row["dataset"], row["kind"], row["groups"], row["leaves_per_group"], f"{row['exact']}/{row['runs']}"]
+        + [_fmt(row["mean_exact_round"], 1), _fmt(row["cluster_accuracy"], 3), _fmt(row["fedavg_accuracy"], 3)]
+        + [", ".join(row["failures"]) or "-"]
+        for row in summary
+    ]
+    columns = ["dataset", "kind", "groups", "leaves/group", f"ARI = 1 by round {args.rounds}", "mean exact round"]
+    print()
+    print_table([*columns, "per-leaf acc", "FedAvg acc", "failures"], table)
     print(f"wall {wall:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if args.out:
         with open(args.out, "w") as stream:
@@ -301,14 +233,6 @@ def summarise(rows: list[dict], rounds: int) -> list[dict]:
             }
         )
     return out
-
-
-def _int_or_none(text: str) -> int | None:
-    return None if text.lower() == "none" else int(text)
-
-
-def _float_or_none(text: str) -> float | None:
-    return None if text.lower() == "none" else float(text)
 
 
 def _fedavg_runs(path: str, args: argparse.Namespace) -> dict[tuple, float]:

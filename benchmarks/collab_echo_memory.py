@@ -1,29 +1,16 @@
 """Resident memory of a bare NVFlare Collab echo over many calls, without any of this project's code.
 
-The server sends a 62k-parameter float32 NumPy dict (the small CNN's size; ``--params``) to each of 2
-clients per round and the clients echo it back with a probe of their own process. Printed every ``--every``
-rounds (and at the last): RSS (MB), live threads (``/proc/self/task``), NVFlare's receive-side
-stream tasks still held in memory (``RxTask.rx_task_map``) and the full garbage collections run so far
-(``gc2``) of the server and of each client. This
-isolates growth that happens in NVFlare's messaging layer from growth in the project's own leaf and
-server code (compare with benchmarks/memory_growth.py).
+The server sends a 62k-parameter float32 NumPy dict (the small CNN's size; ``--params``) to each of 2 clients per
+round and the clients echo it back with a probe of their own process. Printed every ``--every`` rounds: RSS (MB),
+live threads, NVFlare's receive-side stream tasks still held (``RxTask.rx_task_map``) and the full garbage
+collections so far, of the server and each client: growth in NVFlare's messaging layer apart from the project's
+code (compare ``benchmarks/memory_growth.py``). It launches ``SimEnv`` directly, so the project's runtime defaults
+apply only with ``--project-defaults``; otherwise the environment is used as given.
 
-The script launches NVFlare's simulator directly (``SimEnv``), not through this project's
-``build_env``, so the runtime defaults of ``devsim_flare.recipe.apply_runtime_env_defaults`` apply
-only with ``--project-defaults``; without it the environment is used as given, which makes it the
-place to compare settings:
-
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --project-defaults
-    NVFLARE_STREAMING_RETRY_TIMEOUT=2 .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500
-    .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000  # 45 MB each way
-
-``--compare`` runs the echo several times, each as a child process of this script (its own process group and a
-temporary folder, killed with every process it started after ``--timeout`` seconds), and prints the settings side
-by side: ``defaults`` NVFlare's defaults and then ``--project-defaults``; ``chunk`` with
-``NVFLARE_STREAMING_CHUNK_SIZE`` 1 MiB and 256 KiB, alternated ``--pairs`` times. ``--json`` writes the probes of
-every run to ``benchmarks/results/collab_echo_memory[-<compare>]-<date>.json`` with the published figure of the
-comparison (server threads at the last round; seconds per round after round 10, 256 KiB over 1 MiB):
+``--compare`` runs the echo once per setting as a child process (``harness.run_isolated``): ``defaults`` NVFlare's
+defaults then ``--project-defaults``; ``chunk`` ``NVFLARE_STREAMING_CHUNK_SIZE`` 1 MiB and 256 KiB, alternated
+``--pairs`` times. ``--json`` writes the probes and the comparison's figure (server threads at the last round; s per
+round after round 10, 256 KiB over 1 MiB) to ``benchmarks/results/collab_echo_memory[-chunk]-<date>.json``:
 
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 500 --compare defaults --json
     .venv/bin/python benchmarks/collab_echo_memory.py --rounds 30 --every 10 --params 11200000 --compare chunk --json
@@ -133,16 +120,7 @@ def run_child(args: argparse.Namespace, label: str, flags: list[str], env: dict[
         probes_file = os.path.join(workdir, "probes.jsonl")
         cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--every", str(args.every)]
         cmd += ["--params", str(args.params), "--probes-file", probes_file, *flags]
-        saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
-            rc, wall, tail = run_isolated(cmd, workdir, args.timeout, log_name="echo.log")
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        rc, wall, tail = run_isolated(cmd, workdir, args.timeout, log_name="echo.log", env=env)
         probes = read_probes(probes_file)
     status = "timed out" if rc is None else f"exit {rc}"
     print(f"[{label}] {status} after {wall:.1f} s wall; log tail:\n{tail[-2500:]}", flush=True)
@@ -167,10 +145,8 @@ def compare(args: argparse.Namespace) -> list[dict]:
     return [run_child(args, label, flags, env) for label, flags, env in settings]
 
 
-def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -> list[dict[str, str]]:
+def figures(args: argparse.Namespace, runs: list[dict], session) -> list[dict[str, str]]:
     """The comparison's figure: server threads at the last round, or the 256 KiB chunk's cost per round."""
-    from benchmarks.harness import figure, invocation
-
     if any(run["status"] != "exit 0" or not run["probes"] for run in runs):
         return []
     if args.compare == "defaults":
@@ -186,7 +162,7 @@ def figures(args: argparse.Namespace, runs: list[dict], date: str, where: str) -
         name = f"streaming chunk 256 KiB vs 1 MiB, {4 * args.params / 1e6:.0f} MB payloads"
         value = f"{100 * (small / large - 1):+.0f}% per round"
         target = "documented cost"
-    return [figure(name, value, target, invocation((*COMMAND_ENV, *MORE_WATCHED_ENV)), date, where)]
+    return [session.figure(name, value, target)]
 
 
 def main() -> None:
@@ -212,9 +188,10 @@ def main() -> None:
     parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, REPO)
-    from benchmarks.harness import load, machine, write_results
+    from benchmarks.harness import Session
 
-    load_start, date = load(), time.strftime("%Y-%m-%d")
+    name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
+    session = Session(name, env=(*COMMAND_ENV, *MORE_WATCHED_ENV))
     if args.compare != "none":
         runs = compare(args)
         for run in runs:
@@ -231,10 +208,8 @@ def main() -> None:
             echo(args, probes_file)
             runs = [{"setting": "this run", "status": "exit 0", "probes": read_probes(probes_file)}]
     if args.json:
-        payload = {"settings": vars(args), "load_start": load_start, "runs": runs}
-        name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
-        published = figures(args, runs, date, machine(load_start)) if args.compare != "none" else []
-        print(f"wrote {write_results(name, payload, published)}")
+        published = figures(args, runs, session) if args.compare != "none" else []
+        session.write({"settings": vars(args), "runs": runs}, published)
 
 
 def echo(args: argparse.Namespace, probes_file: str) -> None:

@@ -1,38 +1,22 @@
 """Uplink codecs inside the FedAvg job itself: what compression costs a user's round (digits, NVFlare's simulator).
 
-Runs ``jobs/pt_job_fedavg.py --dataset digits`` through its own command line (NVFlare's in-process simulator, the
-job's defaults: 2 leaves x 50 devices, 20 a round, 100 samples a device, 20 rounds) once per codec and seed, and
-reads each run's results.json:
+Runs ``jobs/pt_job_fedavg.py --dataset digits`` (the job's defaults: 2 leaves x 50 devices, 20 a round, 100 samples
+a device) once per codec and seed, after one untimed warm-up job (the invocation's first job ran 10-40% slower
+whatever its codec), and reads each run's results.json: uplink bytes (device -> leaf) and their ratio to ``none``;
+final test accuracy and the mean of the last 5 evaluated rounds', in points against ``none`` of the same seed; the
+codec's seconds against the round's wall time, summed over both leaves (an upper bound) and on the critical leaf
+(what the codec adds to a round whose leaves run side by side); the mean round wall time from round 3 on.
 
-- uplink bytes (device -> leaf) over the run and the ratio to ``none``;
-- final test accuracy and the mean of the last 5 evaluated rounds' (one round's accuracy moves by up to ~2
-  points with the devices it selected), each against ``none`` of the same seed, in points;
-- the codec's cost against the round's wall time, two ways: ``codec_seconds`` (summed over both leaves,
-  as if they ran one after the other; an upper bound) and ``critical_leaf_codec_seconds`` (the slowest
-  leaf's, which is what the codec adds to a round whose leaves run side by side);
-- the mean round wall time and its ratio to ``none`` (rounds 3 onwards: the first two pay start-up). One
-  job's mean round moves by about 10% from run to run here, so this ratio needs several seeds to say
-  more than that; an untimed 3-round job runs first, because the invocation's first job was 10-40%
-  slower whatever its codec (2026-11-24).
+``--codecs`` (repeatable: each group runs with its own ``none`` on every seed, the baseline made next to it) takes
+``none``, ``fp16``, ``int8``, or ``topk P%`` followed by ``fp16`` or ``int8``, ``warmup W`` and/or ``momentum B``.
+``--json [PATH]`` writes the table, the horizon summary and the figures (each codec's points against float32 after
+30 rounds, mean / worst over the seeds, and the critical leaf's codec share of top-k 10% and int8) to
+``benchmarks/results/compression_job-<date>.json`` (or PATH):
 
-    .venv/bin/python benchmarks/compression_job.py                            # seeds 0, 1, 2
-    .venv/bin/python benchmarks/compression_job.py --seeds 0 --codecs "none,topk 10%"
-    .venv/bin/python benchmarks/compression_job.py --quick                    # 3 rounds: checks the script
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compression_job.py --seeds 0,1,2,3,4 --rounds 100 \
         --codecs "none,topk 1%,topk 1% momentum 0.3,topk 1% warmup 4,topk 1% warmup 4 momentum 0.3" \
-        --codecs "none,int8,topk 10%" --horizons 20,30,60,100 --json           # the README's figures
-
-``--codecs`` may be given several times: each group runs with its own ``none`` on every seed and each codec is
-compared with its group's ``none`` of the same seed (one job's accuracy can move with the load on the machine, so
-the baseline is the run made next to it). ``--codecs`` items: ``none``, ``fp16``, ``int8``, or ``topk P%`` followed
-by ``fp16`` or ``int8`` (``--topk-values``), ``warmup W`` (``--topk-warmup-rounds``) and/or ``momentum B``
-(``--topk-momentum``). Timings are measured in the same invocation, one job at a time; the load average is printed.
-
-``--json`` writes the table, the summary and the published figures through ``benchmarks/harness.py`` to
-``benchmarks/results/compression_job-<date>.json``: per codec other than ``none``, its points against float32
-after 30 rounds (or the last horizon), mean / worst over the seeds, named with the bytes ratio over those rounds
-(e.g. "top-k 1% uplink (66.6x fewer bytes) vs float32, digits in the job, 5 seeds, 30 rounds"), and with top-k
-10% and int8 among the codecs the critical leaf's codec share. ``--json PATH`` writes the same to PATH.
+        --codecs "none,int8,topk 10%" --horizons 20,30,60,100 --json
+    .venv/bin/python benchmarks/compression_job.py --quick                    # 3 rounds: checks the script
 """
 
 from __future__ import annotations
@@ -47,7 +31,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import ONE_THREAD, Session, load, run_job  # noqa: E402
+from benchmarks.harness import ONE_THREAD, Session, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -182,48 +166,41 @@ def report_runs(
     seeds: list[int],
     rounds: int,
     horizons: list[int],
-    bases: dict[str, dict[int, dict]] | None = None,
+    bases: dict[str, dict[int, dict]],
 ) -> None:
     """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``bases``: the
-    ``none`` run each codec's run of a seed is compared with (default: ``figures["none"]``)."""
-    width = max(12, *(len(name) for name in names))
+    ``none`` run each codec's run of a seed is compared with, by codec and seed."""
     print(
         f"\nFedAvg job on digits, job defaults, {rounds} rounds, seeds {','.join(map(str, seeds))}; timing over rounds "
         f"{WARM_ROUNDS + 1}-{rounds}; load average {session.load_start} before, {load()} after"
     )
-    print(
-        f"{'codec':<{width}} {'x fewer':>8} {'final vs none (points, per seed)':>34} {'last-5 mean vs none':>34} "
-        f"{'codec/round (sum)':>18} {'(critical leaf)':>16} {'round s':>8} {'vs none':>8}"
-    )
-    table = {}
+    table, lines = {}, []
     for name in names:
-        base = bases[name] if bases else figures["none"]
-        runs = [figures[name][s] for s in seeds]
-        points = [100 * (figures[name][s]["final_accuracy"] - base[s]["final_accuracy"]) for s in seeds]
-        last5 = [100 * (figures[name][s]["last5_accuracy"] - base[s]["last5_accuracy"]) for s in seeds]
+        runs, base = [figures[name][s] for s in seeds], [bases[name][s] for s in seeds]
         row = table[name] = {
-            "fewer_bytes": float(np.mean([base[s]["uplink_bytes"] / figures[name][s]["uplink_bytes"] for s in seeds])),
-            "final_vs_none_points": points,
-            "last5_vs_none_points": last5,
+            "fewer_bytes": _mean([b["uplink_bytes"] / r["uplink_bytes"] for r, b in zip(runs, base, strict=True)]),
+            "final_vs_none_points": _points_against(runs, base, "final_accuracy"),
+            "last5_vs_none_points": _points_against(runs, base, "last5_accuracy"),
             "codec_share_sum": [r["codec_share_sum"] for r in runs],
             "codec_share_critical": [r["codec_share_critical"] for r in runs],
-            "round_wall_mean": float(np.mean([r["round_wall_mean"] for r in runs])),
+            "round_wall_mean": _mean([r["round_wall_mean"] for r in runs]),
             "per_seed": {str(s): figures[name][s] for s in seeds},
         }
-        row["round_wall_vs_none"] = row["round_wall_mean"] / float(np.mean([base[s]["round_wall_mean"] for s in seeds]))
-        print(
-            f"{name:<{width}} {row['fewer_bytes']:8.2f} {_points(points):>34} {_points(last5):>34} "
-            f"{_range(row['codec_share_sum']):>18} {_range(row['codec_share_critical']):>16} "
-            f"{row['round_wall_mean']:8.3f} {row['round_wall_vs_none']:8.3f}"
-        )
-    summary = horizon_summary(figures, names, seeds, horizons, bases) if horizons else None
+        row["round_wall_vs_none"] = row["round_wall_mean"] / _mean([b["round_wall_mean"] for b in base])
+        shares = [_range(row["codec_share_sum"]), _range(row["codec_share_critical"])]
+        points = [_points(row["final_vs_none_points"]), _points(row["last5_vs_none_points"])]
+        walls = [f"{row['round_wall_mean']:.3f}", f"{row['round_wall_vs_none']:.3f}"]
+        lines.append([name, f"{row['fewer_bytes']:.2f}", *points, *shares, *walls])
+    columns = ["codec", "x fewer", "final vs none (points, per seed)", "last-5 mean vs none", "codec/round (sum)"]
+    print_table([*columns, "(critical leaf)", "round s", "vs none"], lines)
+    summary = horizon_summary(figures, bases, names, seeds, horizons) if horizons else None
     if summary is not None:
-        print_summary(summary, argparse.Namespace(seeds=seeds, horizons=horizons))
+        print_summary(summary, seeds, horizons)
         print("(codec share here: the critical leaf's codec seconds against the round's wall time)")
     if args.json is not None:
         report = {"rounds": rounds, "seeds": seeds, "codecs": table, "summary": summary, "command": session.command}
         horizon = figure_horizon(horizons, rounds)
-        at = summary if horizon in horizons else horizon_summary(figures, names, seeds, [horizon], bases)
+        at = summary if horizon in horizons else horizon_summary(figures, bases, names, seeds, [horizon])
         published = accuracy_figures(session, at, "digits in the job", len(seeds), horizon)
         published += share_figures(session, table)
         session.write(report, published, args.json)
@@ -239,44 +216,57 @@ def share_figures(session: Session, table: dict) -> list[dict[str, str]]:
 
 def horizon_summary(
     figures: dict[str, dict[int, dict]],
+    bases: dict[str, dict[int, dict]],
     names: list[str],
     seeds: list[int],
     horizons: list[int],
-    bases: dict[str, dict[int, dict]] | None = None,
 ) -> dict:
-    """``benchmarks/compression.py``'s summary over the seeds (points against ``none`` after each horizon, mean and
-    worst, final accuracy and last-5 mean) from the jobs' per-round accuracies; the codec share is the critical
-    leaf's. ``bases``: the ``none`` run each codec is compared with, by codec and seed (default: ``figures["none"]``
-    for every codec)."""
-    if bases is not None:
-        return {
-            name: horizon_summary(
-                {**figures, "none": bases[name]}, ["none", name] if name != "none" else ["none"], seeds, horizons
-            )[name]
-            for name in names
+    """Each codec over the seeds, against its ``none`` of the same seed (``bases``): bytes ratio, the critical leaf's
+    codec share (min, max) and, at each horizon H (rounds), the points after round H and of the mean of rounds
+    H-4..H (each seed's, their mean and worst) and, where the runs give each round's uplink bytes, the bytes ratio
+    over rounds 1..H (a warm-up's denser first rounds lower it at short horizons). Round H of a longer run is that
+    of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
+    summary = {}
+    for name in names:
+        runs = [(figures[name][s], bases[name][s]) for s in seeds]
+        shares = [run["codec_share_critical"] for run, _ in runs]
+        entry = {
+            "fewer_bytes": _mean([base["uplink_bytes"] / run["uplink_bytes"] for run, base in runs]),
+            "codec_share_min": min(shares),
+            "codec_share_max": max(shares),
+            "horizons": {},
         }
-    per_seed = {
-        seed: {
-            "rows": {
-                name: {
-                    "fewer_bytes": figures["none"][seed]["uplink_bytes"] / figures[name][seed]["uplink_bytes"],
-                    "codec_share": figures[name][seed]["codec_share_critical"],
-                }
-                for name in names
-            },
-            "accuracies": {name: figures[name][seed]["accuracies"] for name in names},
-            **_bytes_by_round(figures, names, seed),
-        }
-        for seed in seeds
-    }
-    return summarise(per_seed, names, horizons)
+        for horizon in horizons:
+            final = [100 * (run["accuracies"][horizon - 1] - base["accuracies"][horizon - 1]) for run, base in runs]
+            settled = [
+                100 * (last_mean(run["accuracies"][:horizon]) - last_mean(base["accuracies"][:horizon]))
+                for run, base in runs
+            ]
+            at = entry["horizons"][str(horizon)] = {
+                "final_vs_none_points": final,
+                "final_vs_none_mean": _mean(final),
+                "final_vs_none_worst": float(min(final)),
+                "last5_vs_none_mean": _mean(settled),
+                "last5_vs_none_worst": float(min(settled)),
+            }
+            if all(run.get("uplink_bytes_by_round") and base.get("uplink_bytes_by_round") for run, base in runs):
+                at["fewer_bytes"] = _mean(
+                    [
+                        sum(base["uplink_bytes_by_round"][:horizon]) / sum(run["uplink_bytes_by_round"][:horizon])
+                        for run, base in runs
+                    ]
+                )
+        summary[name] = entry
+    return summary
 
 
-def _bytes_by_round(figures: dict[str, dict[int, dict]], names: list[str], seed: int) -> dict:
-    """``{"uplink_bytes": {codec: bytes of each round}}`` of one seed, for the bytes ratio at each horizon (a
-    warm-up's denser rounds count where they fall); empty where a run's records lack them."""
-    rows = {name: figures[name][seed].get("uplink_bytes_by_round") for name in names}
-    return {} if any(row is None for row in rows.values()) else {"uplink_bytes": rows}
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values))
+
+
+def _points_against(runs: list[dict], base: list[dict], key: str) -> list[float]:
+    """Points of ``key`` of each seed's run against its ``none``."""
+    return [100 * (run[key] - none[key]) for run, none in zip(runs, base, strict=True)]
 
 
 def _points(points: list[float]) -> str:
@@ -332,51 +322,6 @@ def last_mean(accuracies: list[float], count: int = LAST_ROUNDS) -> float:
     return float(np.mean(accuracies[-count:]))
 
 
-def summarise(per_seed: dict[int, dict], names: list[str], horizons: list[int]) -> dict:
-    """Each codec over the seeds: bytes ratio, codec share (min, max) and, at each horizon H (rounds), the
-    accuracy after round H and the mean of rounds H-4..H, in points against ``none`` of the same seed
-    (mean and worst over the seeds), and (where the runs give each round's ``uplink_bytes``) the bytes ratio over
-    rounds 1..H, which a warm-up's denser first rounds lower at short horizons. The accuracy after round H of a
-    longer run is that of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
-    runs = list(per_seed.values())
-    base_name = "none" if "none" in names else names[0]
-    summary = {}
-    for name in names:
-        entry = {
-            "fewer_bytes": float(np.mean([run["rows"][name]["fewer_bytes"] for run in runs])),
-            "codec_share_min": min(run["rows"][name]["codec_share"] for run in runs),
-            "codec_share_max": max(run["rows"][name]["codec_share"] for run in runs),
-            "horizons": {},
-        }
-        for horizon in horizons:
-            final = [
-                100 * (run["accuracies"][name][horizon - 1] - run["accuracies"][base_name][horizon - 1]) for run in runs
-            ]
-            settled = [
-                100 * (last_mean(run["accuracies"][name][:horizon]) - last_mean(run["accuracies"][base_name][:horizon]))
-                for run in runs
-            ]
-            entry["horizons"][str(horizon)] = {
-                **_horizon_bytes(runs, name, base_name, horizon),
-                "final_vs_none_points": final,
-                "final_vs_none_mean": float(np.mean(final)),
-                "final_vs_none_worst": float(min(final)),
-                "last5_vs_none_mean": float(np.mean(settled)),
-                "last5_vs_none_worst": float(min(settled)),
-            }
-        summary[name] = entry
-    return summary
-
-
-def _horizon_bytes(runs: list[dict], name: str, base_name: str, horizon: int) -> dict:
-    """``{"fewer_bytes": ...}``: ``base_name``'s uplink bytes over rounds 1..``horizon`` against ``name``'s, the mean
-    over the runs; empty where the runs do not give each round's ``uplink_bytes``."""
-    if not all("uplink_bytes" in run for run in runs):
-        return {}
-    ratios = [sum(run["uplink_bytes"][base_name][:horizon]) / sum(run["uplink_bytes"][name][:horizon]) for run in runs]
-    return {"fewer_bytes": float(np.mean(ratios))}
-
-
 def codec_label(name: str) -> str:
     """A ``--codecs`` item as the published figures name it: ``int8``, ``top-k 1%``, ``top-k 1% warm-up 4``,
     ``top-k 1% leaf momentum 0.3``, ..."""
@@ -420,26 +365,24 @@ def accuracy_figures(session: Session, summary: dict, where: str, seeds: int, ho
     return published
 
 
-def print_summary(summary: dict, args) -> None:
+def print_summary(summary: dict, seeds: list[int], horizons: list[int]) -> None:
     """One line a codec: bytes ratio, codec share range and, per horizon, mean / worst points against none (and the
     bytes ratio over the rounds up to it, where known)."""
-    seeds = ",".join(str(s) for s in args.seeds)
     print(
-        f"\nover seeds {seeds}: points against none of the same seed, mean / worst (final accuracy; last-5 mean) "
-        "[x fewer bytes up to that round]"
+        f"\nover seeds {','.join(map(str, seeds))}: points against none of the same seed, mean / worst "
+        "(final accuracy; last-5 mean) [x fewer bytes up to that round]"
     )
-    width = max(9, *(len(n) for n in summary))
-    columns = "".join(f" {'after ' + str(h):>36}" for h in args.horizons)
-    print(f"{'codec':<{width}} {'x fewer':>8} {'codec share':>15}{columns}")
+    table = []
     for name, entry in summary.items():
         share = f"{100 * entry['codec_share_min']:.2f}-{100 * entry['codec_share_max']:.2f}%"
-        cells = "".join(
-            f" {h['final_vs_none_mean']:+6.2f} /{h['final_vs_none_worst']:+6.2f};"
-            f"{h['last5_vs_none_mean']:+6.2f} /{h['last5_vs_none_worst']:+6.2f}"
-            + (f" [{h['fewer_bytes']:5.1f}x]" if "fewer_bytes" in h else " " * 9)
-            for h in (entry["horizons"][str(horizon)] for horizon in args.horizons)
-        )
-        print(f"{name:<{width}} {entry['fewer_bytes']:8.2f} {share:>15}{cells}")
+        cells = [
+            f"{h['final_vs_none_mean']:+.2f} / {h['final_vs_none_worst']:+.2f}; "
+            f"{h['last5_vs_none_mean']:+.2f} / {h['last5_vs_none_worst']:+.2f}"
+            + (f" [{h['fewer_bytes']:.1f}x]" if "fewer_bytes" in h else "")
+            for h in (entry["horizons"][str(horizon)] for horizon in horizons)
+        ]
+        table.append([name, f"{entry['fewer_bytes']:.2f}", share, *cells])
+    print_table(["codec", "x fewer", "codec share", *(f"after {h}" for h in horizons)], table)
 
 
 if __name__ == "__main__":

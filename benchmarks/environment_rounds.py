@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session  # noqa: E402
+from benchmarks.harness import REPO, Session, print_table  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 
@@ -88,12 +88,12 @@ def main() -> int:
         finally:
             run([*deploy, "stop", *workspace], env, 120)
     sim = measured["sim"]
-    print(f"\n{'env':6s} {'median round':>13s} {'rounds wall':>12s} {'command':>9s} {'accuracy':>9s}  vs sim (round)")
-    for kind, m in measured.items():
-        print(
-            f"{kind:6s} {m['median_round_s']:12.3f}s {m['rounds_wall_s']:11.2f}s {m['command_s']:8.1f}s "
-            f"{m['final_accuracy']:9.4f}  {m['median_round_s'] / sim['median_round_s']:.2f}x"
-        )
+    table = [
+        [kind, f"{m['median_round_s']:.3f}", f"{m['rounds_wall_s']:.2f}", f"{m['command_s']:.1f}"]
+        + [f"{m['final_accuracy']:.4f}", f"{m['median_round_s'] / sim['median_round_s']:.2f}x"]
+        for kind, m in measured.items()
+    ]
+    print_table(["env", "median round s", "rounds wall s", "command s", "accuracy", "round vs sim"], table)
     if args.json:
         figures = [
             session.figure(

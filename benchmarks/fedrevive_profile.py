@@ -1,25 +1,15 @@
 """Where FedRevive's server time goes: per-arrival cost of synthesis and KD, split by phase, side by side.
 
-Runs the server-side reviver alone (no NVFlare, no clients) with the settings ``benchmarks/async_quality.py`` gives
-the server (``fedrevive_small_cpu`` preset, CNN, K = 50, B = 1, so s_max = 37.5 and staleness ~50 keeps
-beta > 0): random client models arrive one per version; after the gates open (freeze 10, warm-up 20) ``--arrivals``
-arrivals (rounded up to whole synthesis / KD cycles) are timed (wall, and CPU time of the calling thread, which
-the machine's load does not inflate; run with ``OMP_NUM_THREADS=1``), then the same number again under
-``torch.profiler`` for the phase breakdown (the ``fedrevive.*`` ``record_function`` labels in synthesis.py and
-distill.py; CPU ms per arrival, profiler overhead included). Columns:
+Runs the server-side reviver alone (no NVFlare) with the settings ``benchmarks/async_quality.py`` gives the server
+(``fedrevive_small_cpu``, CNN, K = 50, B = 1): random client models arrive one per version; after the gates,
+``--arrivals`` arrivals (whole synthesis / KD cycles) are timed (wall, and CPU seconds of the calling thread, which
+the load does not inflate), then the same number under ``torch.profiler`` for the ``fedrevive.*`` phases (CPU ms
+per arrival). Columns: ``paper-rate loop`` (teachers one by one, KD every arrival, synthesis every 5 versions),
+``paper-rate vmap`` (vectorised teachers everywhere), ``paper-rate default`` (vectorised in synthesis only) and
+``preset`` (what ``app_configs/presets/fedrevive_small_cpu.json`` sets). ``--json`` writes the columns and the
+figure (the preset's thread-CPU seconds per arrival) to ``benchmarks/results/fedrevive_profile-<date>.json``:
 
-* ``paper-rate loop``: teachers one by one, KD on every eligible arrival, synthesis every 5 versions (the
-  preset before issue #16);
-* ``paper-rate vmap``: the same schedule with the vectorised teacher ensemble in synthesis and KD;
-* ``paper-rate default``: vectorised in synthesis only (``teacher_batching="synthesis"``, the default);
-* ``preset``: what ``app_configs/presets/fedrevive_small_cpu.json`` sets now (``kd_interval``,
-  ``generation_interval``).
-
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedrevive_profile.py --arrivals 40
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedrevive_profile.py --arrivals 10 --json   # + results JSON
-
-``--json`` writes the columns and the published figure (the preset's thread-CPU seconds per arrival) to
-``benchmarks/results/fedrevive_profile-<date>.json``.
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedrevive_profile.py --arrivals 10 --json
 """
 
 from __future__ import annotations
@@ -38,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -125,15 +115,13 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} (1 min)")
     for name, settings in columns.items():
         print(f"  {name}: {settings}")
-    names = list(columns)
-    print(f"\n{'phase (CPU ms / arrival)':<28}" + "".join(f"{n:>20}" for n in names))
     keys = sorted({key for _, phases in results.values() for key in phases})
-    for key in keys:
-        print(f"{key:<28}" + "".join(f"{results[n][1].get(key, 0.0):>20.1f}" for n in names))
-    print(f"{'wall s / arrival':<28}" + "".join(f"{results[n][0][0]:>20.3f}" for n in names))
-    print(f"{'CPU s / arrival (thread)':<28}" + "".join(f"{results[n][0][1]:>20.3f}" for n in names))
-    first = results[names[0]][0][1]
-    print(f"{'CPU speed-up vs first col.':<28}" + "".join(f"{first / results[n][0][1]:>19.2f}x" for n in names))
+    table = [[key, *(f"{phases.get(key, 0.0):.1f}" for _, phases in results.values())] for key in keys]
+    table.append(["wall s / arrival", *(f"{wall:.3f}" for (wall, _), _ in results.values())])
+    table.append(["CPU s / arrival (thread)", *(f"{cpu:.3f}" for (_, cpu), _ in results.values())])
+    first = results["paper-rate loop"][0][1]
+    table.append(["CPU speed-up vs first column", *(f"{first / cpu:.2f}x" for (_, cpu), _ in results.values())])
+    print_table(["phase (CPU ms / arrival)", *columns], table)
     if args.json:
         payload = {
             "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},

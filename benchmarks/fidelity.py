@@ -43,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.async_quality import methods as async_methods  # noqa: E402
 
 HETEROGENEITY = "1. heterogeneity (final test accuracy)"
 
@@ -176,27 +177,19 @@ def section_heterogeneity(sizes: Sizes, seeds: list[int], workdir: str) -> dict[
 
 
 def section_staleness(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:
-    k = str(sizes.concurrency)
     common = [
         *sizes.stale,
         *("--partition", "dirichlet", "--alpha", "0.3", "--delay-schedule", "paper_shifted"),
         *("--max-sim-time", str(sizes.sim_time), "--max-versions", "100000"),
         *("--optimizer", "adam", "--lr", "0.001", "--local-iterations", "10", "--batch-size", "32", "--no-augment"),
     ]
-    asynchronous = ["--concurrency", k, "--buffer-size", "1", "--min-open-slots", "1", "--global-lr", "0.1"]
-    methods = {
-        "FedAvg (waves)": (
-            "pt_job_fedbuff.py",
-            ["--concurrency", k, "--buffer-size", k, "--min-open-slots", k, "--global-lr", "1.0"],
-        ),
-        "FedBuff": ("pt_job_fedbuff.py", asynchronous),
-        "FedRevive": ("pt_job_fedrevive.py", ["--preset", "fedrevive_small_cpu", *asynchronous]),
-    }
+    # async_quality's methods (FedAvg as synchronous waves K = B = O) at B = 1 and server lr 0.1
+    shape = argparse.Namespace(concurrency=sizes.concurrency, buffer_size=1, async_lr=0.1, eval_every=sizes.eval_every)
+    methods = {("FedAvg (waves)" if name == "FedAvg" else name): run for name, run in async_methods(shape).items()}
     figures = {key: Figures() for key in ("final", "best", "versions", "server s/arrival", "wall s")}
     for seed in seeds:
         for name, (script, extra) in methods.items():
-            eval_every = "1" if name.startswith("FedAvg") else str(sizes.eval_every)
-            flags = [*extra, *common, "--eval-frequency", eval_every, "--seed", str(seed)]
+            flags = [*extra, *common, "--seed", str(seed)]
             results = run_job(script, flags, workdir, f"s2-{name.split()[0]}-{seed}")
             figures["final"].add(name, _final(results))
             figures["best"].add(name, max(r["accuracy"] for r in results["rounds"]))

@@ -1,33 +1,28 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (a run takes them in this order; the default is the first seven), each with its
-own time budget (``BUDGETS``, seconds on an H100): a section starts only while at least half of it is left of
-``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at twice its budget,
-and the figures are written after every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``)
-prints every target of the issue beside its figure.
+Sections in order of importance (``BUDGETS``; the default is the first seven), each with its own time budget: a
+section starts only while at least half of it is left of ``--budget`` (default 315 s, one device call of at most 6
+minutes), its job runs are killed at twice its budget, and the figures are written after every section.
+``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``) prints every target beside its figure.
 
-1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end in NVFlare's simulator, for the CNN at its defaults (against
-   centralized training of the CNN at batch 256 on this device) and for ResNet-18 with 1,000 devices (100 selected a
-   round, 10 samples each): round seconds, the timing breakdown, seconds from launch to the first finished round,
-   ``startup`` from results.json (CUDA init, probe, workers, NVFlare), the leaves' plans, peak GPU memory.
+1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end, the CNN at its defaults (against centralized training of
+   the CNN at batch 256 on this device) and ResNet-18 with 1,000 devices (100 a round, 10 samples each): round
+   seconds, timing breakdown, seconds to the first finished round, ``startup``, the leaves' plans, peak GPU memory.
 2. ``throughput``: device-samples/s of one leaf (``LeafRoundRunner``, no NVFlare) training 64 devices through the
-   thread pool, batched in one group, and with the leaf's own plan (``plan_leaf``), against centralized training of
-   the same model on the same device at the devices' batch size and at batch 256 (the limit); CNN and ResNet-18.
-3. ``async_throughput``: ``benchmarks/async_throughput.py``'s settings (digits CNN, 2 leaves x 50 devices, the same
-   device updates each): FedBuff's steady updates/s at B = 10, B = 2 and the paper's shape against FedAvg's, devices
-   per training group, and each setting's wall per update against one tight loop on this device.
-4. ``worker_sweep``: the leaf's plan against the thread pool at several worker counts and groups first at several.
-5. ``fedrevive``: FedRevive with the paper's server work per arrival (ResNet-18 without norm, generator width 128,
-   8 teachers, 10 KD steps) for 30 versions: wall seconds and server seconds per arrival.
+   thread pool, batched in one group, and with the leaf's own plan (``plan_leaf``), against centralized training
+   at the devices' batch size and at batch 256 (the limit); CNN and ResNet-18.
+3. ``async_throughput``: ``benchmarks/async_throughput.py``'s settings: FedBuff's steady updates/s at B = 10, B = 2
+   and the paper's shape against FedAvg's, devices per training group, wall per update against a tight loop.
+4. ``worker_sweep``: the leaf's plan against the thread pool and groups first at several worker counts.
+5. ``fedrevive``: FedRevive with the paper's server work per arrival for 30 versions: wall and server s/arrival.
 6. ``tf32``: ``--tf32``'s gain (leaf and centralized) and the difference it makes to a leaf's delta sum.
-7. ``compiled_step``: the batched trainer's whole lockstep for groups of 2, 4 and 10 digits CNNs, eager against
-   ``torch.compile`` (default mode, and ``reduce-overhead``'s CUDA graphs on a GPU): seconds per device, the
-   first (compiling) call, and the largest difference of the deltas.
+7. ``compiled_step``: the batched lockstep for groups of 2, 4 and 10 digits CNNs, eager against ``torch.compile``
+   (and ``reduce-overhead`` on a GPU): ms per device, the first (compiling) call, the largest delta difference.
 8. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
-9. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job on digits (seeds 0, 1).
+9. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job (seeds 0, 1).
 
-``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it). On the GPU machine
-``scripts/gpu_suite.sh run`` installs the carried wheels and runs this with ``--device cuda``.
+``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs
+the suite on the GPU machine:
 
     .venv/bin/python benchmarks/gpu_suite.py --device cpu --tiny --out /tmp/gpu_suite.json
 """
@@ -40,8 +35,6 @@ import functools
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -51,6 +44,7 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
+from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     VramMonitor,
     job_env,
@@ -61,7 +55,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     section_shared_gpu,
 )
-from devsim.codec import model_to_numpy  # noqa: E402
+from benchmarks.harness import short_commit  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -69,22 +63,8 @@ from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
 from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.batched import BatchedTrainer  # noqa: E402
-from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
-
-SECTIONS = (
-    "fedavg_e2e",
-    "throughput",
-    "async_throughput",
-    "worker_sweep",
-    "fedrevive",
-    "tf32",
-    "compiled_step",
-    "shared_gpu",
-    "compression_job",
-)
-"""Every section, in order of importance: a run takes them in this order whatever ``--sections`` lists."""
 
 BUDGETS = {
     "fedavg_e2e": 60,
@@ -97,18 +77,11 @@ BUDGETS = {
     "shared_gpu": 55,
     "compression_job": 60,
 }
-"""Seconds each section is expected to take on an H100 (its job runs are killed at twice that); a section starts
-only while the suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
-
-DEFAULT_SECTIONS = (
-    "fedavg_e2e",
-    "throughput",
-    "async_throughput",
-    "worker_sweep",
-    "fedrevive",
-    "tf32",
-    "compiled_step",
-)
+"""Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
+seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
+suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
+SECTIONS = tuple(BUDGETS)
+DEFAULT_SECTIONS = SECTIONS[:7]
 SUITE_BUDGET = 315.0
 """Default ``--budget``: the default sections in one device call of at most 6 minutes, with the wheels' install
 (~15 s) and Python's start-up beside them."""
@@ -117,49 +90,31 @@ ASYNC_SETTINGS = ("fedavg", "fedbuff B=10", "fedbuff B=2", "fedbuff paper")
 LIMIT_BATCH = 256
 
 
+SIZES = {  # workload size: (the dry run's, seconds on a CPU; the real suite's)
+    "rounds": (2, 10),
+    "resnet_devices": (20, 1000),
+    "resnet_selected": (4, 100),
+    "leaf_devices": (4, 64),
+    "leaf_samples": (20, 100),
+    "central_samples": (64, 8192),
+    "sweep": ([1, 2], [1, 2, 4, 8, 16]),
+    "sweep_groups": ([1], [1, 2, 4]),
+    "resnet_rounds": (2, 5),
+    "tf32_models": (["cnn"], ["cnn", "resnet18"]),
+    "resnet_leaf_devices": (2, 64),
+    "revive_versions": (8, 30),
+    "models": (["cnn"], ["cnn", "resnet18"]),
+    "compression_job": (["--quick", "--codecs", "none,topk 10%"], ["--seeds", "0,1"]),
+    "async_updates": (80, 800),
+    "async_settings": (["fedavg", "fedbuff B=2"], list(ASYNC_SETTINGS)),
+    "step_groups": ([2], [2, 4, 10]),
+    "step_samples": (20, 100),
+}
+
+
 def sizes(tiny: bool) -> dict:
-    """Workload sizes: the real suite, or the dry run's (seconds on a CPU)."""
-    if tiny:
-        return {
-            "rounds": 2,
-            "resnet_devices": 20,
-            "resnet_selected": 4,
-            "leaf_devices": 4,
-            "leaf_samples": 20,
-            "central_samples": 64,
-            "sweep": [1, 2],
-            "sweep_groups": [1],
-            "resnet_rounds": 2,
-            "tf32_models": ["cnn"],
-            "resnet_leaf_devices": 2,
-            "revive_versions": 8,
-            "models": ["cnn"],
-            "compression_job": ["--quick", "--codecs", "none,topk 10%"],
-            "async_updates": 80,
-            "async_settings": ["fedavg", "fedbuff B=2"],
-            "step_groups": [2],
-            "step_samples": 20,
-        }
-    return {
-        "rounds": 10,
-        "resnet_devices": 1000,
-        "resnet_selected": 100,
-        "leaf_devices": 64,
-        "leaf_samples": 100,
-        "central_samples": 8192,
-        "sweep": [1, 2, 4, 8, 16],
-        "sweep_groups": [1, 2, 4],
-        "resnet_rounds": 5,
-        "tf32_models": ["cnn", "resnet18"],
-        "resnet_leaf_devices": 64,
-        "revive_versions": 30,
-        "models": ["cnn", "resnet18"],
-        "compression_job": ["--seeds", "0,1"],
-        "async_updates": 800,
-        "async_settings": list(ASYNC_SETTINGS),
-        "step_groups": [2, 4, 10],
-        "step_samples": 100,
-    }
+    """Workload sizes: the real suite's, or the dry run's."""
+    return {key: values[0 if tiny else 1] for key, values in SIZES.items()}
 
 
 def machine_facts(device: str) -> dict:
@@ -179,12 +134,7 @@ def machine_facts(device: str) -> dict:
         facts["cudnn"] = torch.backends.cudnn.version()
         facts["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
         facts["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
-    try:
-        facts["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        facts["git_commit"] = None
+    facts["git_commit"] = short_commit() or None
     return facts
 
 
@@ -259,26 +209,17 @@ def leaf_rate(
     rounds: int = 3,
     fill_groups: bool = False,
 ) -> tuple[float, dict]:
-    """Median device-samples/s of one leaf's rounds 2.. (round 1 warms up; one round: that one), batch 10,
-    one epoch, and the last round's leaf delta sum (name -> array)."""
+    """``benchmarks/batched_devices.py``'s leaf rate (median device-samples/s of rounds 2.., and the last round's
+    leaf delta sum) of this suite's leaf settings, batch 10, one epoch."""
     settings = leaf_settings(model_name, devices, samples)
-    if device == "cpu":
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    processors = [TaskDeviceProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
-    runner = LeafRoundRunner(processors, device_batch=device_batch, fill_groups=fill_groups)
-    torch.manual_seed(0)
-    weights = model_to_numpy(build_model(model_name))
-    rates, result = [], None
-    try:
-        for round_num in range(rounds):
-            started = time.perf_counter()
-            result = runner.run_round(round_num, weights, list(range(devices)))
-            _sync(device)
-            if round_num or rounds == 1:
-                rates.append(devices * samples / (time.perf_counter() - started))
-    finally:
-        runner.close()
-    return statistics.median(rates), result.delta_sum
+    return batched_leaf_rate(settings, device, devices, workers, device_batch, rounds, fill_groups)
+
+
+def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
+    """(devices, samples per device) of one leaf's round for ``model_name``."""
+    if model_name == "cnn":
+        return size["leaf_devices"], size["leaf_samples"]
+    return size["resnet_leaf_devices"], 10
 
 
 def section_throughput(args, size: dict) -> dict:
@@ -289,8 +230,7 @@ def section_throughput(args, size: dict) -> dict:
         if time.monotonic() > args.section_deadline:
             out[model_name] = {"skipped": "the section's budget ran out"}
             continue
-        devices = size["leaf_devices"] if model_name == "cnn" else size["resnet_leaf_devices"]
-        samples = size["leaf_samples"] if model_name == "cnn" else 10
+        devices, samples = leaf_shape(size, model_name)
         central_10 = centralized_rate(model_name, args.device, 10, size["central_samples"])
         central_limit = centralized_rate(model_name, args.device, LIMIT_BATCH, size["central_samples"])
         workers = plan_workers(device=args.device, num_params=_params(model_name), batch_size=10).num_workers
@@ -326,8 +266,7 @@ def section_tf32(args, size: dict) -> dict:
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         for model_name in size["tf32_models"]:
-            devices = size["leaf_devices"] if model_name == "cnn" else size["resnet_leaf_devices"]
-            samples = size["leaf_samples"] if model_name == "cnn" else 10
+            devices, samples = leaf_shape(size, model_name)
             row: dict = {}
             sums = {}
             for on in (False, True):
@@ -391,9 +330,9 @@ def section_fedavg_e2e(args, size: dict) -> dict:
     if args.tiny:
         rounds += ["--synthetic-test-size", "100"]
     cnn = run_job("pt_job_fedavg.py", [*rounds, "--checkpoint-frequency", "0"], job_env(args), args.timeout)
-    cnn_selected = cnn["results"]["config"]["device_selection_size"] or cnn["results"]["config"]["devices_per_leaf"]
-    cnn_samples = cnn_selected * cnn["results"]["config"]["samples_per_device"]
-    out = {"cnn_default": job_figures(cnn, cnn_samples * cnn["results"]["config"]["num_leaf_nodes"])}
+    config = cnn["config"]
+    cnn_samples = (config["device_selection_size"] or config["devices_per_leaf"]) * config["samples_per_device"]
+    out = {"cnn_default": job_figures(cnn, cnn_samples * config["num_leaf_nodes"])}
     limit = centralized_rate("cnn", args.device, LIMIT_BATCH, size["central_samples"])
     out["cnn_default"]["centralized_batch256"] = limit
     out["cnn_default"]["vs_limit"] = out["cnn_default"]["device_samples_per_s"] / limit

@@ -61,22 +61,13 @@ class VramMonitor:
 
 
 def run_job(script: str, flags: list[str], env_extra: dict[str, str], timeout: float) -> dict:
-    """Run ``jobs/<script>`` with ``flags`` in a temporary folder; RuntimeError on failure or timeout.
-
-    Returns ``results`` (the run's results.json), ``wall_seconds``, ``first_round_seconds`` (launch to the first
-    progress line of round or version 1; None when none was printed), ``worker_lines`` and ``peak_gpu_memory_mib``
-    (None on the CPU).
-    """
+    """Run ``jobs/<script>`` with ``flags`` in a temporary folder (``harness.run_job``): its results.json with
+    ``wall``, ``first_round`` and ``worker_lines``, and ``peak_gpu_memory_mib`` (None on the CPU); RuntimeError on
+    failure or timeout."""
     device = "cpu" if env_extra.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
     with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir, VramMonitor(device) as monitor:
         results = harness.run_job(script, flags, workdir, timeout=timeout, env=env_extra)
-    return {
-        "results": results,
-        "wall_seconds": results["wall"],
-        "first_round_seconds": results["first_round"],
-        "worker_lines": results["worker_lines"],
-        "peak_gpu_memory_mib": monitor.peak_mib,
-    }
+    return {**results, "peak_gpu_memory_mib": monitor.peak_mib}
 
 
 def job_env(args) -> dict:
@@ -84,13 +75,15 @@ def job_env(args) -> dict:
 
 
 def job_figures(run: dict, selected_samples: int) -> dict:
-    rounds = run["results"]["rounds"]
+    """Steady-round figures of one job run (rounds after the first): median round and training seconds,
+    device-samples/s over ``selected_samples`` a round, mean timing parts, and the run's start-up and plans."""
+    rounds = run["rounds"]
     steady = rounds[1:] or rounds
     parts = {k: statistics.mean(r["timing"]["parts"][k] for r in steady) for k in steady[0]["timing"]["parts"]}
     train = statistics.median(r["train_seconds"] for r in steady)
     return {
-        "wall_seconds": run["wall_seconds"],
-        "first_round_seconds": run["first_round_seconds"],
+        "wall_seconds": run["wall"],
+        "first_round_seconds": run["first_round"],
         "round_seconds_median": statistics.median(r["round_seconds"] for r in steady),
         "train_seconds_median": train,
         "device_samples_per_s": selected_samples / train,
@@ -98,7 +91,7 @@ def job_figures(run: dict, selected_samples: int) -> dict:
         "final_accuracy": rounds[-1].get("accuracy"),
         "worker_plans": run["worker_lines"],
         "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run["results"].get("startup"),
+        "startup": run.get("startup"),
     }
 
 
@@ -118,15 +111,15 @@ def section_fedrevive(args, size: dict) -> dict:
         flags += ["--local-iterations", "2", "--kd-iterations", "2", "--generator-width", "16"]
         flags += ["--model", "cnn", "--synthetic-test-size", "100"]
     run = run_job("pt_job_fedrevive.py", flags, job_env(args), args.timeout)
-    summary = run["results"]["summary"]
+    summary = run["summary"]
     return {
-        "wall_seconds": run["wall_seconds"],
-        "first_round_seconds": run["first_round_seconds"],
+        "wall_seconds": run["wall"],
+        "first_round_seconds": run["first_round"],
         "summary": summary,
         "revive_seconds_per_arrival": summary.get("revive_seconds_per_arrival"),
         "server_device": args.device,
         "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run["results"].get("startup"),
+        "startup": run.get("startup"),
     }
 
 
@@ -139,7 +132,7 @@ def section_shared_gpu(args, size: dict) -> dict:
     gpu = ["--gpus", "0"] if args.device == "cuda" else []
     one = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "1", *gpu], job_env(args), args.timeout)
     two = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "2", *gpu], job_env(args), args.timeout)
-    per_leaf = 20 * one["results"]["config"]["samples_per_device"]
+    per_leaf = 20 * one["config"]["samples_per_device"]
     alone = job_figures(one, per_leaf)
     shared = job_figures(two, 2 * per_leaf)
     return {

@@ -8,9 +8,9 @@ Every benchmark script holds only its measurement and goes through this module f
   progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
   for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
   starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
-- ``alternate(arms, rounds)`` times several settings side by side, in turn. ``run_child(script, args)`` runs a
-  measurement in a fresh Python process and returns the JSON it printed; ``worktree(rev)`` checks out a baseline
-  commit in a temporary git worktree for the duration of a block.
+- ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown
+  table. ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
+  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
   (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
@@ -72,9 +72,10 @@ def invocation(
     return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *(sys.argv[1:] if argv is None else argv)])])
 
 
-def figure(name: str, value: str, target: str, command: str, date: str, where: str) -> dict[str, str]:
-    """One published figure (every field a short string)."""
-    return {"figure": name, "value": value, "target": target, "command": command, "date": date, "machine": where}
+def print_table(columns: list[str], rows: list[list[Any]]) -> None:
+    """Print a Markdown table: ``columns`` as its header, then one line per row (cells as ``str`` gives them)."""
+    for cells in (columns, ["---"] * len(columns), *rows):
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 def short_commit(tree: str = REPO) -> str:
@@ -127,28 +128,22 @@ def worktree(rev: str) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_results(benchmark: str, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
-    """Write ``payload`` with its ``figures``, the date, machine and commit to ``path`` (default
-    ``benchmarks/results/<benchmark>-<date>.json``); returns the path."""
-    date = time.strftime("%Y-%m-%d")
-    if not path:
-        os.makedirs(RESULTS, exist_ok=True)
-        path = os.path.join(RESULTS, f"{benchmark}-{date}.json")
-    document = {"date": date, "machine": machine(), "commit": short_commit(), **payload, "figures": figures}
-    with open(path, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=1)
-    return path
-
-
 class Session:
-    """One benchmark invocation: ``date``, ``load_start`` and ``command`` (this script's command line) are read
-    when it is made; ``figure`` stamps a figure with them and the load now, ``write`` writes the results JSON."""
+    """One benchmark invocation: ``date``, ``load_start`` and ``command`` (this script's command line, with those of
+    ``env`` that are set in front) are read when it is made; ``figure`` stamps a figure with them and the load now,
+    ``write`` writes the results JSON."""
 
-    def __init__(self, benchmark: str, script: str | None = None, argv: list[str] | None = None):
+    def __init__(
+        self,
+        benchmark: str,
+        script: str | None = None,
+        argv: list[str] | None = None,
+        env: tuple[str, ...] = ("OMP_NUM_THREADS",),
+    ):
         self.benchmark = benchmark
         self.date = time.strftime("%Y-%m-%d")
         self.load_start = load()
-        self.command = invocation(script=script, argv=argv)
+        self.command = invocation(env, script, argv)
         self.started = time.perf_counter()
 
     def where(self) -> str:
@@ -156,14 +151,27 @@ class Session:
         return machine(self.load_start)
 
     def figure(self, name: str, value: str, target: str, command: str | None = None) -> dict[str, str]:
-        """One published figure of this invocation (its command unless ``command`` is given)."""
-        return figure(name, value, target, command or self.command, self.date, self.where())
+        """One published figure of this invocation (every field a short string; its command unless ``command``)."""
+        return {
+            "figure": name,
+            "value": value,
+            "target": target,
+            "command": command or self.command,
+            "date": self.date,
+            "machine": self.where(),
+        }
 
     def write(self, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
-        """Write the results JSON (``load_start`` added to ``payload``) and print where; returns the path."""
-        written = write_results(self.benchmark, {"load_start": self.load_start, **payload}, figures, path)
-        print(f"wrote {written}", flush=True)
-        return written
+        """Write ``payload`` with ``load_start``, the ``figures``, the date, machine and commit to ``path`` (default
+        ``benchmarks/results/<benchmark>-<date>.json``) and print where; returns the path."""
+        if not path:
+            os.makedirs(RESULTS, exist_ok=True)
+            path = os.path.join(RESULTS, f"{self.benchmark}-{self.date}.json")
+        document = {"date": self.date, "machine": machine(), "commit": short_commit(), "load_start": self.load_start}
+        with open(path, "w", encoding="utf-8") as stream:
+            json.dump({**document, **payload, "figures": figures}, stream, indent=1)
+        print(f"wrote {path}", flush=True)
+        return path
 
 
 def run_child(

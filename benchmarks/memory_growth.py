@@ -1,43 +1,22 @@
-"""Memory, open files and threads of the server and leaf processes over many sync rounds; population cost.
+"""Memory, open files and threads of the server and leaf processes over many sync rounds.
 
-Part 1 runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator for ``--rounds`` rounds (small setting:
-2 leaves x 20 devices, 10 selected per round, 20 samples per device, evaluation every 50 rounds, no
-checkpoints) while a sampler thread reads ``/proc/<pid>/status`` (``VmRSS``, its anonymous and
-file-backed parts ``RssAnon`` and ``RssFile``, ``Threads``) and counts the entries of
-``/proc/<pid>/fd`` for the server and each leaf process every ``--interval`` seconds. The processes
-are found by walking ``/proc`` for descendants of the job subprocess: the simulator runs the server
-app (in a thread) in one process that spawns one ``simulator_worker --client site-N`` process per
-leaf, naming its parent with ``--parent_pid``. Samples are mapped to rounds by the time the server
-prints each ``round N/M`` progress line; the figure for round r is the median of the samples taken
-from round r-5 to round r+5 (``--window``; 0: the last sample taken before round r's line), so that a
-sample caught amid one round's transient buffers does not stand for the round.
+Runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator for ``--rounds`` rounds (2 leaves x 20 devices, 10 selected
+a round, 20 samples a device, evaluation every 50 rounds, no checkpoints) while a sampler thread reads
+``/proc/<pid>/status`` (``VmRSS`` in MB, its anonymous and file-backed parts, ``Threads``) and counts
+``/proc/<pid>/fd`` of the server and each leaf every ``--interval`` seconds. The simulator runs the server in one
+process that spawns one ``simulator_worker --client site-N`` process per leaf (naming its parent with
+``--parent_pid``), which is how the roles are found. Round r's figure is the median of the samples taken from
+round r-5 to round r+5 (``--window``), so that one round's transient buffers do not stand for the round.
 
-The job runs with the project's runtime defaults (``devsim_flare.recipe.apply_runtime_env_defaults``,
-applied by the job for ``sim`` and ``poc``; printed first); ``--nvflare-defaults`` turns them off to
-measure NVFlare's and glibc's own defaults side by side.
+The job runs with the project's runtime defaults (``devsim_flare.recipe.apply_runtime_env_defaults``; printed
+first); ``--nvflare-defaults`` turns them off to measure NVFlare's and glibc's own defaults.
 
-Printed: RSS (MB), open fds and threads of each process at round 10, at round ``eval_frequency + 10``
-(after the first evaluation), at round 200, halfway and at the last round; the growth in percent of
-RSS and of its anonymous part from round 10 to round 200, from round 10 to the last round and from the
-post-evaluation round to the last round; the peak; optionally every ``--trajectory`` rounds and every
-sample as CSV (``--samples-csv``).
+Printed: RSS (MB), open fds and threads of each process at round 10, after the first evaluation, at round 200,
+halfway and at the last round; the growth in percent between them; the peak; with ``--trajectory N`` every N
+rounds. ``--json`` writes the usage and the published figure (the server's RSS growth from round 10 to round 200
+and to the last round) to ``benchmarks/results/memory_growth-<date>.json``:
 
-Part 2 measures, in this process, the memory added (tracemalloc: Python and NumPy allocations)
-by a registered device population: ``DevicePopulation`` with ``--population`` devices, IID and
-Dirichlet partitioners over a 50,000-label array, and selecting ``--shards`` devices and deriving
-(and holding) their shards from both partitioners.
-
-The script is a little under 500 lines because the /proc sampler, the round-to-sample mapping and the
-report belong to one measurement and are not used elsewhere.
-
-    .venv/bin/python benchmarks/memory_growth.py                 # 200 rounds, then the population part
-    .venv/bin/python benchmarks/memory_growth.py --rounds 500 --trajectory 50 --skip-population
-    .venv/bin/python benchmarks/memory_growth.py --nvflare-defaults --skip-population   # without the defaults
-    .venv/bin/python benchmarks/memory_growth.py --rounds 500 --skip-population --json  # + the results JSON
-
-``--json`` writes part 1's usage at the printed rounds (and part 2's steps) and the published figure, the
-server's RSS growth from round 10 to round 200 and to the last round, to
-``benchmarks/results/memory_growth-<date>.json``.
+    .venv/bin/python benchmarks/memory_growth.py --rounds 500 --trajectory 100 --json
 """
 
 from __future__ import annotations
@@ -50,17 +29,14 @@ import sys
 import tempfile
 import threading
 import time
-import tracemalloc
 from typing import NamedTuple
-
-import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks import harness  # noqa: E402
-from devsim.data.partition import make_partitioner  # noqa: E402
-from devsim.population.devices import DevicePopulation  # noqa: E402
+from benchmarks.harness import print_table  # noqa: E402
+from devsim.population.devices import natural_sort  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
 from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH  # noqa: E402
 
@@ -87,42 +63,30 @@ def _read(path: str) -> str | None:
         return None
 
 
-def process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line with spaces) for every process visible in /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _read(f"/proc/{entry}/stat")
-        cmdline = _read(f"/proc/{entry}/cmdline")
-        if stat is None or cmdline is None:
-            continue
-        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces or parentheses
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        table[int(entry)] = (ppid, cmdline.replace("\0", " ").strip())
-    return table
-
-
 def find_roles(root: int) -> dict[str, int]:
-    """Role -> pid for the descendants of ``root``: ``server`` and one ``site-N`` per leaf worker."""
-    table = process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    descendants, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            descendants.append(child)
-            stack.append(child)
+    """Role -> pid for the descendants of ``root``: ``server`` and one ``site-N`` per leaf worker, found by their
+    command lines (``simulator_worker --client site-N --parent_pid P``) or, for processes the fork server forked
+    (which keep the job command's command line), by the names it gives them (``sim-site-N``, ``sim-simulator``)."""
+    import psutil
+
     roles = {}
-    for pid in descendants:
-        cmdline = table[pid][1]
-        if "simulator_worker" in cmdline:
-            client = CLIENT_ARG.search(cmdline)
-            parent = PARENT_ARG.search(cmdline)
-            if client:
-                roles[client.group(1)] = pid
-            if parent and int(parent.group(1)) in table:
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return roles
+    for child in children:
+        try:
+            name, cmdline = child.name(), " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if name.startswith("sim-site-"):
+            roles[name.removeprefix("sim-")] = child.pid
+        elif name == "sim-simulator":
+            roles["server"] = child.pid
+        elif "simulator_worker" in cmdline:
+            if client := CLIENT_ARG.search(cmdline):
+                roles[client.group(1)] = child.pid
+            if (parent := PARENT_ARG.search(cmdline)) and psutil.pid_exists(int(parent.group(1))):
                 roles["server"] = int(parent.group(1))
     return roles
 
@@ -230,10 +194,6 @@ def median_usage(usages: list[Usage]) -> Usage | None:
     return Usage(*(type(values[0])(statistics.median(values)) for values in zip(*usages, strict=True)))
 
 
-def natural_key(name: str) -> list[object]:
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
 def growth(begin: float, end: float) -> str:
     return f"{100.0 * (end - begin) / begin:+.1f}%" if begin else "-"
 
@@ -248,44 +208,36 @@ def part_rounds(args) -> dict:
     after_eval = args.eval_frequency + 10
     marks = {first, max(first, last // 2), last} | {r for r in (after_eval, 200) if first < r < last}
     checkpoints = sorted(r for r in marks if r in round_times)
-    roles = sorted(sampler.pids, key=lambda r: (r != "server", natural_key(r)))
+    leaves = natural_sort([role for role in sampler.pids if role != "server"])
+    roles = (["server"] if "server" in sampler.pids else []) + leaves
     print(
-        f"part 1: {args.leaves} leaves x {args.devices_per_leaf} devices, {args.selected} selected per round, "
+        f"{args.leaves} leaves x {args.devices_per_leaf} devices, {args.selected} selected per round, "
         f"{args.samples} samples per device, {last} rounds, eval every {args.eval_frequency}, no checkpoints; "
         f"{len(sampler.samples)} samples every {args.interval} s over {wall:.1f} s wall "
         f"({wall / last:.2f} s per round); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
     )
-    print("processes: " + ", ".join(f"{r} pid {sampler.pids[r]}" for r in roles))
     usage_at: dict[str, dict[int, Usage | None]] = {role: {} for role in roles}
     for rnd in checkpoints:
         window = window_samples(sampler.samples, round_times, rnd, args.window)
         for role in roles:
             usage_at[role][rnd] = median_usage([u[role] for _, u in window if role in u])
-        span = f"rounds {max(rnd - args.window, 1)}..{min(rnd + args.window, last)}" if args.window else "point"
-        print(f"  round {rnd:>4}: {len(window)} samples ({span})")
     what = f"medians over rounds r-{args.window}..r+{args.window}" if args.window else "last sample before round r"
     print(f"RSS MB (anonymous MB) / open fds / threads, {what}:")
-    print(f"{'process':<8}" + "".join(f"{'round ' + str(r):>29}" for r in checkpoints))
-    for role in roles:
-        cells = "".join(
-            f"{u.rss:>10.1f} ({u.anon:>6.1f}) / {u.fds:>3d} / {u.threads:>4d}" if u else f"{'-':>29}"
-            for u in usage_at[role].values()
-        )
-        print(f"{role:<8}{cells}")
+    table = [
+        [role, *(f"{u.rss:.1f} ({u.anon:.1f}) / {u.fds} / {u.threads}" if u else "-" for u in usage_at[role].values())]
+        for role in roles
+    ]
+    print_table(["process", *(f"round {r}" for r in checkpoints)], table)
     spans = [(first, r) for r in (200, last) if first < r <= last and r in round_times]
-    if after_eval in checkpoints:
-        spans.append((after_eval, last))
-    spans = list(dict.fromkeys(spans))
+    spans = list(dict.fromkeys(spans + ([(after_eval, last)] if after_eval in checkpoints else [])))
     print("growth: RSS % (anonymous %), open fds and threads from -> to")
     for role in roles:
-        parts = []
-        for begin_round, end_round in spans:
-            begin, end = usage_at[role].get(begin_round), usage_at[role].get(end_round)
-            if begin and end:
-                parts.append(
-                    f"{begin_round}->{end_round} {growth(begin.rss, end.rss)} ({growth(begin.anon, end.anon)}), "
-                    f"fds {begin.fds}->{end.fds}, threads {begin.threads}->{end.threads}"
-                )
+        parts = [
+            f"{b}->{e} {growth(begin.rss, end.rss)} ({growth(begin.anon, end.anon)}), fds {begin.fds}->{end.fds}, "
+            f"threads {begin.threads}->{end.threads}"
+            for b, e in spans
+            if (begin := usage_at[role].get(b)) and (end := usage_at[role].get(e))
+        ]
         print(f"  {role:<8}" + "; ".join(parts))
     peak = {
         r: tuple(max((s[1][r][i] for s in sampler.samples if r in s[1]), default=0) for i in range(3)) for r in roles
@@ -293,20 +245,15 @@ def part_rounds(args) -> dict:
     print(
         "peak over the run: " + ", ".join(f"{r} {p[0]:.1f} MB / {p[1]} fds / {p[2]} threads" for r, p in peak.items())
     )
-    if args.samples_csv:
-        write_samples_csv(args.samples_csv, sampler, round_times, roles)
-        print(f"every sample written to {args.samples_csv}")
     if args.trajectory:
         print(f"RSS MB / open fds / threads every {args.trajectory} rounds (s: seconds since launch):")
-        print(f"{'round':>7}{'s':>7}" + "".join(f"{role:>22}" for role in roles))
+        table = []
         for rnd in range(args.trajectory, last + 1, args.trajectory):
             sample = sample_at(sampler.samples, round_times[rnd]) if rnd in round_times else None
-            cells = ""
-            for role in roles:
-                usage = sample[1].get(role) if sample else None
-                cells += f"{usage.rss:>10.1f} / {usage.fds:>3d} / {usage.threads:>4d}" if usage else f"{'-':>22}"
-            when = f"{round_times[rnd] - sampler.started:>7.1f}" if rnd in round_times else f"{'-':>7}"
-            print(f"{rnd:>7}{when}{cells}")
+            usages = [sample[1].get(role) if sample else None for role in roles]
+            when = f"{round_times[rnd] - sampler.started:.1f}" if rnd in round_times else "-"
+            table.append([rnd, when, *(f"{u.rss:.1f} / {u.fds} / {u.threads}" if u else "-" for u in usages)])
+        print_table(["round", "s", *roles], table)
     return {
         "rounds": last,
         "wall_s": wall,
@@ -315,80 +262,6 @@ def part_rounds(args) -> dict:
             role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles
         },
         "peak": {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()},
-    }
-
-
-def write_samples_csv(path: str, sampler: Sampler, round_times: dict[int, float], roles: list[str]) -> None:
-    """One row per sample: seconds since launch, the last round printed by then, and each role's usage."""
-    printed = sorted(round_times.items(), key=lambda item: item[1])
-    fields = Usage._fields
-    with open(path, "w", encoding="utf-8") as stream:
-        stream.write("seconds,round," + ",".join(f"{r}_{f}" for r in roles for f in fields) + "\n")
-        index, current = 0, 0
-        for when, usage in sampler.samples:
-            while index < len(printed) and printed[index][1] <= when:
-                current = printed[index][0]
-                index += 1
-            cells = []
-            for role in roles:
-                u = usage.get(role)
-                cells.append(",".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in u) if u else "," * 4)
-            stream.write(f"{when - sampler.started:.2f},{current}," + ",".join(cells) + "\n")
-
-
-def part_population(args) -> dict:
-    labels = np.random.default_rng(0).integers(0, 10, size=args.labels).astype(np.int64)
-    leaves = args.population_leaves
-    rss_before = read_usage(os.getpid())[0]
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    steps = []
-
-    def mark(name: str) -> None:
-        steps.append((name, tracemalloc.get_traced_memory()[0]))
-
-    population = DevicePopulation(num_leaf_nodes=leaves, devices_per_leaf=args.population // leaves, seed=0)
-    mark(f"DevicePopulation({leaves} leaves x {args.population // leaves:,} = {population.size:,} devices)")
-    iid = make_partitioner("iid", labels, 10, args.samples_per_device, seed=0)
-    mark(f"iid partitioner ({args.labels:,} labels)")
-    dirichlet = make_partitioner("dirichlet", labels, 10, args.samples_per_device, seed=0, alpha=0.5)
-    mark(f"dirichlet partitioner ({args.labels:,} labels, alpha 0.5)")
-    selected = population.select(1, args.shards)
-    groups = population.group_by_leaf(selected)
-    mark(f"select {args.shards:,} devices + group by leaf ({len(groups)} leaves)")
-    started = time.perf_counter()
-    iid_shards = [iid.device_indices(int(d)) for d in selected]
-    iid_seconds = time.perf_counter() - started
-    mark(f"derive and hold {args.shards:,} iid shards")
-    started = time.perf_counter()
-    dirichlet_shards = [dirichlet.device_indices(int(d)) for d in selected]
-    dirichlet_seconds = time.perf_counter() - started
-    mark(f"derive and hold {args.shards:,} dirichlet shards")
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    rss_after = read_usage(os.getpid())[0]
-    assert len(iid_shards) == len(dirichlet_shards) == args.shards
-
-    print()
-    print(
-        f"part 2: in-process memory of a device population (tracemalloc; {args.samples_per_device} samples "
-        f"per device; the {args.labels:,}-label int64 input array itself, {labels.nbytes / 2**20:.2f} MB, not counted)"
-    )
-    previous = base
-    for name, current in steps:
-        print(f"  {name:<62} +{(current - previous) / 2**20:8.3f} MB")
-        previous = current
-    print(f"  {'total added':<62} +{(steps[-1][1] - base) / 2**20:8.3f} MB (peak +{(peak - base) / 2**20:.3f} MB)")
-    print(f"  {'process RSS delta over the same steps (tracemalloc on)':<62} +{rss_after - rss_before:8.3f} MB")
-    print(
-        f"  shard derivation: iid {1e6 * iid_seconds / args.shards:.1f} us/device, "
-        f"dirichlet {1e6 * dirichlet_seconds / args.shards:.1f} us/device"
-    )
-    return {
-        "steps_mb": {name: (current - base) / 2**20 for name, current in steps},
-        "peak_mb": (peak - base) / 2**20,
-        "rss_delta_mb": rss_after - rss_before,
-        "us_per_device": {"iid": 1e6 * iid_seconds / args.shards, "dirichlet": 1e6 * dirichlet_seconds / args.shards},
     }
 
 
@@ -422,30 +295,18 @@ def main() -> None:
         help="report round r as the medians of the samples over rounds r-N..r+N (0: the last sample before r)",
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is abandoned")
-    parser.add_argument("--population", type=int, default=100_000, help="devices in the part-2 population")
-    parser.add_argument("--population-leaves", type=int, default=100)
-    parser.add_argument("--labels", type=int, default=50_000, help="training labels partitioned in part 2")
-    parser.add_argument("--samples-per-device", type=int, default=100, help="shard size in part 2")
-    parser.add_argument("--shards", type=int, default=1000, help="devices selected and sharded in part 2")
     parser.add_argument("--trajectory", type=int, default=0, help="also print RSS every N rounds (0: off)")
-    parser.add_argument("--samples-csv", default="", help="also write every /proc sample to this CSV file")
     parser.add_argument(
         "--nvflare-defaults",
         action="store_true",
         help=f"run the job with {RUNTIME_ENV_DEFAULTS_SWITCH}=0: NVFlare's and glibc's defaults, not the project's",
     )
-    parser.add_argument("--skip-rounds", action="store_true", help="only run part 2")
-    parser.add_argument("--skip-population", action="store_true", help="only run part 1")
     parser.add_argument("--json", action="store_true", help="write the usage and figure under benchmarks/results/")
     args = parser.parse_args()
     session = harness.Session("memory_growth")
-    payload: dict = {"settings": vars(args)}
-    if not args.skip_rounds:
-        payload["rounds"] = part_rounds(args)
-    if not args.skip_population:
-        payload["population"] = part_population(args)
+    payload = {"settings": vars(args), "rounds": part_rounds(args)}
     if args.json:
-        session.write(payload, figures(args, payload["rounds"], session) if "rounds" in payload else [])
+        session.write(payload, figures(args, payload["rounds"], session))
 
 
 if __name__ == "__main__":

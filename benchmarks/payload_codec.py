@@ -1,33 +1,16 @@
 """Encode + decode time and wire size of a model delta: NumPy arrays vs Python lists, side by side.
 
-A model delta is a dict of float32 NumPy arrays with the shapes of a real model's floating-point
-state (random values), at three sizes: the small CNN (``build_model("cnn")``, 62k params), a ~1M
-parameter CNN defined here, and ResNet-18 (``build_model("resnet18")``, ~11M). Methods:
+A delta is a dict of float32 arrays with a real model's floating-point state shapes (random values) at three sizes:
+the small CNN (62k params), a ~1M-parameter CNN defined here, and ResNet-18 (~11M). Methods: ``fobs numpy``
+(NVFlare's serializer with its NumPy decomposers), ``fobs numpy*`` (the same with the previous result kept alive, so
+the allocator reuses warm memory), ``fobs lists`` and ``json lists`` (the weights as Python lists; decode includes
+turning them back into arrays), ``codec convert`` (``model_to_numpy`` / ``numpy_to_tensors``, bytes = ``nbytes``)
+and ``codec + fobs`` (the full path a payload takes). Each figure is the median of ``--repeats`` runs after 3
+warm-ups (``--list-repeats`` after 1 for the slow list rows), in milliseconds; the table ends with the ratios lists /
+``fobs numpy``. ``--json`` writes the rows and the published figure (the ~1M size's ``fobs lists`` / ``fobs numpy``
+encode time and bytes) to ``benchmarks/results/payload_codec-<date>.json``:
 
-* ``fobs numpy``: NVFlare's serializer on the dict of arrays (``fobs.dumps`` / ``fobs.loads``, with
-  NVFlare's NumPy decomposers from ``nvflare.app_common.decomposers`` registered; without them fobs
-  refuses ``np.ndarray``). No cell is involved, so arrays are packed inline rather than streamed.
-* ``fobs numpy*``: the same, but each run's result stays alive during the next run, so the allocator
-  reuses warm memory instead of page-faulting freshly mapped buffers (on this VM that alone moves the
-  1M-param encode from ~2 ms to ~10 ms, which is why both are shown).
-* ``fobs lists``: the same weights as Python lists (``.tolist()``) through ``fobs``.
-* ``json lists``: the same lists through ``json.dumps(...).encode()`` / ``json.loads``.
-  For both list methods, decode includes turning the lists back into float32 arrays.
-* ``codec convert``: ``devsim.codec.model_to_numpy`` (encode: model -> arrays, no serialisation)
-  and ``numpy_to_tensors`` (decode: arrays -> CPU tensors); bytes are the arrays' ``nbytes``.
-* ``codec + fobs``: the full path a payload takes: ``model_to_numpy`` + ``fobs.dumps`` and
-  ``fobs.loads`` + ``numpy_to_tensors``.
-
-Every figure is measured in this process: the median of ``--repeats`` runs after 3 warm-up runs
-for the NumPy and codec rows (the first large allocations of a size cost several times the steady
-state), of ``--list-repeats`` runs after 1 warm-up for the (slow) list rows. The table ends with
-the ratios lists / ``fobs numpy`` at each size.
-
-    .venv/bin/python benchmarks/payload_codec.py
-    .venv/bin/python benchmarks/payload_codec.py --repeats 3 --sizes cnn,mid
-    .venv/bin/python benchmarks/payload_codec.py --json      # also benchmarks/results/payload_codec-<date>.json
-
-The published figure (``--json``) is the ~1M-parameter size's ``fobs lists`` / ``fobs numpy`` encode and bytes.
+    .venv/bin/python benchmarks/payload_codec.py --json
 """
 
 from __future__ import annotations
@@ -47,7 +30,7 @@ from torch import nn
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, print_table  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -173,26 +156,22 @@ def main() -> None:
         f"median of {args.repeats} runs after 3 warm-ups "
         f"(NumPy/codec rows), {args.list_repeats} runs after 1 warm-up (list rows)"
     )
-    header = f"{'params':>11}  {'method':<14} {'encode ms':>10} {'decode ms':>10} {'bytes':>13}"
-    print(header)
-    print("-" * len(header))
-    ratios, measured = [], []
+    table, ratios, measured = [], [], []
     for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         params, rows = bench_size(name, args.repeats, args.list_repeats, fobs)
         measured.append({"size": name, "params": int(params), "rows": rows})
-        for method, enc, dec, size in rows:
-            print(f"{params:>11,}  {method:<14} {enc * 1e3:>10.2f} {dec * 1e3:>10.2f} {size:>13,}")
-        cold, warm = rows[0], rows[1]
+        table += [
+            [f"{params:,}", method, f"{enc * 1e3:.2f}", f"{dec * 1e3:.2f}", f"{size:,}"]
+            for method, enc, dec, size in rows
+        ]
+        (_, *cold), (_, *warm) = rows[0], rows[1]
         for method, enc, dec, size in rows[2:4]:
-            ratios.append((params, method, enc / cold[1], dec / cold[2], size / cold[3], enc / warm[1], dec / warm[2]))
+            against = [enc / cold[0], dec / cold[1], size / cold[2], enc / warm[0], dec / warm[1]]
+            ratios.append([f"{params:,}", method, *(f"{x:.2f}x" for x in against)])
+    print_table(["params", "method", "encode ms", "decode ms", "bytes"], table)
     print("* previous result kept alive between runs (warm heap); other rows free it first (see timed())")
-    print()
-    print("ratio lists / fobs numpy (list rows free their result too) and lists / fobs numpy* (warm heap)")
-    print(f"{'params':>11}  {'method':<14} {'encode':>8} {'decode':>8} {'bytes':>8} {'enc/warm':>9} {'dec/warm':>9}")
-    for params, method, enc, dec, size, enc_warm, dec_warm in ratios:
-        print(
-            f"{params:>11,}  {method:<14} {enc:>7.1f}x {dec:>7.1f}x {size:>7.2f}x {enc_warm:>8.1f}x {dec_warm:>8.1f}x"
-        )
+    print("\nratio lists / fobs numpy (list rows free their result too) and lists / fobs numpy* (warm heap)")
+    print_table(["params", "method", "encode", "decode", "bytes", "enc/warm", "dec/warm"], ratios)
     if args.json:
         columns = ("method", "encode_s", "decode_s", "bytes")
         sizes = [{**m, "rows": [dict(zip(columns, row, strict=True)) for row in m["rows"]]} for m in measured]

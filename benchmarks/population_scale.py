@@ -1,22 +1,14 @@
 """Memory and selection time of a heterogeneous, intermittently available population of a million devices.
 
-Each setting runs in a fresh child process so that its peak RSS (``ru_maxrss``) is its own:
+Each setting runs in a fresh child process so that its peak RSS is its own: ``always`` (``DevicePopulation``,
+always online: selection only), ``diurnal`` (a ``PopulationModel`` with seeded diurnal sessions and lognormal
+speeds) and ``trace`` (the same written once to an NPZ trace and loaded from it). For each: build seconds, RSS and
+peak RSS (MB), bytes in per-device arrays, and median wall / CPU milliseconds over ``--repeats`` times spread over
+a day of ``online``, one selection of ``--select`` online devices, the async ``select_online`` excluding ``--busy``
+devices, and a whole ``plan_round``. ``--json`` writes the rows and the figure (one selection, diurnal / trace) to
+``benchmarks/results/population_scale-<date>.json``:
 
-* ``always``: today's population (``DevicePopulation``, every device always online): selection only;
-* ``diurnal``: a ``PopulationModel`` with seeded diurnal sessions and lognormal speeds, built in the child;
-* ``trace``: the same sessions and speeds written once to an NPZ trace file (by a separate child, not
-  counted), then loaded from the file in the child (``--availability trace --speed-distribution trace``).
-
-For each: build seconds, RSS after building and peak RSS (MB), bytes held in per-device arrays, and the
-median over ``--repeats`` times spread over a day of: ``online`` (who is online), one selection of
-``--select`` devices among the online ones (sync ``plan_round`` without the per-device delays, and the
-async dispatch's ``select_online`` excluding ``--busy`` in-flight devices), and one whole ``plan_round``
-(selection + delays + session ends). Ratios are against the always-on selection measured the same way.
-Timings on a shared machine are noisy; the load average is printed before and after.
-
-    .venv/bin/python benchmarks/population_scale.py                       # 1,000,000 devices
-    .venv/bin/python benchmarks/population_scale.py --devices 100000 --repeats 50
-    .venv/bin/python benchmarks/population_scale.py --json     # also benchmarks/results/population_scale-<date>.json
+    .venv/bin/python benchmarks/population_scale.py --json
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.harness import Session, run_child  # noqa: E402
+from benchmarks.harness import Session, print_table, run_child  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -153,21 +145,19 @@ def main() -> int:
         f"select {args.select} (async: {args.busy} busy excluded); median of {args.repeats} times over a day"
     )
     always = rows[0]["select_ms"]
-    print(f"{'setting':8} {'build s':>7} {'index s':>7} {'arrays MB':>9} {'RSS MB':>7} {'peak MB':>7} {'online %':>8}")
+    table = []
     for row in rows:
-        print(
-            f"{row['mode']:8} {row['build_s']:7.2f} {row.get('index_s', 0):7.2f} {row.get('array_mb', 0):9.1f} "
-            f"{row['rss_mb']:7.1f} {row['peak_mb']:7.1f} {100 * row.get('online_fraction', 1):8.1f}"
-        )
+        seconds = [f"{row.get(k, 0):.2f}" for k in ("build_s", "index_s")]
+        megabytes = [f"{row.get(k, 0):.1f}" for k in ("array_mb", "rss_mb", "peak_mb")]
+        table.append([row["mode"], *seconds, *megabytes, f"{100 * row.get('online_fraction', 1):.1f}"])
+    print_table(["setting", "build s", "index s", "arrays MB", "RSS MB", "peak MB", "online %"], table)
     print("median ms per call, wall / CPU of the child process:")
-    print(f"{'setting':8} {'online':>15} {'select':>15} {'x always':>8} {'async select':>15} {'plan_round':>15}")
+    table = []
     for row in rows:
         cells = [row.get(k) for k in ("online_ms", "select_ms", "select_busy_ms", "plan_round_ms")]
-        text = [f"{c[0]:7.2f} / {c[1]:5.2f}" if c else f"{'-':>15}" for c in cells]
-        print(
-            f"{row['mode']:8} {text[0]:>15} {text[1]:>15} {row['select_ms'][0] / always[0]:8.1f} "
-            f"{text[2]:>15} {text[3]:>15}"
-        )
+        text = [f"{c[0]:.2f} / {c[1]:.2f}" if c else "-" for c in cells]
+        table.append([row["mode"], *text[:2], f"{row['select_ms'][0] / always[0]:.1f}", *text[2:]])
+    print_table(["setting", "online", "select", "x always", "async select", "plan_round"], table)
     print(f"(RSS of an empty child with numpy imported: {rows[0]['base_rss_mb']:.1f} MB)")
     if args.json:
         settings = {flag: getattr(args, flag) for flag in ("devices", "select", "busy", "repeats")}

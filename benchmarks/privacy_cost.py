@@ -1,19 +1,14 @@
 """What user-level DP costs a synchronous round on the batched path, measured side by side in one process.
 
-One leaf's round (``devsim.training.leaf_runner.LeafRoundRunner``, batched devices, no NVFlare) and the server's
-aggregation of its sum, alternately without DP (sample-weighted sum, :class:`~devsim.aggregation.FedAvg`) and with
-central DP (each device's update clipped where it is computed, counted once; the server's
-:class:`~devsim.privacy.server.PrivateAggregator` adds seeded Gaussian noise to the sum, divides by the fixed
-denominator and steps the accountant). Both settings train the same devices from the same model each round; the
-first round of each is a warm-up. Printed: the median round of each and their ratio (target: DP <= 1.10x).
+One leaf's round (``LeafRoundRunner``, batched devices, no NVFlare) and the server's aggregation of its sum,
+alternately without DP (:class:`~devsim.aggregation.FedAvg`) and with central DP (each device's update clipped where
+it is computed; :class:`~devsim.privacy.server.PrivateAggregator` adds seeded Gaussian noise to the sum, divides by
+the fixed denominator and steps the accountant), the same devices from the same model; the first round of each is a
+warm-up. Printed: each setting's median round (ms) and their ratio (target: DP <= 1.10x). ``--asynchronous``: the
+same for a DP-FedBuff version (B = ``--devices`` jobs in one ``run_jobs`` call, each delta clipped, with ``--noise-at
+leaves`` also noised with its share, then one buffer applied with its noise and the accountant's step).
 
-``--asynchronous``: the same for DP-FedBuff's version: the leaf trains B = ``--devices`` jobs in one call
-(``run_jobs``, batched; under DP each job's delta clipped, with ``--noise-at leaves`` also noised with its share),
-and the server applies them as one buffer (:class:`~devsim.aggregation.fedbuff.FedBuff`; under DP with the buffer's
-noise and the accountant's step, :class:`~devsim.privacy.buffered.BufferedPrivacy`).
-
-    .venv/bin/python benchmarks/privacy_cost.py
-    .venv/bin/python benchmarks/privacy_cost.py --accountant pld --json   # benchmarks/results/privacy_cost-<date>.json
+    .venv/bin/python benchmarks/privacy_cost.py --rounds 12 --json   # benchmarks/results/privacy_cost-rdp-<date>.json
     .venv/bin/python benchmarks/privacy_cost.py --asynchronous --json     # privacy_cost-async-server-<date>.json
 """
 

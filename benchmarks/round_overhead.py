@@ -1,49 +1,25 @@
 """Sync FedAvg round time in the simulator against a tight single-process PyTorch loop.
 
-Both sides train exactly the same work: the same model, batch size and number of SGD steps over
-the same number of samples (selected devices x samples per device x 1 epoch). The simulator side
-(``jobs/pt_job_fedavg.py`` in NVFlare's simulator, ``sim`` mode, every device selected every round) is
-the steady-state round time: the median of the rounds after the warm-up rounds (the first round
-carries data loading and model building), measured from the server's send to the aggregated model;
-the server evaluates only after the last round, outside the timed part. The baseline trains one model
-in one process with no federated machinery at all, with torch at 1 thread and at every core, best of
-``--baseline-repeats`` runs (fewer when a run is long, see ``--baseline-budget``). The ratio sim /
-fastest loop is the overhead of simulating devices, leaves and the server (below 1: the simulator
-uses the cores better than one training loop can).
+Both sides train exactly the same work: the same model, batch size and number of SGD steps over the same samples
+(selected devices x samples per device x 1 epoch). The simulator side (``jobs/pt_job_fedavg.py`` in NVFlare's
+simulator, every device selected every round) is the steady-state round time in seconds: the median of the rounds
+after the warm-up rounds, from the server's send to the aggregated model (evaluation only after the last round).
+The baseline trains one model in one process with no federated machinery, at 1 torch thread and at every core,
+best of ``--baseline-repeats`` runs. The ratio sim / fastest loop is the overhead of simulating devices, leaves and
+the server (below 1: the simulator uses the cores better than one loop can). The simulator runs once per
+``--device-batch-paths`` value (default ``auto,off``: the batched default path, and the thread pool that trains one
+device at a time per worker), both against the same tight loop.
 
-The simulator runs once per ``--device-batch-paths`` value (default ``auto,off``): ``auto`` is the
-default path (the leaves batch devices when exact and worthwhile, see ``devsim/resources/device_batch.py``;
-the path each leaf took is printed), ``off`` the thread pool that trains one device at a time per worker
-(the only path before batching became the default). Both are compared with the same tight loop.
-
-Single setting (default): 2 leaves x 50 devices x 100 samples, small CNN, batch 10.
-
-    .venv/bin/python benchmarks/round_overhead.py
-    .venv/bin/python benchmarks/round_overhead.py --devices-per-leaf 500 --model resnet18
-
-Sweep (``--sweep``): selected devices per round x model, one table. ResNet-18 costs about 300x the
-small CNN per sample on a 2-core CPU, so its devices hold ``--resnet-samples-per-device`` samples
-(default 10, one SGD step at batch 10) and run ``--resnet-rounds`` rounds; CNN cells run 8 rounds and take the
-median of rounds 3-8 (a 100-device round lasts about 0.5 s and swings by 15% from round to round, and the first
-rounds of a fresh leaf are slower, so 3 rounds after 1 warm-up gave a noise-led median); the ResNet-18 x 1000 cell
-(27.5 minutes on 2 cores) is skipped unless ``--skip-cells none``. The default sweep (5 cells)
-took 19 minutes on 2 shared cores at load average 4-8 (5.7 of them in one 2-thread ResNet-18 loop
-slowed 7x by the load); expect 12-15 minutes on 2 quiet cores.
-
-    .venv/bin/python benchmarks/round_overhead.py --sweep
-    .venv/bin/python benchmarks/round_overhead.py --sweep --models cnn --devices 100,1000
-    .venv/bin/python benchmarks/round_overhead.py --sweep --skip-cells none            # all 6 cells
-    .venv/bin/python benchmarks/round_overhead.py --sweep --devices 10 --samples 20 --rounds 3  # smoke test
-
-Every simulator run uses a temporary workspace with HOME inside it, runs as its own process group,
-and is killed with every process it started after ``--timeout`` seconds.
-
-``--json`` writes every cell's times and ratios and one figure per cell (the default path's ratio, the first of
-``--device-batch-paths``) to ``benchmarks/results/round_overhead-<date>.json`` (``round_overhead-<models>-<date>.json``
-for a sweep of other models than the CNN alone, so that the CNN and the ResNet-18 runs of one day both stay):
+Without ``--sweep``: one cell, 2 leaves x 50 devices x 100 samples, small CNN, batch 10. ``--sweep``: the grid of
+``--models`` x ``--devices`` (selected devices a round); ResNet-18 costs about 300x the CNN a sample on a 2-core
+CPU, so its devices hold ``--resnet-samples-per-device`` samples and run ``--resnet-rounds`` rounds; CNN cells run 8
+rounds and take the median of rounds 3-8 (the first rounds of a fresh leaf are slower); the ResNet-18 x 1000 cell
+(27.5 minutes on 2 cores) runs only with ``--skip-cells none``. ``--json`` writes every cell and one figure per cell
+(the first ``--device-batch-paths`` value's ratio) to ``benchmarks/results/round_overhead[-<models>]-<date>.json``:
 
     .venv/bin/python benchmarks/round_overhead.py --sweep --models cnn --devices 100,1000 --json
     .venv/bin/python benchmarks/round_overhead.py --sweep --models resnet18 --devices 1000 --skip-cells none --json
+    .venv/bin/python benchmarks/round_overhead.py --sweep --devices 10 --samples 20 --rounds 3   # smoke test
 """
 
 from __future__ import annotations
@@ -62,7 +38,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -115,7 +91,6 @@ def simulated_rounds(cell: Cell, args: argparse.Namespace, workdir: str, device_
         *("--local-epochs", "1", "--batch-size", str(cell.batch_size), "--model", cell.model),
         *("--num-rounds", str(cell.rounds), "--eval-frequency", str(cell.rounds), "--partition", "iid"),
         *("--synthetic-train-size", str(cell.train_size), "--device-batch", device_batch),
-        *(["--num-workers", str(args.num_workers)] if args.num_workers else []),
     ]
     results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
     return results["rounds"], plan_lines(results)
@@ -202,28 +177,18 @@ def measure(cell: Cell, args: argparse.Namespace) -> dict:
 
 
 def describe(cell: Cell, result: dict) -> list[str]:
-    """Detail lines of one measured cell."""
-    lines = []
-    for name, sim in result["sims"].items():
-        lines += [
-            f"[--device-batch {name}] leaves: {sim['path'] or 'no path line found'}",
-            f"[--device-batch {name}] sim round times (s): {', '.join(f'{t:.3f}' for t in sim['sim_rounds'])}",
-            f"[--device-batch {name}] sim steady-state round (median of rounds {cell.warmup_rounds + 1}..{cell.rounds})"
-            f": {sim['sim']:.3f} s ({cell.total_samples / sim['sim']:,.0f} samples/s)",
-            f"[--device-batch {name}] sim steady round parts along the slowest leaf (medians, s): "
-            + ", ".join(f"{part} {value:.3f}" for part, value in sim["parts"].items() if value >= 0.0005),
-        ]
-    for threads, (seconds, runs) in result["baselines"].items():
-        lines.append(
-            f"tight single-process loop, torch threads={threads} (best of {runs}): {seconds:.3f} s "
-            f"({cell.total_samples / seconds:,.0f} samples/s)"
-        )
-    for name, sim in result["sims"].items():
-        lines.append(
-            f"ratio sim / fastest tight loop (threads={result['best_threads']}), --device-batch {name}: "
-            f"{sim['ratio']:.3f}"
-        )
-    return lines
+    """Detail lines of one measured cell: each path's leaves, rounds, steady round and its parts; the loops."""
+    lines = [
+        f"[--device-batch {name}] {sim['path'] or 'no path line found'}; round s "
+        f"{', '.join(f'{t:.3f}' for t in sim['sim_rounds'])}; steady (median of rounds {cell.warmup_rounds + 1}.."
+        f"{cell.rounds}) {sim['sim']:.3f} s; its parts along the slowest leaf (medians, s) "
+        + ", ".join(f"{part} {value:.3f}" for part, value in sim["parts"].items() if value >= 0.0005)
+        for name, sim in result["sims"].items()
+    ]
+    return lines + [
+        f"tight single-process loop, torch threads={threads} (best of {runs}): {seconds:.3f} s"
+        for threads, (seconds, runs) in result["baselines"].items()
+    ]
 
 
 def parse_list(text: str, kind: type, name: str, parser: argparse.ArgumentParser) -> list:
@@ -311,6 +276,7 @@ def write_json(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace) -
 
 
 def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Measure every cell of the grid, print each cell's detail and the table; ``--json``: write them."""
     cells, skipped = sweep_cells(args, parser)
     for cell in cells:
         if cell.rounds <= cell.warmup_rounds:
@@ -339,73 +305,37 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}", flush=True)
         rows.append((cell, result))
 
-    print()
     paths = args.device_batch_paths
-    header = (
-        f"{'devices':>7}  {'model':<9} {'samples/dev':>11} {'samples/round':>13} "
-        + "".join(f"{'sim s (' + p + ')':>14}" for p in paths)
-        + f" {'tight loop s':>12} "
-        + "".join(f"{'ratio (' + p + ')':>13}" for p in paths)
-    )
-    print(header)
-    print("-" * len(header))
+    table = []
     for cell, result in rows:
-        if result is None:
-            print(f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13}   failed")
-            continue
-        sims = result["sims"]
-        print(
-            f"{cell.devices:>7}  {cell.model:<9} {cell.samples:>11} {cell.total_samples:>13} "
-            + "".join(f"{sims[p]['sim']:>14.3f}" for p in paths)
-            + f" {result['loop']:>12.3f} "
-            + "".join(f"{sims[p]['ratio']:>13.3f}" for p in paths)
-        )
+        sims = result["sims"] if result else {}
+        sim = [f"{sims[p]['sim']:.3f}" if result else "failed" for p in paths]
+        ratio = [f"{sims[p]['ratio']:.3f}" if result else "-" for p in paths]
+        loop = f"{result['loop']:.3f}" if result else "-"
+        table.append([cell.devices, cell.model, cell.samples, *sim, loop, *ratio])
     print(
-        "sim round: median of the steady rounds (send -> aggregated), per --device-batch value; tight loop: fastest "
-        f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop. "
-        f"Load average at end {load()}"
+        "\nsim round: median of the steady rounds (send -> aggregated) per --device-batch value; tight loop: fastest "
+        f"of torch threads {sorted({1, torch.get_num_threads()})}; ratio = sim round / tight loop"
     )
+    columns = ["devices", "model", "samples/device", *(f"sim s ({p})" for p in paths), "tight loop s"]
+    print_table([*columns, *(f"ratio ({p})" for p in paths)], table)
+    print(f"load average at end {load()}")
     if args.json:
         write_json(rows, args)
-
-
-def run_single(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    cell = Cell(
-        model=args.model,
-        leaves=args.leaves,
-        devices_per_leaf=args.devices_per_leaf,
-        samples=args.samples,
-        batch_size=args.batch_size,
-        rounds=args.rounds or 8,
-        warmup_rounds=2 if args.warmup_rounds is None else args.warmup_rounds,
-    )
-    result = measure(cell, args)
-    print(
-        f"workload: {cell.leaves} leaves x {cell.devices_per_leaf} devices x {cell.samples} samples x 1 epoch, "
-        f"model {cell.model}, batch {cell.batch_size}: {cell.total_samples} samples, {cell.steps} SGD steps per round"
-    )
-    print(f"machine: {os.cpu_count()} cores, load average {load()}")
-    for line in describe(cell, result):
-        print(line)
-    if args.json:
-        write_json([(cell, result)], args)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leaves", type=int, default=2)
-    parser.add_argument("--devices-per-leaf", type=int, default=50, help="single setting: all are selected every round")
-    parser.add_argument("--samples", type=int, default=100, help="samples per device (sweep: the CNN's)")
+    parser.add_argument("--samples", type=int, default=100, help="samples per device of CNN cells")
     parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--model", default="cnn", help="single setting's model")
-    parser.add_argument("--rounds", type=int, default=None, help="sim rounds (default 8, as in the sweep's CNN cells)")
+    parser.add_argument("--rounds", type=int, default=None, help="sim rounds of CNN cells (default 8)")
     parser.add_argument(
         "--warmup-rounds",
         type=int,
         default=None,
-        help="rounds left out of the median (default 2; sweep: 1 per ResNet cell)",
+        help="rounds left out of the median (default 2; 1 per ResNet cell)",
     )
-    parser.add_argument("--num-workers", type=int, default=None, help="device threads per leaf (default: automatic)")
     parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")
     parser.add_argument(
         "--baseline-budget",
@@ -421,9 +351,11 @@ def main() -> None:
         help="comma list of --device-batch values to run the simulator with, side by side (auto: the default path)",
     )
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument("--sweep", action="store_true", help="run the grid of --models x --devices instead")
-    sweep.add_argument("--devices", default=SWEEP_DEVICES, help="selected devices per round (split over --leaves)")
-    sweep.add_argument("--models", default=SWEEP_MODELS)
+    sweep.add_argument("--sweep", action="store_true", help="the grid of --models x --devices (default: CNN x 100)")
+    sweep.add_argument(
+        "--devices", default=None, help=f"selected devices per round, split over --leaves (sweep: {SWEEP_DEVICES})"
+    )
+    sweep.add_argument("--models", default=None, help=f"comma list (sweep: {SWEEP_MODELS})")
     sweep.add_argument("--resnet-samples-per-device", type=int, default=10, help="samples per device for resnet*")
     sweep.add_argument("--resnet-rounds", type=int, default=3, help="sim rounds of resnet* cells")
     sweep.add_argument(
@@ -432,10 +364,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="write the cells and figures under benchmarks/results/")
     args = parser.parse_args()
     args.session = Session("round_overhead")
-    if args.sweep:
-        run_sweep(args, parser)
-    else:
-        run_single(args, parser)
+    args.devices = args.devices or (SWEEP_DEVICES if args.sweep else "100")
+    args.models = args.models or (SWEEP_MODELS if args.sweep else "cnn")
+    run_sweep(args, parser)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,15 @@
-"""What pinning glibc's mmap threshold costs a server's own work: the three server workloads, each timed in a fresh
-process with the threshold pinned at 128 KiB (``mallopt(M_MMAP_THRESHOLD)``, what the servers did until
-2026-11-26) and with glibc's dynamic threshold (what they do now), in turn.
+"""What pinning glibc's mmap threshold costs a server's own work, pinned at 128 KiB against glibc's dynamic threshold.
 
-glibc serves a request of at least its mmap threshold with a fresh ``mmap`` and returns it on ``free``. Pinned at
-128 KiB, every array of 128 KiB or more is new memory that the kernel must fault in and zero; with the dynamic
-threshold (which rises to the size of the largest freed block, up to 32 MiB) such arrays are reused from the heap.
+Pinned (``mallopt(M_MMAP_THRESHOLD)``, what the servers did until 2026-11-26), every array of 128 KiB or more is a
+fresh ``mmap`` that the kernel faults in and zeroes; with the dynamic threshold (up to 32 MiB) such arrays are
+reused from the heap. Each arm runs every workload in a fresh process (one torch thread, the 62k-parameter CNN),
+the arms in turn: ``fedbuff arrival`` (decoded copy, update check, buffer, a new version every second arrival; ms
+per arrival), ``evaluation`` (2,000 inputs of 3x32x32 in batches of 500; ms per pass), ``fedrevive synthesis`` and
+``fedrevive kd`` (the job's ``fedrevive_small_cpu`` defaults, driven as ``benchmarks/fedrevive_profile.py`` does; ms
+per call). ``--json`` writes the runs and one figure per workload (pinned / dynamic) to
+``benchmarks/results/server_allocator-<date>.json``:
 
-Workloads (one torch thread, the built-in CNN, 62k parameters, whose ``fc1.weight`` is 192 KB):
-
-- ``fedbuff arrival``: what the FedBuff server does with one arrival: a decoded copy of the delta, the update
-  check, the buffer, and at every second arrival (B = 2) a new version and its snapshot; ms per arrival;
-- ``evaluation``: an :class:`~devsim.training.evaluation.Evaluator` pass over 2,000 inputs of 3x32x32 in batches of
-  500 (the synthetic task's test split); ms per evaluation;
-- ``fedrevive synthesis`` and ``fedrevive kd``: one synthesis call and one distillation with
-  ``jobs/pt_job_fedrevive.py``'s defaults (the ``fedrevive_small_cpu`` preset's width-32 generator, 32 images,
-  4 teachers, 5 KD steps), driven through ``Reviver.on_arrival`` as ``benchmarks/fedrevive_profile.py`` drives
-  it; ms per call.
-
-    .venv/bin/python benchmarks/server_allocator.py               # 2 alternations
-    .venv/bin/python benchmarks/server_allocator.py --json        # + benchmarks/results/server_allocator-<date>.json
+    .venv/bin/python benchmarks/server_allocator.py --json
 """
 
 from __future__ import annotations

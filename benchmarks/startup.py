@@ -1,27 +1,17 @@
 """Where a short run's start-up goes, with and without this project's start-up cuts, measured side by side.
 
-    .venv/bin/python benchmarks/startup.py [--job digits|penguins|fedbuff] [--runs 5] [--arms project,spawned]
-                                           [--baseline-commit REV] [--json]
+Runs the job ``--runs`` times per arm, the arms in turn (``harness.alternate``), each arm in its own temporary
+workspace after one uncounted warm-up run (the shared digits file and the probe's verdict, as a user's first run
+writes them). Jobs (``--job``): ``digits`` (the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20
+rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py --dataset digits``). Arms (``--arms``): ``project`` (this checkout),
+``spawned`` (``DEVSIM_FORK_SERVER=0``), ``probe-off`` (``DEVSIM_CACHE_DIR=off``), ``nvflare-waits``
+(``DEVSIM_RUNTIME_ENV_DEFAULTS=0``), and ``baseline`` (``--baseline-commit REV``: the job from a temporary worktree).
 
-Runs the job ``--runs`` times per arm, the arms in turn (A B A B ...), each arm in its own temporary workspace after
-one uncounted warm-up run (which writes the workspace's shared digits file and the batching probe's verdict, as a
-user's first run does). Jobs: ``digits`` (the demo: ``jobs/pt_job_fedavg.py --dataset digits``), ``penguins`` (the
-tabular user task file ``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
---dataset digits``). Arms (``--arms``, comma-separated; ``baseline`` is added by ``--baseline-commit``):
+Prints per arm the medians (seconds) of results.json's ``startup`` stages and of the command's wall, each arm's
+command -> first round against ``project``'s, and every run's final metrics (the same in every arm). ``--json``
+writes ``benchmarks/results/startup[-<job>]-<date>.json`` with the figure:
 
-- ``project``: this checkout with its defaults;
-- ``spawned``: ``DEVSIM_FORK_SERVER=0``: NVFlare's simulator starts its processes as new interpreters;
-- ``probe-off``: ``DEVSIM_CACHE_DIR=off``: every leaf runs the batching probe;
-- ``nvflare-waits``: ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``, so NVFlare's simulator keeps its one-second polls (and
-  NVFlare's streaming and glibc defaults);
-- ``baseline`` (with ``--baseline-commit REV``): the same job script from a temporary git worktree of ``REV``, run
-  with this checkout's virtual environment.
-
-Prints, per arm, the medians of the stages in results.json ``startup`` (command -> server process, server
-process -> run, run -> ready, command -> first round, last round -> exit) and of the command's wall, each arm's
-command -> first round against ``project``'s, and the final metrics of every run (the same seed must give the same
-metrics in every arm). ``--json`` writes ``benchmarks/results/startup-<date>.json`` (``startup-<job>-<date>.json``
-for the other jobs) with the figure of benchmarks/README.md.
+    .venv/bin/python benchmarks/startup.py --job digits --runs 5 --arms project,spawned --baseline-commit REV --json
 """
 
 from __future__ import annotations
@@ -39,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, commit_of, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, commit_of, print_table, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -144,9 +134,8 @@ def main() -> int:
         samples = measure(chosen, job, args.runs)
     numbers = (*STAGES, "command_s")
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
-    print(f"\n{args.job}, {session.where()}\n{'arm':<14}" + "".join(f"{k:>27}" for k in numbers))
-    for name, row in medians.items():
-        print(f"{name:<14}" + "".join(f"{row[k]:>27.2f}" for k in numbers))
+    print(f"\n{args.job}, {session.where()}; medians, seconds:")
+    print_table(["arm", *numbers], [[name, *(f"{row[k]:.2f}" for k in numbers)] for name, row in medians.items()])
     project = medians["project"]["command_to_first_round"]
     for name, row in medians.items():
         if name != "project":

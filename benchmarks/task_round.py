@@ -1,22 +1,14 @@
 """A user task's sync FedAvg round in the simulator against a tight single-process loop over the same training.
 
-Both sides train the same work: the task's model, loss and ``prepare``, the run's optimizer and batch size, and
-every device of the population once per round with the steps its own shard gives (``--local-epochs 1``, or
-``--local-iterations``), the devices' shards cut by the run's partition (natural owners: unequal shards). The
-simulator side is ``jobs/pt_job_fedavg.py --task TASK`` in NVFlare's simulator with every device selected every
-round, evaluation only after the last round; its steady round is the median ``train_seconds`` (server send ->
-aggregated) of the rounds after ``--warmup-rounds``, once per ``--device-batch-paths`` value (``auto``: the
-default, batched where the probe allows; ``off``: the thread pool). The tight loop trains one model over the same
-shards in one process, with torch at 1 thread and at every core, best of ``--baseline-repeats``. Ratio = sim
-round / fastest tight loop (below 1: the simulator uses the cores better than one training loop can).
+Both sides train every device of the task's population once a round with the run's optimizer, batch size and
+steps, on the shards the run's partition cuts. The simulator side (``jobs/pt_job_fedavg.py --task TASK``, every
+device selected, evaluation after the last round) is the median ``train_seconds`` of the rounds after
+``--warmup-rounds``, once per ``--device-batch-paths`` value (``auto``: batched where the probe allows; ``off``:
+the thread pool); the tight loop is the best of ``--baseline-repeats`` at 1 thread and every core. Ratio = sim
+round / tight loop. ``--json`` writes the rows and one figure per task to
+``benchmarks/results/task_round-<date>.json``:
 
-    .venv/bin/python benchmarks/task_round.py --task examples/mnist_task.py
-    .venv/bin/python benchmarks/task_round.py --task examples/text_task.py \
-        --job-args "--local-iterations 5 --batch-size 32 --optimizer adam --lr 0.003"
-    .venv/bin/python benchmarks/task_round.py --task examples/mnist_task.py --task examples/penguins_task.py --json
-
-``--json`` writes every measured row with its settings, the machine, the load and the commit under
-``benchmarks/results/`` (``task_round-<date>.json``).
+    .venv/bin/python benchmarks/task_round.py --task examples/mnist_task.py --json
 """
 
 from __future__ import annotations

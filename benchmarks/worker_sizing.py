@@ -1,23 +1,14 @@
 """Leaf worker-pool sizing: device-training throughput at fixed worker counts vs the automatic choice.
 
-Runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator once per setting, on the same fixed
-workload (default 2 leaves x 40 devices, all selected every round, 100 samples per device, 4 rounds,
-evaluation only after the last round): with ``--num-workers`` set to each of ``--counts`` and once
-without it, where each leaf sizes its own pool and prints ``workers=N (...)`` on stdout. A round's
-training time is ``train_seconds`` from ``results.json`` (server send -> aggregated, evaluation
-excluded); throughput is device-samples per second over the median of rounds 2.. (round 1 warms up).
-Printed: each setting's throughput, its ratio to the best one, and the automatic choice's
-throughput as a fraction of the best. All settings run one after another in this invocation
-(``--passes N`` repeats the whole sequence, interleaved, and pools the rounds). When the automatic
-choice equals one of the fixed counts, their ratio is printed as the run's noise between identical
-settings: on a shared machine it bounds what the other ratios can tell apart.
+Runs ``jobs/pt_job_fedavg.py`` in NVFlare's simulator once per setting on the same workload (2 leaves x 40
+devices, all selected, 100 samples a device, 4 rounds, evaluation after the last): ``--num-workers`` at each of
+``--counts`` and once without it (each leaf sizes its pool and prints ``workers=N (...)``). Throughput is
+device-samples/s over the median ``train_seconds`` of rounds 2..; ``--passes N`` repeats the settings in turn and
+pools the rounds. When auto chose one of the fixed counts, their ratio is this run's noise between identical
+settings. ``--json`` writes the rows and the figure (auto over the best fixed count) to
+``benchmarks/results/worker_sizing-<date>.json``:
 
-    .venv/bin/python benchmarks/worker_sizing.py
-    .venv/bin/python benchmarks/worker_sizing.py --counts 1,2,4,8 --devices-per-leaf 100
-    .venv/bin/python benchmarks/worker_sizing.py --passes 2 --json   # also benchmarks/results/worker_sizing-<date>.json
-
-``--json`` writes every setting's rounds and throughput and the published figure (auto's throughput over the best
-fixed count's) to ``benchmarks/results/worker_sizing-<date>.json``.
+    .venv/bin/python benchmarks/worker_sizing.py --passes 2 --json
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, alternate, run_job  # noqa: E402
+from benchmarks.harness import Session, alternate, print_table, run_job  # noqa: E402
 
 
 def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
@@ -77,25 +68,18 @@ def main() -> None:
     print(
         f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "
         f"x 1 epoch, model {args.model}, batch {args.batch_size}: {samples} device-samples per round, "
-        f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved"
+        f"{args.rounds} rounds; {args.passes} pass(es) over the settings, interleaved; machine: {session.where()}"
     )
-    print(f"machine: {session.where()}")
-    throughput = {}
-    for workers, (steady, _) in results.items():
-        throughput[workers] = samples / statistics.median(steady)
+    throughput = {workers: samples / statistics.median(steady) for workers, (steady, _) in results.items()}
     best = max(throughput, key=throughput.get)
     label = {w: ("auto" if w is None else f"workers={w}") for w in settings}
-    print(f"{'setting':<12}{'round 2.. times (s)':<34}{'median':>11}{'samples/s':>11}{'vs best':>9}")
-    for workers, (steady, _) in results.items():
-        times = ", ".join(f"{t:.2f}" for t in steady)
-        median = statistics.median(steady)
-        print(
-            f"{label[workers]:<12}{times:<34}{median:>10.3f}s{throughput[workers]:>11,.0f}"
-            f"{throughput[workers] / throughput[best]:>9.2f}"
-        )
-    print("automatic choice, as printed by the leaves:")
-    for line in results[None][1]:
-        print(f"  {line}")
+    table = [
+        [label[w], ", ".join(f"{t:.2f}" for t in steady), f"{statistics.median(steady):.3f}"]
+        + [f"{throughput[w]:,.0f}", f"{throughput[w] / throughput[best]:.2f}"]
+        for w, (steady, _) in results.items()
+    ]
+    print_table(["setting", "round 2.. times (s)", "median s", "samples/s", "vs best"], table)
+    print("automatic choice, as printed by the leaves:\n  " + "\n  ".join(results[None][1]))
     print(
         f"auto throughput / best ({label[best]}): {throughput[None] / throughput[best]:.2f} "
         f"({throughput[None]:,.0f} vs {throughput[best]:,.0f} samples/s)"

@@ -111,3 +111,16 @@ def test_alternate_runs_the_arms_in_turn():
         {"a": lambda: len(order), "b": lambda: -len(order)}, 2, lambda index, name, result: order.append((index, name))
     )
     assert order == [(0, "a"), (0, "b"), (1, "a"), (1, "b")] and runs == {"a": [0, 2], "b": [-1, -3]}
+
+
+def test_print_table_prints_markdown(capsys):
+    harness.print_table(["a", "b"], [[1, "x y"], [2.5, None]])
+    assert capsys.readouterr().out == "| a | b |\n| --- | --- |\n| 1 | x y |\n| 2.5 | None |\n"
+
+
+def test_session_command_names_the_watched_environment_that_is_set(monkeypatch):
+    monkeypatch.setenv("DEVSIM_TEST_CHUNK", "1 2")
+    monkeypatch.delenv("DEVSIM_TEST_UNSET", raising=False)
+    script = os.path.join(harness.REPO, "benchmarks", "demo.py")
+    session = harness.Session("demo", script=script, argv=["--json"], env=("DEVSIM_TEST_CHUNK", "DEVSIM_TEST_UNSET"))
+    assert session.command == "DEVSIM_TEST_CHUNK='1 2' .venv/bin/python benchmarks/demo.py --json"

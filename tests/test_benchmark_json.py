@@ -1,5 +1,5 @@
 """Every benchmark that publishes figures can write them as JSON: a ``--json`` flag whose output goes through
-``benchmarks/harness.py``'s ``write_results`` (so the README table can be rebuilt from ``benchmarks/results/``).
+``benchmarks/harness.py``'s ``Session.write`` (so the README table can be rebuilt from ``benchmarks/results/``).
 
 Read from the sources (no script is imported or run), so the checks take milliseconds."""
 
@@ -59,8 +59,8 @@ def defines_json_flag(source: str) -> bool:
 
 
 def _writes(source: str) -> bool:
-    """Whether a source writes through the harness: ``write_results``, or a ``Session`` and its ``write``."""
-    return "write_results" in source or ("Session(" in source and ".write(" in source)
+    """Whether a source writes through the harness: a ``Session`` and its ``write``."""
+    return "Session(" in source and ".write(" in source
 
 
 def writes_results(name: str) -> bool:

@@ -72,7 +72,8 @@ def test_job_summary_compares_each_horizon_with_none_of_the_same_seed():
         "none": {0: figures([0.5, 0.8, 0.9], 400, 0.0), 1: figures([0.4, 0.7, 0.8], 400, 0.0)},
         "topk 1%": {0: figures([0.3, 0.6, 0.88], 6, 0.02), 1: figures([0.4, 0.6, 0.7], 6, 0.03)},
     }
-    summary = job.horizon_summary(runs, ["none", "topk 1%"], [0, 1], [2, 3])
+    bases = {name: runs["none"] for name in runs}
+    summary = job.horizon_summary(runs, bases, ["none", "topk 1%"], [0, 1], [2, 3])
     after2, after3 = (summary["topk 1%"]["horizons"][h] for h in ("2", "3"))
     assert after2["final_vs_none_points"] == pytest.approx([-20.0, -10.0])
     assert (after2["final_vs_none_mean"], after2["final_vs_none_worst"]) == pytest.approx((-15.0, -20.0))
