@@ -128,6 +128,8 @@ class Reviver:
         """Background work by the version its result lands at: running (a future) or done (restored)."""
         self._executor: ThreadPoolExecutor | None = None
         self._threads = torch.get_num_threads()
+        if self.background:  # the thread's first job (a failure there recurs in the first synthesis, and is raised)
+            self._background_executor().submit(self.synthesizer.prepare)
 
     @property
     def background(self) -> bool:
@@ -290,10 +292,10 @@ class Reviver:
         waiting for the thread) and the work's own info (``synthesized``, ``distilled``, ``synth_seconds``,
         ``kd_seconds``, ``seconds`` (wall) and ``cpu_seconds`` of the work on the background thread, losses).
         """
-        if not self.background:
-            return {"landed": False, "waited_seconds": 0.0}
-        cfg = self.config
         out: dict[str, Any] = {"landed": False, "waited_seconds": 0.0}
+        if not self.background:
+            return out
+        cfg = self.config
         landing = self._pending.pop(version, None)
         if landing is not None:
             waited = time.perf_counter()
@@ -304,19 +306,21 @@ class Reviver:
         synthesize = version >= cfg.freeze_version and version % cfg.generation_interval == 0
         distil = version > cfg.warmup_version and version % cfg.kd_interval == 0
         if (synthesize or distil) and len(self.teachers) > 0:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=1,
-                    thread_name_prefix="fedrevive-distill",
-                    initializer=torch.set_num_threads,
-                    initargs=(self._threads,),
-                )
             weights = {name: np.array(value, np.float32) for name, value in global_weights.items()}
-            live = list(self.teachers)
-            self._pending[version + cfg.distill_lag] = self._executor.submit(
-                self._revive, weights, version, live, synthesize, distil
-            )
+            work = (self._revive, weights, version, list(self.teachers), synthesize, distil)
+            self._pending[version + cfg.distill_lag] = self._background_executor().submit(*work)
         return out
+
+    def _background_executor(self) -> ThreadPoolExecutor:
+        """The one background thread (started on first use), with the PyTorch threads of the caller."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="fedrevive-distill",
+                initializer=torch.set_num_threads,
+                initargs=(self._threads,),
+            )
+        return self._executor
 
     def _revive(
         self, weights: Weights, version: int, live: list, synthesize: bool, distil: bool
