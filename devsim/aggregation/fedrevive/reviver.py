@@ -1,17 +1,16 @@
 """Per-arrival server logic of FedRevive: teacher buffer, staleness gate, synthesis, KD and delta blending.
 
-Applying the returned delta (buffering ``B`` deltas, ``w += eta_g * mean(buffer)``, ``v += 1``: step 5 of the
-spec) is the caller's job; this module produces the per-arrival delta only.
+Applying the returned delta (buffering ``B`` deltas, ``w += eta_g * mean(buffer)``, ``v += 1``: spec step 5) is the
+caller's job; this module produces the per-arrival delta only.
 
 Two schedules for the synthesis and KD work (``ReviverConfig.distill_lag``):
 
 - inline (``distill_lag`` 0, the paper's literal order): :meth:`Reviver.on_arrival` synthesises and distils on the
   arrival that needs it, before returning its delta;
-- background (``distill_lag`` N >= 1): :meth:`Reviver.on_version`, called with each new global version ``v``,
-  starts that version's work (synthesis when ``v`` is a generation version, KD when ``v`` is a KD version) on one
-  background thread, reading ``w_v`` and the teachers buffered at that moment, and waits for and installs the
-  work started at ``v - N``. Arrivals blend the ``delta_KD`` installed last. What each piece of work reads and
-  where its result lands depend on versions alone, never on how long the work took, so a run repeats bit for bit.
+- background (``distill_lag`` N >= 1): :meth:`Reviver.on_version` (each new global version ``v``) starts that
+  version's synthesis and / or KD on one background thread, reading ``w_v`` and the teachers buffered then, and
+  installs the work started at ``v - N`` (waiting for it); arrivals blend the ``delta_KD`` installed last. What
+  each piece of work reads and where it lands depend on versions alone, so a run repeats bit for bit.
 """
 
 from __future__ import annotations
@@ -128,8 +127,7 @@ class Reviver:
         """Background work by the version its result lands at: running (a future) or done (restored)."""
         self._executor: ThreadPoolExecutor | None = None
         self._threads = torch.get_num_threads()
-        if self.background:  # the thread's first job (a failure there recurs in the first synthesis, and is raised)
-            self._background_executor().submit(self.synthesizer.prepare)
+        self._prepared = self._background_executor().submit(self.synthesizer.prepare) if self.background else None
 
     @property
     def background(self) -> bool:
@@ -362,7 +360,9 @@ class Reviver:
         return delta_kd, info
 
     def settle(self) -> None:
-        """Wait for the background work started so far (its results stay pending until their versions)."""
+        """Wait for the background work started so far, the thread's first job included (results land by version)."""
+        if self._prepared is not None:
+            self._prepared.result()
         for version, work in list(self._pending.items()):
             if isinstance(work, Future):
                 self._pending[version] = work.result()
@@ -388,6 +388,7 @@ class Reviver:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from :meth:`state_dict` output (teacher modules are reloaded lazily)."""
+        self.settle()  # the thread's first job builds the meta-optimizer this restores
         self.synthesizer.load_state_dict(state["synthesizer"])
         self.teachers.load_state_dict(state["teachers"])
         self.kd_rng.set_state(state["kd_rng"])
