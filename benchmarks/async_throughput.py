@@ -297,11 +297,19 @@ def target_of(setting: str) -> str:
 
 def figures(rows: list[dict], session: Session) -> list[dict]:
     """One figure per asynchronous setting: its steady updates/s against FedAvg's on the same work (without
-    FedAvg in the run: FedRevive paper's command against FedBuff paper's alone); each with this invocation."""
+    FedAvg in the run: FedRevive paper's command against FedBuff paper's alone, with ``--baseline-commit`` the
+    baseline's beside it); each with this invocation. Baseline rows are in the JSON rows, not figures."""
     published = []
+    baselines = {(row["dataset"], row["setting"].split(" @ ")[0]): row for row in rows if " @ " in row["setting"]}
     for row in rows:
         commands = " / ".join(f"{r:.2f}x" for r in row.get("command_ratio_to_fedbuff_paper", []))
-        if row["setting"].startswith("fedavg") or (row["ratio_to_fedavg"] is None and not commands):
+        baseline, before = baselines.get((row["dataset"], row["setting"])), ""
+        if baseline is not None and "command_ratio_to_fedbuff_paper" in baseline:
+            ratios = " / ".join(f"{r:.2f}x" for r in baseline["command_ratio_to_fedbuff_paper"])
+            commit = baseline["setting"].split(" @ ")[1]
+            before = f"; at {commit}, side by side: {ratios} ({baseline['command_wall']:.1f} s)"
+        skip = row["ratio_to_fedavg"] is None and not commands
+        if row["setting"].startswith("fedavg") or " @ " in row["setting"] or skip:
             continue
         if row["ratio_to_fedavg"] is None:
             name, value = f"FedRevive paper's command vs FedBuff paper's: {row['setting']} ({row['dataset']})", ""
@@ -313,6 +321,7 @@ def figures(rows: list[dict], session: Session) -> list[dict]:
             )
         if commands:
             value += ("; " if value else "") + f"command {commands} fedbuff paper's ({row['command_wall']:.1f} s)"
+            value += before
         published.append(session.figure(name, value, target_of(row["setting"])))
     return published
 
