@@ -35,12 +35,16 @@ minutes apart: rates on this 2-core machine move by 5-15% from run to run, and a
 Each row then holds the round with the median ratio to FedAvg, and ``rounds`` (every round's updates/s, ratio and
 final accuracy); the printed and published ratio is that median with the range of the rounds.
 
+``--baseline-commit REV`` runs every chosen setting also from a temporary git worktree of ``REV``, right after this
+tree's run of it in each round (rows ``<setting> @ <commit>``), for before/after figures under the same load.
+
 ``--json`` writes the rows with the machine, load and commit to ``benchmarks/results/async_throughput-<date>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -50,7 +54,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import Session, commit_of, load, run_job, worktree  # noqa: E402
 from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
@@ -129,6 +133,18 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     }
 
 
+def describe(row: dict, loop_per_update: float) -> str:
+    """One run's line: updates/s, against the tight loop, accuracy, command wall, CPU per update, groups."""
+    cpu = row["cpu_ms_per_update"]
+    return (
+        f"{row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in {row['wall']:.2f} s), wall per update / "
+        f"tight loop {1 / row['updates_per_s'] / loop_per_update:.3f}, final accuracy {row['final_accuracy']:.4f}, "
+        f"command {row['command_wall']:.1f} s; CPU ms per update server {cpu['server']:.2f} leaves {cpu['leaf']:.2f} "
+        f"(training {cpu['leaf_train']:.2f}), {row['updates_per_leaf_call']:.1f} updates per leaf call, "
+        f"{row['updates_per_training_group']:.1f} per training group, cores busy {row['cores_busy']:.0%}"
+    )
+
+
 def median_round(rounds: list[dict], fedavg: list[dict] | None, loop_per_update: float) -> dict:
     """One setting's row from its rounds (``--repeats``): round ``i``'s ratio is taken against FedAvg's round ``i``
     (None without FedAvg); the row is the round with the median ratio (the median rate without FedAvg, and for
@@ -170,10 +186,12 @@ def tight_loop_per_update(dataset: str, leaves: int, device: str = "cpu") -> flo
     return loop / SYNC_SELECTED
 
 
-def run_setting(script: str, flags: list[str], common: list[str], timeout: float, leaves: int) -> dict:
-    """One job run: steady rate, final accuracy, whole-command wall."""
+def run_setting(
+    script: str, flags: list[str], common: list[str], timeout: float, leaves: int, tree: str = REPO
+) -> dict:
+    """One job run (``jobs/<script>`` of ``tree``): steady rate, final accuracy, whole-command wall."""
     with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
-        results = run_job(script, [*common, *flags], workdir, timeout=timeout)
+        results = run_job(script, [*common, *flags], workdir, timeout=timeout, tree=tree)
     rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py", leaves=leaves)
     return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": results["wall"]}
 
@@ -195,12 +213,34 @@ def main() -> None:
         "--repeats", type=int, default=1, help="rounds of the chosen settings, run in turn; rows keep the median round"
     )
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--baseline-commit",
+        help="also run every chosen setting from a temporary git worktree of this commit, alternated with this "
+        "tree's (rows named '<setting> @ <commit>')",
+    )
     parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
+    if args.baseline_commit and base_commit is None:
+        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
     session = Session("async_throughput")
     print(f"machine: {session.where()}", flush=True)
+    with contextlib.ExitStack() as stack:
+        trees = {"": REPO}
+        if base_commit:
+            trees[f" @ {base_commit}"] = stack.enter_context(worktree(base_commit))
+        rows = measure_all(args, trees)
+    print(f"load average at end {load()}")
+    if args.json:
+        payload = {"load_end": load(), "baseline_commit": base_commit, "rows": rows}
+        session.write(payload, figures(rows, session))
+
+
+def measure_all(args: argparse.Namespace, trees: dict[str, str]) -> list[dict]:
+    """Every chosen setting of every dataset, ``--repeats`` rounds, once per tree in each round (suffix -> tree;
+    ``""`` is this tree); the rows, printed as they come."""
     rows = []
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
@@ -208,50 +248,44 @@ def main() -> None:
         loop_per_update = tight_loop_per_update(dataset, args.leaves)
         chosen = [n.strip() for n in args.only.split(",") if n.strip()]
         runs: dict[str, list[dict]] = {}
+        settings_of: dict[str, str] = {}
         for repeat in range(args.repeats):
-            for name, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
-                if chosen and name not in chosen:
+            for setting, (script, flags) in settings(args.updates, args.leaves, args.devices_per_leaf).items():
+                if chosen and setting not in chosen:
                     continue
-                row = run_setting(script, flags, common, args.timeout, args.leaves)
-                runs.setdefault(name, []).append(row)
-                which = f" (round {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
-                print(
-                    f"[{dataset}] {name:28s} {row['updates_per_s']:7.1f} updates/s ({row['updates']} updates in "
-                    f"{row['wall']:.2f} s), wall per update / tight loop "
-                    f"{1 / row['updates_per_s'] / loop_per_update:.3f}, final accuracy {row['final_accuracy']:.4f}, "
-                    f"command {row['command_wall']:.1f} s; CPU ms per update server "
-                    f"{row['cpu_ms_per_update']['server']:.2f} leaves {row['cpu_ms_per_update']['leaf']:.2f} (training "
-                    f"{row['cpu_ms_per_update']['leaf_train']:.2f}), {row['updates_per_leaf_call']:.1f} updates per "
-                    f"leaf call, {row['updates_per_training_group']:.1f} per training group, cores busy "
-                    f"{row['cores_busy']:.0%}{which}",
-                    flush=True,
-                )
-        measured = {name: median_round(rounds, runs.get("fedavg"), loop_per_update) for name, rounds in runs.items()}
-        if "fedrevive paper" in runs and "fedbuff paper" in runs:
-            ratios = [
-                revive["command_wall"] / buff["command_wall"]
-                for revive, buff in zip(runs["fedrevive paper"], runs["fedbuff paper"], strict=True)
-            ]
-            measured["fedrevive paper"]["command_ratio_to_fedbuff_paper"] = ratios
-            print(
-                f"[{dataset}] fedrevive paper's command / fedbuff paper's, round by round: "
-                + ", ".join(f"{r:.2f}x" for r in ratios)
-            )
+                for suffix, tree in trees.items():
+                    name = setting + suffix
+                    settings_of[name] = suffix
+                    row = run_setting(script, flags, common, args.timeout, args.leaves, tree)
+                    runs.setdefault(name, []).append(row)
+                    which = f" (round {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+                    print(f"[{dataset}] {name:28s} {describe(row, loop_per_update)}{which}", flush=True)
+        measured = {
+            name: median_round(rounds, runs.get("fedavg" + settings_of[name]), loop_per_update)
+            for name, rounds in runs.items()
+        }
+        for suffix in trees:
+            revive, buff = f"fedrevive paper{suffix}", f"fedbuff paper{suffix}"
+            if revive in runs and buff in runs:
+                ratios = [r["command_wall"] / b["command_wall"] for r, b in zip(runs[revive], runs[buff], strict=True)]
+                measured[revive]["command_ratio_to_fedbuff_paper"] = ratios
+                rounds = ", ".join(f"{r:.2f}x" for r in ratios)
+                print(f"[{dataset}] {revive}'s command / {buff}'s, round by round: {rounds}")
         for name, row in measured.items():
             rows.append({"dataset": dataset, "setting": name, **row})
         print(f"[{dataset}] tight loop {loop_per_update * 1000:.2f} ms per device update")
         for name, row in measured.items():
-            if row["ratio_to_fedavg"] is not None and name != "fedavg":
+            if row["ratio_to_fedavg"] is not None and not name.startswith("fedavg"):
                 print(f"[{dataset}] {name}: {row['ratio_to_fedavg']:.3f}x FedAvg's updates/s{spread(row)}")
-    print(f"load average at end {load()}")
-    if args.json:
-        session.write({"load_end": load(), "rows": rows}, figures(rows, session))
+    return rows
 
 
 def target_of(setting: str) -> str:
     """The published target of a setting's figure. The K = 20 settings' ratio target is withdrawn: on 2 cores their
     leaves train in groups of 4-5 devices against FedAvg's 10, which K = 20 over 2 leaves sets; the paper shape
     (K = 100) is the asynchronous setting the target applies to. Their ratios are still reported."""
+    if " @ " in setting:
+        return "(a baseline commit, side by side)"
     if "sent at once" in setting:
         return "(the old path)"
     if setting.startswith("fedbuff B="):
@@ -262,29 +296,33 @@ def target_of(setting: str) -> str:
 
 
 def figures(rows: list[dict], session: Session) -> list[dict]:
-    """One figure per asynchronous setting: its steady updates/s against FedAvg's on the same work."""
+    """One figure per asynchronous setting: its steady updates/s against FedAvg's on the same work (without
+    FedAvg in the run: FedRevive paper's command against FedBuff paper's alone, with ``--baseline-commit`` the
+    baseline's beside it); each with this invocation. Baseline rows are in the JSON rows, not figures."""
     published = []
+    baselines = {(row["dataset"], row["setting"].split(" @ ")[0]): row for row in rows if " @ " in row["setting"]}
     for row in rows:
-        if row["setting"] == "fedavg" or row["ratio_to_fedavg"] is None:
+        commands = " / ".join(f"{r:.2f}x" for r in row.get("command_ratio_to_fedbuff_paper", []))
+        baseline, before = baselines.get((row["dataset"], row["setting"])), ""
+        if baseline is not None and "command_ratio_to_fedbuff_paper" in baseline:
+            ratios = " / ".join(f"{r:.2f}x" for r in baseline["command_ratio_to_fedbuff_paper"])
+            commit = baseline["setting"].split(" @ ")[1]
+            before = f"; at {commit}, side by side: {ratios} ({baseline['command_wall']:.1f} s)"
+        skip = row["ratio_to_fedavg"] is None and not commands
+        if row["setting"].startswith("fedavg") or " @ " in row["setting"] or skip:
             continue
-        published.append(
-            session.figure(
-                f"async updates/s vs FedAvg: {row['setting']} ({row['dataset']})",
+        if row["ratio_to_fedavg"] is None:
+            name, value = f"FedRevive paper's command vs FedBuff paper's: {row['setting']} ({row['dataset']})", ""
+        else:
+            name = f"async updates/s vs FedAvg: {row['setting']} ({row['dataset']})"
+            value = (
                 f"{row['ratio_to_fedavg']:.2f}x ({row['updates_per_s']:.1f}/s; {row['ratio_to_tight_loop']:.2f}x the "
                 f"tight loop's time an update){spread(row)}"
-                + (
-                    "; command "
-                    + " / ".join(f"{r:.2f}x" for r in row["command_ratio_to_fedbuff_paper"])
-                    + " fedbuff paper's"
-                    if "command_ratio_to_fedbuff_paper" in row
-                    else ""
-                ),
-                target_of(row["setting"]),
-                f".venv/bin/python benchmarks/async_throughput.py --datasets {row['dataset']}"
-                + (f" --repeats {len(row['rounds'])}" if len(row.get("rounds", [])) > 1 else "")
-                + " --json",
             )
-        )
+        if commands:
+            value += ("; " if value else "") + f"command {commands} fedbuff paper's ({row['command_wall']:.1f} s)"
+            value += before
+        published.append(session.figure(name, value, target_of(row["setting"])))
     return published
 
 

@@ -1,6 +1,6 @@
 """Fidelity on real data: does the simulator reproduce what federated learning is known to do? (digits)
 
-One command, three comparisons on scikit-learn's real handwritten digits (``--dataset digits``), each
+One command, four comparisons on scikit-learn's real handwritten digits (``--dataset digits``), each
 run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulator), printed side by side:
 
 1. **Data heterogeneity.** Centralized training (one model on the whole training split, in-process
@@ -13,15 +13,21 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
 3. **Hidden groups.** Leaves in hidden input-transform groups (``--group-kind input_transform``):
    cluster aggregation vs FedAvg: whether the clusters equal the hidden groups exactly, and the mean
    per-leaf accuracy (each leaf's model on the test set as its group sees it).
+4. **FedRevive's job defaults.** ``jobs/pt_job_fedrevive.py --dataset digits`` with nothing else set (its
+   recipe's CPU-sized schedule, the background distillation included), per ``--job-seeds``: final and best
+   accuracy and the whole command's wall time.
 
     .venv/bin/python benchmarks/fidelity.py                       # the full table (README figures)
     .venv/bin/python benchmarks/fidelity.py --quick               # tiny sizes: checks the script itself
     .venv/bin/python benchmarks/fidelity.py --sections 1,3 --seeds 0,1,2 --json fidelity.json
     .venv/bin/python benchmarks/fidelity.py --sections 1 --json   # benchmarks/results/fidelity-<date>.json
 
-``--json`` writes the per-seed figures of every section run and the published figure (section 1's mean final
-accuracies) to ``benchmarks/results/fidelity-<date>.json`` at the end; ``--json FILE`` also writes the per-seed
-figures to FILE after each section.
+``--json`` writes the per-seed figures of every section run and the published figures (section 1's mean final
+accuracies, section 2's FedRevive minus FedBuff, section 4's final accuracies) to
+``benchmarks/results/fidelity-<date>.json`` at the end; ``--json FILE`` also writes the per-seed figures to FILE
+after each section.
+
+    .venv/bin/python benchmarks/fidelity.py --sections 2,4 --stale-seeds 0,1,2 --json   # FedRevive's figures
 
 The test split is only ever used for the reported figures; the centralized recipe (SGD lr 0.01,
 momentum 0.9, batch 32, 10 epochs) was chosen on a validation split carved from the training split.
@@ -46,6 +52,8 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.async_quality import methods as async_methods  # noqa: E402
 
 HETEROGENEITY = "1. heterogeneity (final test accuracy)"
+STALENESS = "2. staleness (equal simulated time)"
+JOB_DEFAULTS = "4. FedRevive's job defaults (pt_job_fedrevive.py --dataset digits)"
 
 
 @dataclass(frozen=True)
@@ -214,6 +222,20 @@ def section_groups(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Fi
     return figures
 
 
+def section_job_defaults(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:
+    """FedRevive's job as a user runs it on digits (``--quick``: 20 versions instead of its 150)."""
+    figures = {key: Figures() for key in ("final", "best", "wall s")}
+    quick = ["--max-versions", "20"] if sizes is QUICK else []
+    for seed in seeds:
+        flags = ["--dataset", "digits", *quick, "--seed", str(seed)]
+        results = harness.run_job("pt_job_fedrevive.py", flags, workdir, f"s4-FedRevive-{seed}")
+        print(f"  s4-FedRevive-{seed}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}", flush=True)
+        figures["final"].add("FedRevive", _final(results))
+        figures["best"].add("FedRevive", max(r["accuracy"] for r in results["rounds"]))
+        figures["wall s"].add("FedRevive", results["wall"])
+    return figures
+
+
 def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
     """Markdown table: one row per method, one column per figure; returns the lines printed."""
     columns = list(figures)
@@ -239,9 +261,10 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script, not figures")
-    parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1, 2, 3)")
+    parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1, 2, 3, 4)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
+    parser.add_argument("--job-seeds", default="0", help="seeds of section 4 (FedRevive's job defaults)")
     parser.add_argument(
         "--json",
         nargs="?",
@@ -256,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     seeds = [int(s) for s in args.seeds.split(",")]
     sections = {int(s) for s in args.sections.split(",")}
-    if not sections <= {1, 2, 3}:
-        parser.error(f"--sections: {args.sections!r}; allowed: a comma list of 1, 2, 3")
+    if not sections <= {1, 2, 3, 4}:
+        parser.error(f"--sections: {args.sections!r}; allowed: a comma list of 1, 2, 3, 4")
     session = harness.Session("fidelity")
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
@@ -266,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         stale_seeds = [int(s) for s in args.stale_seeds.split(",")]
         runs = {
             1: (HETEROGENEITY, section_heterogeneity, seeds),
-            2: ("2. staleness (equal simulated time)", section_staleness, stale_seeds),
+            2: (STALENESS, section_staleness, stale_seeds),
             3: ("3. hidden groups (input_transform)", section_groups, seeds),
+            4: (JOB_DEFAULTS, section_job_defaults, [int(s) for s in args.job_seeds.split(",")]),
         }
         for number in sorted(sections):
             title, section, section_seeds = runs[number]
@@ -277,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as stream:
                     json.dump({t: {k: f.values for k, f in fs.items()} for t, fs in tables.items()}, stream, indent=1)
-    print(f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds})")
+    print(
+        f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds}, "
+        f"section 4: {args.job_seeds})"
+    )
     for title, figures in tables.items():
         print_table(title, figures)
     print(f"\n{time.perf_counter() - session.started:.0f}s wall; {session.where()}")
@@ -290,13 +317,31 @@ def main(argv: list[str] | None = None) -> int:
 def readme_figures(
     tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session
 ) -> list[dict[str, str]]:
-    """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1."""
-    if HETEROGENEITY not in tables:
-        return []
-    final = tables[HETEROGENEITY]["final"].values
-    means = [statistics.fmean(final[name]) for name in ("centralized", "FedAvg IID", "FedAvg Dir 0.1")]
-    name = "fidelity on digits: centralized / FedAvg IID / FedAvg Dirichlet 0.1" + (" (--quick sizes)" if quick else "")
-    return [session.figure(name, " / ".join(f"{m:.3f}" for m in means), "close to centralized")]
+    """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1; section 2's FedRevive
+    minus FedBuff (mean final accuracy, points); section 4's FedRevive final accuracy per seed."""
+    size = " (--quick sizes)" if quick else ""
+    published = []
+    if HETEROGENEITY in tables:
+        final = tables[HETEROGENEITY]["final"].values
+        means = [statistics.fmean(final[name]) for name in ("centralized", "FedAvg IID", "FedAvg Dir 0.1")]
+        name = "fidelity on digits: centralized / FedAvg IID / FedAvg Dirichlet 0.1" + size
+        published.append(session.figure(name, " / ".join(f"{m:.3f}" for m in means), "close to centralized"))
+    if STALENESS in tables:
+        final = tables[STALENESS]["final"].values
+        revive, buff = statistics.fmean(final["FedRevive"]), statistics.fmean(final["FedBuff"])
+        seeds = " / ".join(f"{100 * (r - b):+.1f}" for r, b in zip(final["FedRevive"], final["FedBuff"], strict=True))
+        published.append(
+            session.figure(
+                "fidelity on digits, stale schedule: FedRevive minus FedBuff, final accuracy" + size,
+                f"{100 * (revive - buff):+.1f} points ({revive:.4f} vs {buff:.4f}; per seed {seeds})",
+                ">= +15 points",
+            )
+        )
+    if JOB_DEFAULTS in tables:
+        final = tables[JOB_DEFAULTS]["final"].values["FedRevive"]
+        name = "FedRevive job defaults on digits: final accuracy" + size
+        published.append(session.figure(name, " / ".join(f"{v:.4f}" for v in final), ">= 0.94"))
+    return published
 
 
 if __name__ == "__main__":

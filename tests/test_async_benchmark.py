@@ -29,3 +29,28 @@ def test_one_round_or_no_fedavg():
     assert even["updates_per_s"] == 100.0
     fedavg = [_row(260.0), _row(250.0), _row(270.0)]
     assert median_round(fedavg, fedavg, loop_per_update=0.01)["updates_per_s"] == 260.0
+
+
+def test_without_fedavg_the_fedrevive_command_ratio_is_the_figure_with_the_baseline_beside_it():
+    from benchmarks.async_throughput import figures
+
+    class Stamp:
+        def figure(self, name: str, value: str, target: str) -> dict:
+            return {"figure": name, "value": value, "target": target}
+
+    def row(setting: str, ratios: list[float] | None, wall: float) -> dict:
+        out = {"dataset": "digits", "setting": setting, "ratio_to_fedavg": None, "command_wall": wall}
+        return out if ratios is None else {**out, "command_ratio_to_fedbuff_paper": ratios}
+
+    rows = [
+        row("fedbuff paper", None, 17.0),
+        row("fedrevive paper", [2.0, 2.5], 40.0),
+        row("fedbuff paper @ abc1234", None, 17.0),
+        row("fedrevive paper @ abc1234", [3.0, 3.5], 55.0),
+    ]
+    (only,) = figures(rows, Stamp())
+    assert only["figure"].endswith("fedrevive paper (digits)")
+    assert only["value"] == (
+        "command 2.00x / 2.50x fedbuff paper's (40.0 s); at abc1234, side by side: 3.00x / 3.50x (55.0 s)"
+    )
+    assert only["target"] == "command <= 1.5x fedbuff paper's"

@@ -469,3 +469,33 @@ def test_background_distillation_resumes_from_a_checkpoint_bit_for_bit() -> None
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(whole, head + tail, strict=True) for k in a)
     with pytest.raises(ValueError, match="distill_lag"):
         ReviverConfig(distill_lag=-1)
+
+
+def test_a_restore_waits_for_the_thread_that_builds_the_meta_optimizer(monkeypatch) -> None:
+    """The background thread's first job builds the generator's meta-optimizer; a restore right after construction
+    must not be overwritten by it (building it is slowed here on that thread, as the import it triggers is on a busy
+    machine)."""
+    import threading
+    import time as clock
+
+    from devsim.aggregation.fedrevive import synthesis
+
+    _, _, state = _background_run([0.0], stop_at=9)
+    saved = state["synthesizer"]["meta_optimizer"]["state"]
+    assert saved  # the meta-optimizer has stepped
+    build = synthesis.adam
+
+    def slow_off_the_main_thread(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            clock.sleep(0.3)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(synthesis, "adam", slow_off_the_main_thread)
+    reviver = _reviver(generation_interval=2, kd_interval=3, distill_lag=2)
+    try:
+        reviver.load_state_dict(state)
+    finally:
+        reviver.close()  # the thread's job has finished after this
+    restored = reviver.synthesizer.meta_optimizer.state_dict()["state"]
+    assert restored.keys() == saved.keys()
+    assert all(torch.equal(restored[i][key], saved[i][key]) for i in saved for key in saved[i])

@@ -64,6 +64,10 @@ class Generator(_Conditional):
     1.6-2.4x faster forward + backward for these two layers on a CPU core); ``fused_upsample = False``
     runs the literal upsample + convolution (the reference the tests compare with).
 
+    On the CPU the feature maps run channels-last (``channels_last``, default True): oneDNN's convolutions and
+    their backward passes are faster in that layout (forward + backward of the width-32 generator on 32 images,
+    one core: 96-100 -> 64-68 ms); the values are the same function up to float summation order.
+
     The class embedding ``label_embedding`` (``(num_classes, latent_dim)``, ``N(0, 1)`` init) is part of the
     generator, so it persists across synthesis rounds; :meth:`embedding_parameters` and
     :meth:`body_parameters` split the parameters for separate learning rates.
@@ -99,15 +103,21 @@ class Generator(_Conditional):
         self.conv3 = nn.Conv2d(width, channels, 3, padding=1)
         self.act = nn.LeakyReLU(0.2)
         self.fused_upsample = True
+        self.channels_last = True
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Images ``(B, channels, H, W)`` for latents ``(B, latent_dim)`` and int labels ``(B,)``."""
         if labels is not None:
             z = z + self.embedding_weight * self.label_embedding(labels)
-        x = self.bn0(self.fc(z).view(z.shape[0], 2 * self.width, *self.init_shape))
+        x = self.fc(z).view(z.shape[0], 2 * self.width, *self.init_shape)
+        weight = self.conv3.weight
+        if self.channels_last and x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        x = self.bn0(x)
         x = self.act(self.bn1(self._upsample_conv(self.conv1, x)))
         x = self.act(self.bn2(self._upsample_conv(self.conv2, x)))
-        return torch.sigmoid(self.conv3(x))
+        return torch.sigmoid(F.conv2d(x, weight, self.conv3.bias, padding=1))
 
     def _upsample_conv(self, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
         if self.fused_upsample:

@@ -1,17 +1,16 @@
 """Per-arrival server logic of FedRevive: teacher buffer, staleness gate, synthesis, KD and delta blending.
 
-Applying the returned delta (buffering ``B`` deltas, ``w += eta_g * mean(buffer)``, ``v += 1``: step 5 of the
-spec) is the caller's job; this module produces the per-arrival delta only.
+Applying the returned delta (buffering ``B`` deltas, ``w += eta_g * mean(buffer)``, ``v += 1``: spec step 5) is the
+caller's job; this module produces the per-arrival delta only.
 
 Two schedules for the synthesis and KD work (``ReviverConfig.distill_lag``):
 
 - inline (``distill_lag`` 0, the paper's literal order): :meth:`Reviver.on_arrival` synthesises and distils on the
   arrival that needs it, before returning its delta;
-- background (``distill_lag`` N >= 1): :meth:`Reviver.on_version`, called with each new global version ``v``,
-  starts that version's work (synthesis when ``v`` is a generation version, KD when ``v`` is a KD version) on one
-  background thread, reading ``w_v`` and the teachers buffered at that moment, and waits for and installs the
-  work started at ``v - N``. Arrivals blend the ``delta_KD`` installed last. What each piece of work reads and
-  where its result lands depend on versions alone, never on how long the work took, so a run repeats bit for bit.
+- background (``distill_lag`` N >= 1): :meth:`Reviver.on_version` (each new global version ``v``) starts that
+  version's synthesis and / or KD on one background thread, reading ``w_v`` and the teachers buffered then, and
+  installs the work started at ``v - N`` (waiting for it); arrivals blend the ``delta_KD`` installed last. What
+  each piece of work reads and where it lands depend on versions alone, so a run repeats bit for bit.
 """
 
 from __future__ import annotations
@@ -128,6 +127,7 @@ class Reviver:
         """Background work by the version its result lands at: running (a future) or done (restored)."""
         self._executor: ThreadPoolExecutor | None = None
         self._threads = torch.get_num_threads()
+        self._prepared = self._background_executor().submit(self.synthesizer.prepare) if self.background else None
 
     @property
     def background(self) -> bool:
@@ -290,10 +290,10 @@ class Reviver:
         waiting for the thread) and the work's own info (``synthesized``, ``distilled``, ``synth_seconds``,
         ``kd_seconds``, ``seconds`` (wall) and ``cpu_seconds`` of the work on the background thread, losses).
         """
-        if not self.background:
-            return {"landed": False, "waited_seconds": 0.0}
-        cfg = self.config
         out: dict[str, Any] = {"landed": False, "waited_seconds": 0.0}
+        if not self.background:
+            return out
+        cfg = self.config
         landing = self._pending.pop(version, None)
         if landing is not None:
             waited = time.perf_counter()
@@ -304,19 +304,21 @@ class Reviver:
         synthesize = version >= cfg.freeze_version and version % cfg.generation_interval == 0
         distil = version > cfg.warmup_version and version % cfg.kd_interval == 0
         if (synthesize or distil) and len(self.teachers) > 0:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=1,
-                    thread_name_prefix="fedrevive-distill",
-                    initializer=torch.set_num_threads,
-                    initargs=(self._threads,),
-                )
             weights = {name: np.array(value, np.float32) for name, value in global_weights.items()}
-            live = list(self.teachers)
-            self._pending[version + cfg.distill_lag] = self._executor.submit(
-                self._revive, weights, version, live, synthesize, distil
-            )
+            work = (self._revive, weights, version, list(self.teachers), synthesize, distil)
+            self._pending[version + cfg.distill_lag] = self._background_executor().submit(*work)
         return out
+
+    def _background_executor(self) -> ThreadPoolExecutor:
+        """The one background thread (started on first use), with the PyTorch threads of the caller."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="fedrevive-distill",
+                initializer=torch.set_num_threads,
+                initargs=(self._threads,),
+            )
+        return self._executor
 
     def _revive(
         self, weights: Weights, version: int, live: list, synthesize: bool, distil: bool
@@ -358,7 +360,9 @@ class Reviver:
         return delta_kd, info
 
     def settle(self) -> None:
-        """Wait for the background work started so far (its results stay pending until their versions)."""
+        """Wait for the background work started so far, the thread's first job included (results land by version)."""
+        if self._prepared is not None:
+            self._prepared.result()
         for version, work in list(self._pending.items()):
             if isinstance(work, Future):
                 self._pending[version] = work.result()
@@ -384,6 +388,7 @@ class Reviver:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from :meth:`state_dict` output (teacher modules are reloaded lazily)."""
+        self.settle()  # the thread's first job builds the meta-optimizer this restores
         self.synthesizer.load_state_dict(state["synthesizer"])
         self.teachers.load_state_dict(state["teachers"])
         self.kd_rng.set_state(state["kd_rng"])

@@ -43,7 +43,7 @@ class Synthesizer:
         cfg = self.config
         self.device = torch.device(device)
         self.generator = build_generator(cfg).to(self.device)
-        self.meta_optimizer = adam(self.generator.parameters(), self.device, lr=cfg.meta_lr, betas=cfg.adam_betas)
+        self._meta_optimizer: torch.optim.Adam | None = None
         raw = cfg.task_generator is not None
         self.pool = SyntheticPool(
             capacity=cfg.pool_capacity,
@@ -56,6 +56,20 @@ class Synthesizer:
         self.mean = torch.tensor(cfg.normalize_mean, dtype=torch.float32, device=self.device)
         self.std = torch.tensor(cfg.normalize_std, dtype=torch.float32, device=self.device)
         self.calls = 0
+
+    @property
+    def meta_optimizer(self) -> torch.optim.Adam:
+        """The generator's Reptile meta-optimizer, built on first use: PyTorch imports its compiler stack
+        (``torch._dynamo``, seconds on a busy CPU) with the first optimizer of a process, so a server that
+        synthesises on a background thread builds it there (:meth:`prepare`), off the start of its run."""
+        if self._meta_optimizer is None:
+            cfg = self.config
+            self._meta_optimizer = adam(self.generator.parameters(), self.device, lr=cfg.meta_lr, betas=cfg.adam_betas)
+        return self._meta_optimizer
+
+    def prepare(self) -> None:
+        """Build the meta-optimizer now (it draws no random numbers, so when does not change any result)."""
+        _ = self.meta_optimizer
 
     def augment(self, outputs: torch.Tensor, crop_flip: bool = True) -> torch.Tensor:
         """Model inputs for generator outputs ``(B, *input_shape)``: crop / flip (images, when ``crop_flip``) and
