@@ -17,7 +17,10 @@ from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
-from devsim_flare.run_signals import still_running  # noqa: F401  (imported from here by tests)
+from devsim_flare.run_signals import (
+    StartInterrupted,
+    still_running,  # noqa: F401  (imported from here by tests)
+)
 
 JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
@@ -268,7 +271,10 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                         run = None  # stopped on purpose once the results were complete, or on a signal
             else:
                 try:
-                    run = make_recipe().execute(env)
+                    with signals.starting():  # poc: a signal ends the start at once (StartInterrupted)
+                        run = make_recipe().execute(env)
+                except StartInterrupted:
+                    return signals.exit_code  # run_recipe stops the services and reports
                 except Exception:  # poc: a signal while the system starts (its services were stopped under it)
                     if signals.signum is None:
                         raise

@@ -18,6 +18,8 @@ import threading
 
 from devsim_flare.run_signals import TERM_SECONDS, processes_under, stop_processes
 
+STOP_PASSES = 3
+"""Looks for POC processes left, at most, when the command stops the POC system (see :func:`stop_services`)."""
 STATUS_POLL_SECONDS = 2.0
 """Seconds between two job-status reads through the admin session."""
 FAILED_BY_LEAF = re.compile(r"Failing job (\S+) due to reported failure from (\S+): (.*)")
@@ -78,11 +80,17 @@ def leaf_failure(poc_root: str, job_id: str | None = None) -> str | None:
     return None
 
 
-def stop_services(poc_root: str) -> None:
-    """Stop every process of the POC system in ``poc_root`` (SIGTERM, SIGKILL 1 s later). The workspace stays,
-    with the services' logs, until the next POC run starts (:func:`clear_stale_workspace`): removing its ~800
-    files took 4 s on a loaded machine, most of the time a stop may take."""
-    stop_processes(processes_under(poc_root), TERM_SECONDS)
+def stop_services(poc_root: str, passes: int = STOP_PASSES) -> None:
+    """Stop every process of the POC system in ``poc_root`` (SIGTERM, SIGKILL 1 s later), looking again after each
+    pass (at most ``passes``): a start script stopped while it was launching its service may have started one
+    after the last look. The workspace stays, with the services' logs, until the next POC run starts
+    (:func:`clear_stale_workspace`): removing its ~800 files took 4 s on a loaded machine, most of the time a stop
+    may take."""
+    for _ in range(passes):
+        found = processes_under(poc_root)
+        if not found:
+            return
+        stop_processes(found, TERM_SECONDS)
 
 
 def clear_stale_workspace(poc_root: str | None) -> None:
