@@ -4,6 +4,7 @@ POC and production jobs with a timeout, and print where the results are."""
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -17,10 +18,7 @@ from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.recipe import build_env
-from devsim_flare.run_signals import (
-    StartInterrupted,
-    still_running,  # noqa: F401  (imported from here by tests)
-)
+from devsim_flare.run_signals import still_running  # noqa: F401  (imported from here by tests)
 
 JOB_POLL_SECONDS = 2.0
 END_GRACE_SECONDS = 60.0
@@ -215,8 +213,9 @@ def run_recipe(
     processes = (lambda: processes_under(poc_root)) if poc_root else None
     clear_stale_workspace(poc_root)
     since = time.time()
+    recorded = functools.partial(_results_say, config, since, "rounds")  # before a round: nothing to save
     with StopOnSignals(
-        config.output_dir, server_stopped=lambda: _run_ended(config, since), processes=processes
+        config.output_dir, server_stopped=lambda: _run_ended(config, since), processes=processes, ask_server=recorded
     ) as signals:
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
     if poc_root and signals.signum is not None:
@@ -257,6 +256,8 @@ def _report_stop(config: SimulationConfig, signals) -> int:
 
 def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: str, signals) -> int:
     """Execute the job (twice in sim when a leaf lost its port at start); wait for it outside sim; report."""
+    from devsim_flare.run_signals import StartInterrupted
+
     attempts = 2 if args.env == "sim" else 1
     for attempt in range(1, attempts + 1):
         started, submitted = time.perf_counter(), time.time()

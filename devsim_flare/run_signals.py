@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from devsim_flare.stop_request import clear_stop, request_stop
 
@@ -204,6 +205,8 @@ class StopOnSignals:
     its workspace); ``force`` stops them (default: :func:`stop_processes`), given the seconds between SIGTERM
     and SIGKILL. ``ask_server=False`` (a server that cannot honour a stop request: the edge job): the first signal
     stops the processes at once (SIGTERM, SIGKILL :data:`TERM_SECONDS` later); what the server wrote is kept.
+    ``ask_server`` may be a callable, asked at the first signal (sim, POC: whether the server has recorded a round
+    yet; before that it has nothing to save, and the grace period would only delay the stop).
     :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
     """
 
@@ -214,7 +217,7 @@ class StopOnSignals:
         grace_seconds: float = STOP_GRACE_SECONDS,
         server_stopped=None,
         processes=None,
-        ask_server: bool = True,
+        ask_server: bool | Callable[[], bool] = True,
     ):
         self.output_dir = output_dir
         self.ask_server = ask_server
@@ -262,6 +265,8 @@ class StopOnSignals:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal_name(signum)
+        if self.signum is None and callable(self.ask_server) and not self.ask_server():
+            self.ask_server = False  # nothing to save yet: stop the processes at once
         if self.signum is None and self._starting:
             self.signum = signum
             self._starting = False

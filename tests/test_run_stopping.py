@@ -420,6 +420,21 @@ def test_without_asking_the_server_the_first_signal_stops_the_processes(tmp_path
         child.wait()
 
 
+@pytest.mark.parametrize("recorded", [False, True])
+def test_before_the_first_round_the_first_signal_stops_at_once(tmp_path, recorded):
+    """``ask_server`` as a callable: before the server has recorded a round there is nothing to save, and the
+    first signal stops the processes without the grace period; after one, it asks the server."""
+    forced = []
+    with StopOnSignals(str(tmp_path), force=forced.append, grace_seconds=30.0, ask_server=lambda: recorded) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not forced and not recorded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert signals.exit_code == 143
+        assert forced == ([] if recorded else [1.0])
+        assert (tmp_path / STOP_FILE).exists() == recorded
+
+
 def test_leaf_failure_names_the_leaf_and_why_nvflare_ended_the_job(tmp_path):
     from devsim_flare.deployment.poc import leaf_failure
 
