@@ -304,7 +304,7 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
 
         from devsim_flare.deployment.poc import BackgroundStatus
 
-        followed = BackgroundStatus(run, poc_root=os.environ.get("NVFLARE_POC_WORKSPACE"))
+        followed = BackgroundStatus(run, poc_root=os.environ.get("NVFLARE_POC_WORKSPACE"), output_dir=config.output_dir)
         status, result = wait_for_job(
             followed, args.job_timeout, lambda: _run_ended(config, since=submitted), stopped=stopped
         )

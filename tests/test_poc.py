@@ -16,7 +16,7 @@ from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_men
 def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
     """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) at round 2: exit 130 within 5 s, the
     server's results and checkpoint written, no process, /dev/shm folder or listening port left; ``--resume``
-    then completes the run in POC."""
+    then completes the run in POC. First, a Ctrl-C while the POC system starts ends the command as fast."""
     import subprocess
     import sys
 
@@ -26,6 +26,7 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
 
     run_dir = tmp_path / "run"
     args = [*SMALL_RUN, "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"]
+    _ctrl_c_while_the_poc_system_starts(args, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(run_dir)],
         cwd=tmp_path,
@@ -74,6 +75,40 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
     finally:
         leftovers = end_leftovers(str(tmp_path))
     assert not leftovers, leftovers
+
+
+def _ctrl_c_while_the_poc_system_starts(args: list[str], tmp_path) -> None:
+    """Ctrl-C once the POC server's service runs, before any job: the command ends within 5 s with 130 and stops
+    every process it started (NVFlare's job submission would otherwise retry the stopped server for ~10 s)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, isolated_env
+
+    proc = subprocess.Popen(
+        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(tmp_path / "started")],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not [p for p in processes_mentioning(str(tmp_path / "poc")) if "server_train" in p]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        seconds = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
+    assert "still starting" in output and not leftovers, leftovers
 
 
 def _exchange_folders() -> list[str]:
@@ -152,6 +187,7 @@ def test_poc_run_goes_on_past_a_killed_leaf_job_process(tmp_path):
         assert [r["round"] for r in results["rounds"]] == list(range(1, 9)), output[-4000:]
         assert results["rounds"][-1]["dead_leaves"] == ["site-3"], [r["dead_leaves"] for r in results["rounds"]]
         assert results["summary"]["final_accuracy"] > 0.3
+        assert "leaf site-3 lost (its job process's connection" in output, output[-4000:]  # the leaf and the cause
         assert stall < 10, (stall, rounds)
     finally:
         if proc.poll() is None:

@@ -435,6 +435,24 @@ def test_before_the_first_round_the_first_signal_stops_at_once(tmp_path, recorde
         assert (tmp_path / STOP_FILE).exists() == recorded
 
 
+def test_leaf_losses_are_printed_once_each_from_the_server_records(tmp_path, capsys):
+    import json
+
+    from devsim_flare.deployment.poc import LeafLosses
+
+    losses = LeafLosses(str(tmp_path))
+    assert losses.report() == []  # no results yet
+    records = [{"round": 1}, {"round": 2, "leaves_lost": {"site-3": JOB_CELL_GONE}}]
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": records}))
+    assert losses.report() == [f"[server] round 2: leaf site-3 lost ({JOB_CELL_GONE}); the run goes on without it"]
+    records.append({"version": 7, "leaves_lost": {"site-1": "stopped answering (x)", "site-3": "again"}})
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": records}))
+    os.utime(tmp_path / "results.json", (time.time() + 5, time.time() + 5))  # a later rewrite
+    lost = losses.report()
+    assert lost == ["[server] version 7: leaf site-1 lost (stopped answering (x)); the run goes on without it"]
+    assert losses.report() == [] and "site-3 lost" in capsys.readouterr().out
+
+
 def test_leaf_failure_names_the_leaf_and_why_nvflare_ended_the_job(tmp_path):
     from devsim_flare.deployment.poc import leaf_failure
 
