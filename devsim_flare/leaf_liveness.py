@@ -51,7 +51,7 @@ DEAD_JOB_REPORTED = "NVFlare reported its job process dead"
 JOB_CELL_GONE = "its job process's connection to its NVFlare client closed (the process ended)"
 PROBE_SECONDS = 1.0
 """Seconds between two probes of the leaves' client parents (POC, production)."""
-PROBE_TIMEOUT = 5.0
+PROBE_TIMEOUT = 2.0
 """Seconds a probe waits for the answers; a client that answers later gives no verdict either way."""
 MISSING_PROBES = 2
 """Probes in a row that must find a leaf's job cell gone before the leaf is lost."""

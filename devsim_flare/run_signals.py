@@ -15,8 +15,8 @@ command runs a job, :class:`StopOnSignals` takes both signals:
 While the run's environment is still starting (POC: provisioning and starting the POC services and submitting the
 job, inside NVFlare's ``execute``; see :meth:`StopOnSignals.starting`), no server runs the job yet and there is
 nothing to save: the first signal ends the start at once with :class:`StartInterrupted`, raised in the main thread,
-and the caller stops what the start had launched. Waiting instead for NVFlare to notice its stopped services took
-17-18 s (its job submission retries a dead server for about 10 s).
+and the caller stops what the start had launched (NVFlare's job submission would otherwise retry the stopped
+server for about 10 s).
 
 The command then exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it.
 """
