@@ -204,22 +204,25 @@ def run_recipe(
         log_level=args.log_level,
         gpu_groups=leaf_gpu_groups(gpu_ids, config.num_leaf_nodes) if gpu_ids else None,
     )
-    from devsim_flare.deployment.poc import clear_stale_workspace, stop_services
+    from devsim_flare.deployment.poc import services_stopped_at_exit
     from devsim_flare.run_signals import StopOnSignals, processes_under, remove_orphan_exchanges
 
     # poc: the services' processes are not descendants of this one (see processes_under); they are stopped here,
     # not through NVFlare's shutdown of the POC system
     poc_root = os.environ.get("NVFLARE_POC_WORKSPACE") if args.env == "poc" else None
     processes = (lambda: processes_under(poc_root)) if poc_root else None
-    clear_stale_workspace(poc_root)
     since = time.time()
     recorded = functools.partial(_results_say, config, since, "rounds")  # before a round: nothing to save
-    with StopOnSignals(
-        config.output_dir, server_stopped=lambda: _run_ended(config, since), processes=processes, ask_server=recorded
-    ) as signals:
+    with (
+        services_stopped_at_exit(poc_root),
+        StopOnSignals(
+            config.output_dir,
+            server_stopped=lambda: _run_ended(config, since),
+            processes=processes,
+            ask_server=recorded,
+        ) as signals,
+    ):
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
-    if poc_root and signals.signum is not None:
-        stop_services(poc_root)  # any started while the others were stopped
     remove_orphan_exchanges()
     if signals.signum is not None:
         return _report_stop(config, signals)

@@ -466,3 +466,24 @@ def test_leaf_failure_names_the_leaf_and_why_nvflare_ended_the_job(tmp_path):
     assert "leaf site-2" in line and "(exception)" in line and "fails the whole job" in line and "\n" not in line
     assert leaf_failure(str(tmp_path), "other-job") is None
     assert leaf_failure(str(tmp_path / "nothing")) is None
+
+
+def test_a_poc_start_that_fails_leaves_no_service_running(tmp_path):
+    """A POC start that raises (e.g. the admin could not connect to the server) still stops the services it
+    started: here a process naming the POC workspace on its command line, as NVFlare's services do."""
+    from devsim_flare.deployment.poc import services_stopped_at_exit
+
+    poc_root = tmp_path / "poc"
+    (poc_root / "server" / "startup").mkdir(parents=True)
+    service = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", str(poc_root / "server" / "startup" / "sub_start.sh")]
+    )
+    try:
+        with pytest.raises(RuntimeError, match="cannot connect"):
+            with services_stopped_at_exit(str(poc_root)):
+                raise RuntimeError("cannot connect to server for 10 s")
+        assert service.wait(timeout=10) is not None
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()

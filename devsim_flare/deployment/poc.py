@@ -10,12 +10,14 @@ The command finds them by the POC workspace on their command lines
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
 import shutil
 import threading
+from collections.abc import Iterator
 
 from devsim_flare.run_signals import TERM_SECONDS, processes_under, stop_processes
 
@@ -138,3 +140,16 @@ def clear_stale_workspace(poc_root: str | None) -> None:
     second system beside it."""
     if poc_root and os.path.isdir(poc_root) and not processes_under(poc_root):
         shutil.rmtree(poc_root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def services_stopped_at_exit(poc_root: str | None) -> Iterator[None]:
+    """A POC run's services (``poc_root``: the POC workspace; None outside POC): a stale workspace is cleared at the
+    start, and whatever still runs in it at the end is stopped, however the run ended (finished, a signal, a start
+    that failed to connect, an exception): the command leaves no service behind."""
+    clear_stale_workspace(poc_root)
+    try:
+        yield
+    finally:
+        if poc_root:
+            stop_services(poc_root)
