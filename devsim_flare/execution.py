@@ -213,15 +213,9 @@ def run_recipe(
     processes = (lambda: processes_under(poc_root)) if poc_root else None
     since = time.time()
     recorded = functools.partial(_results_say, config, since, "rounds")  # before a round: nothing to save
-    with (
-        services_stopped_at_exit(poc_root),
-        StopOnSignals(
-            config.output_dir,
-            server_stopped=lambda: _run_ended(config, since),
-            processes=processes,
-            ask_server=recorded,
-        ) as signals,
-    ):
+    ended = functools.partial(_run_ended, config, since)
+    stopper = StopOnSignals(config.output_dir, server_stopped=ended, processes=processes, ask_server=recorded)
+    with services_stopped_at_exit(poc_root), stopper as signals:
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
     remove_orphan_exchanges()
     if signals.signum is not None:
