@@ -30,6 +30,7 @@ SMALL_RUN = [
 MULTIPROCESS_MODULES = frozenset({"test_poc", "test_deployment", "test_edge_hierarchy"})
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``--dist loadgroup``, as ``scripts/test.sh`` runs the suite) a module is one unit of
     work, so its module-scoped job runs happen once, and the multi-process modules share one unit."""
