@@ -25,6 +25,20 @@ SMALL_RUN = [
 ]
 
 
+# Modules whose tests start whole deployments (POC systems, provisioned sites in network namespaces, edge relay
+# trees): run one after another on one worker so two of them never share the two cores of a small machine.
+MULTIPROCESS_MODULES = frozenset({"test_poc", "test_deployment", "test_edge_hierarchy"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``, as ``scripts/test.sh`` runs the suite) a module is one unit of
+    work, so its module-scoped job runs happen once, and the multi-process modules share one unit."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("multiprocess" if module in MULTIPROCESS_MODULES else module))
+
+
 @pytest.fixture(scope="module")
 def single_torch_thread():
     """One torch thread for a module: tiny models run as fast on one thread, and far faster than two when

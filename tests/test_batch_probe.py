@@ -149,16 +149,35 @@ def test_the_probe_refuses_randomness_python_state_and_per_sample_loops_and_says
     assert "optimizer 'rmsprop'" in rmsprop
 
 
+def _in_one_of_three(probe, expected) -> list:
+    """Up to three timed probes until one verdict meets ``expected``; the verdicts seen (the last one met it, or
+    none did). A probe times two arms in turn, and a test running beside others on a small machine may see one arm
+    slowed by a neighbour: a verdict that is wrong every time is a fault, one wrong once is the machine."""
+    seen = []
+    for _ in range(3):
+        seen.append(probe())
+        if expected(seen[-1]):
+            break
+    return seen
+
+
 def test_the_timed_probe_keeps_batching_where_it_pays_and_says_why_where_it_does_not():
     """A tiny MLP is per-step overhead (batched ~0.35x the time); a wide MLP on large batches is compute (~1x)."""
-    fast = probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU)
-    assert fast.obstacle is None and fast.batched_seconds < fast.single_seconds
+    fast = _in_one_of_three(
+        lambda: probe_batching(_mlp, LocalTrainingSpec(), Objective(), _features(), CPU),
+        lambda verdict: verdict.obstacle is None and verdict.batched_seconds < verdict.single_seconds,
+    )
+    assert fast[-1].obstacle is None and fast[-1].batched_seconds < fast[-1].single_seconds, fast
 
     def wide() -> nn.Module:
         return nn.Sequential(nn.Linear(6, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 4))
 
-    slow = probe_batching(wide, LocalTrainingSpec(batch_size=64), Objective(), _features(2000), CPU).obstacle
-    assert slow is not None and slow.startswith("batched training is not faster") and "at most 0.8x" in slow
+    slow = _in_one_of_three(
+        lambda: probe_batching(wide, LocalTrainingSpec(batch_size=64), Objective(), _features(2000), CPU).obstacle,
+        lambda obstacle: obstacle is not None and obstacle.startswith("batched training is not faster"),
+    )
+    assert slow[-1] is not None and slow[-1].startswith("batched training is not faster"), slow
+    assert "at most 0.8x" in slow[-1]
 
 
 def test_the_leaf_plans_the_thread_pool_for_a_refused_model(tmp_path):

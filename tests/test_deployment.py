@@ -136,7 +136,8 @@ def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
     # 6 local epochs at lr 0.01: a round without site-3 lasts about 0.5 s instead of 0.1 s, so the rounds left
     # after the kill outlast the restart of site-3 (10-20 s); with 1 epoch the run could end before site-3 was back
     flags = ["--dataset", "digits", "--num-rounds", str(rounds_wanted), "--local-epochs", "6", "--lr", "0.01"]
-    flags += ["--round-timeout", "5", "--seed", "5"]
+    # a round timeout well above a round on a busy machine (the suite runs two workers): only the killed leaf misses it
+    flags += ["--round-timeout", "15", "--seed", "5"]
     cmd = [sys.executable, SCRIPT, "run", "--workspace", str(workspace), "fedavg", "--timeout", "400", "--", *flags]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

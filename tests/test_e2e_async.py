@@ -24,9 +24,32 @@ def _arrivals(run_dir) -> list[tuple]:
         return [(r["device_id"], r["base_version"], r["arrival_time"]) for r in csv.DictReader(stream)]
 
 
+def _exchange_folders() -> list[str]:
+    """Names of the /dev/shm exchange folders there now (other tests' live runs included)."""
+    from devsim.shared_arrays import FOLDER_PREFIX, SHARED_MEMORY_ROOT
+
+    if not os.path.isdir(SHARED_MEMORY_ROOT):
+        return []
+    return [name for name in os.listdir(SHARED_MEMORY_ROOT) if name.startswith(FOLDER_PREFIX)]
+
+
+def _alive(folder: str) -> bool:
+    """Whether the server process that named the exchange folder ``folder`` still runs (a run in progress)."""
+    from devsim.shared_arrays import FOLDER_PREFIX
+
+    try:
+        os.kill(int(folder[len(FOLDER_PREFIX) :].split("-")[0]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
 @pytest.fixture(scope="module")
 def fedbuff_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fedbuff")
+    (tmp / "exchange_folders_before.json").write_text(json.dumps(_exchange_folders()))
     run_job("pt_job_fedbuff.py", [*ASYNC_RUN, "--workspace", str(tmp / "ws")], tmp)
     return tmp
 
@@ -53,8 +76,9 @@ def test_same_seed_gives_same_arrivals_and_weights(fedbuff_run, tmp_path):
 def test_arrays_through_shared_memory_or_messages_give_the_same_run(fedbuff_run, tmp_path):
     """The default in the simulator (model arrays through /dev/shm files) against NVFlare's messages: the same
     arrivals and bit for bit the same final model; no exchange folder is left behind."""
-    from devsim.shared_arrays import FOLDER_PREFIX, SHARED_MEMORY_ROOT, shared_memory_root
+    from devsim.shared_arrays import shared_memory_root
 
+    before = set(json.loads((fedbuff_run / "exchange_folders_before.json").read_text()))
     default = find_results(fedbuff_run / "ws" / "runs")
     assert default["config"]["shared_memory"] == ("on" if shared_memory_root() else "off")
     run_job("pt_job_fedbuff.py", [*ASYNC_RUN, "--shared-memory", "off", "--workspace", str(tmp_path / "ws")], tmp_path)
@@ -64,7 +88,7 @@ def test_arrays_through_shared_memory_or_messages_give_the_same_run(fedbuff_run,
     first, second = torch.load(default["summary"]["final_model"]), torch.load(messages["summary"]["final_model"])
     assert all(torch.equal(first[key], second[key]) for key in first)
     if shared_memory_root():
-        assert [n for n in os.listdir(SHARED_MEMORY_ROOT) if n.startswith(f"{FOLDER_PREFIX}")] == []
+        assert [name for name in _exchange_folders() if name not in before and not _alive(name)] == []
 
 
 def test_fedrevive_run_completes_with_kd_engaged(tmp_path):
