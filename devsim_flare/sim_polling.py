@@ -12,11 +12,19 @@ most :data:`POLL_SECONDS`; every other ``time`` function is the real one. Each o
 re-checks its condition (or a fixed pause before one), so the run is the same, only sooner. The client runner is
 changed only in a simulator worker process: in POC and production its sleeps pace a leaf's task polling.
 
-The ``devsim_flare`` package calls :func:`shorten_simulator_polls_by_default` when it is first imported: in
-the simulator's server process that happens when NVFlare scans the server app's classes, a tenth of a second
-after it deploys the app and before the first of those polls ends; in a worker, when NVFlare builds the leaf's
-app, before its client runner syncs. Where the modules are not loaded (the job command, POC, production) nothing
-changes. ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps NVFlare's waits.
+The worker module itself (run as ``__main__``) retries a leaf's task fetch every 0.5 s and sleeps the client
+runner's fetch interval (0.2 s here) between tasks: with the simulator's two start-up tasks (``sync``, then
+``setup`` once every leaf has synced), a leaf that asked before ``setup`` was scheduled waited up to 0.5 s more.
+Those sleeps are capped too, in the worker's ``__main__`` only.
+
+A process forked by this project's fork server (:mod:`devsim_flare.launch.fork_server`) has the runner and client
+runner modules loaded before it starts: :func:`shorten_before_start` caps them then, so the runner's first
+one-second wait (for the server app's start) is short too. Otherwise the ``devsim_flare`` package calls
+:func:`shorten_simulator_polls_by_default` when it is first imported: in the simulator's server process that happens
+when NVFlare scans the server app's classes, a tenth of a second after it deploys the app, in the middle of the
+first of those waits; in a worker, when NVFlare builds the leaf's app, before its client runner syncs. Where the
+modules are not loaded (the job command, POC, production) nothing changes. ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps
+NVFlare's waits.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 from devsim_flare.runtime_defaults import runtime_defaults_enabled
 
 RUNNER_MODULE = "nvflare.private.fed.app.simulator.simulator_runner"
+SIMULATOR_MODULE = "nvflare.private.fed.app.simulator.simulator"
 WORKER_MODULE = "nvflare.private.fed.app.simulator.simulator_worker"
 CLIENT_RUNNER_MODULE = "nvflare.private.fed.client.client_runner"
 POLL_SECONDS = 0.05
@@ -65,14 +74,33 @@ def _in_simulator_worker() -> bool:
     return getattr(spec, "name", None) == WORKER_MODULE
 
 
+def _worker_main() -> bool:
+    """Whether ``__main__`` is NVFlare's simulator worker module (run with ``python -m`` or forked as if it were)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == WORKER_MODULE
+
+
 def shorten_simulator_polls(cap: float = POLL_SECONDS) -> bool:
-    """Cap the sleeps of NVFlare's simulator runner, and of the client runner in a simulator worker, at ``cap``
-    seconds where they run in this process. Returns True when something was capped (a simulator process).
-    Idempotent."""
+    """Cap the sleeps of NVFlare's simulator runner, and of the client runner and the worker's ``__main__`` in a
+    simulator worker, at ``cap`` seconds where they run in this process. Returns True when something was capped
+    (a simulator process). Idempotent."""
     capped = _cap_sleeps(RUNNER_MODULE, cap)
     if _in_simulator_worker():
         capped = _cap_sleeps(CLIENT_RUNNER_MODULE, cap) or capped
+    if _worker_main():
+        capped = _cap_sleeps("__main__", cap) or capped
     return capped
+
+
+def shorten_before_start(module: str, cap: float = POLL_SECONDS) -> bool:
+    """In a process about to run ``module`` as ``__main__`` (a fork server's child, NVFlare's modules already
+    loaded): cap the runner's sleeps for the simulator's server process, the client runner's for a worker, unless
+    ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``. Returns whether something was capped."""
+    if not runtime_defaults_enabled():
+        return False
+    if module == WORKER_MODULE:
+        return _cap_sleeps(CLIENT_RUNNER_MODULE, cap)
+    return module == SIMULATOR_MODULE and _cap_sleeps(RUNNER_MODULE, cap)
 
 
 def shorten_simulator_polls_by_default() -> bool:

@@ -190,3 +190,61 @@ def test_the_simulator_runner_still_polls_with_the_module_time_it_sees():
     assert source.count("time.sleep(1.0)") >= 2 and "time.sleep(interval)" in source
     client_runner = __import__("nvflare.private.fed.client.client_runner", fromlist=["ClientRunner"])
     assert "time.sleep(0.5)" in inspect.getsource(client_runner.ClientRunner.init_run)
+
+
+def test_a_forked_simulator_process_has_its_polls_capped_before_it_starts(monkeypatch):
+    """The fork server caps the runner's sleeps before the simulator's server process runs (its first one-second
+    wait starts before the project's package is imported there) and the client runner's before a worker runs; other
+    modules, and the switch turned off, change nothing."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+    from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH
+
+    loaded = {}
+    for name in (sim_polling.RUNNER_MODULE, sim_polling.CLIENT_RUNNER_MODULE):
+        loaded[name] = types.ModuleType(name)
+        loaded[name].time = time
+        monkeypatch.setitem(sys.modules, name, loaded[name])
+    runner, client_runner = loaded[sim_polling.RUNNER_MODULE], loaded[sim_polling.CLIENT_RUNNER_MODULE]
+    monkeypatch.setenv(RUNTIME_ENV_DEFAULTS_SWITCH, "0")
+    assert not sim_polling.shorten_before_start(sim_polling.SIMULATOR_MODULE) and runner.time is time
+    monkeypatch.delenv(RUNTIME_ENV_DEFAULTS_SWITCH)
+    assert not sim_polling.shorten_before_start("some.other.module") and runner.time is time
+    assert sim_polling.shorten_before_start(sim_polling.WORKER_MODULE)
+    assert client_runner.time is not time and runner.time is time
+    assert sim_polling.shorten_before_start(sim_polling.SIMULATOR_MODULE) and runner.time is not time
+
+
+def test_the_worker_main_module_is_capped_in_a_simulator_worker(monkeypatch):
+    """NVFlare's worker runs as ``__main__``: its 0.5 s task-fetch retries and its sleeps between tasks are capped
+    there, and only where ``__main__`` is that worker."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+
+    main = types.ModuleType("__main__")
+    main.time = time
+    main.__spec__ = types.SimpleNamespace(name="some.script")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delitem(sys.modules, sim_polling.RUNNER_MODULE, raising=False)
+    monkeypatch.delitem(sys.modules, sim_polling.WORKER_MODULE, raising=False)
+    assert not sim_polling.shorten_simulator_polls() and main.time is time
+    main.__spec__ = types.SimpleNamespace(name=sim_polling.WORKER_MODULE)
+    assert sim_polling.shorten_simulator_polls() and main.time is not time
+
+
+def test_the_simulator_worker_still_waits_through_its_module_time():
+    """What the worker's cap relies on: NVFlare's worker retries a task fetch after ``time.sleep(0.5)`` and sleeps
+    ``interval`` between tasks through its module's ``time``."""
+    import inspect
+
+    from devsim_flare import sim_polling
+
+    worker = __import__(sim_polling.WORKER_MODULE, fromlist=["ClientTaskWorker"])
+    assert "time.sleep(0.5)" in inspect.getsource(worker.ClientTaskWorker.do_one_task)
+    assert "time.sleep(interval)" in inspect.getsource(worker.ClientTaskWorker.run)
