@@ -17,19 +17,27 @@ runner's fetch interval (0.2 s here) between tasks: with the simulator's two sta
 ``setup`` once every leaf has synced), a leaf that asked before ``setup`` was scheduled waited up to 0.5 s more.
 Those sleeps are capped too, in the worker's ``__main__`` only.
 
+NVFlare's connector manager (``nvflare.fuel.f3.cellnet.connector_manager``) sleeps 0.5 s after it starts a dynamic
+listener (the simulator server cell's internal listener), "to wait for listener ready and avoid race". NVFlare's TCP
+listener is ready once its server socket is bound and listening, a few milliseconds after its thread starts:
+:func:`wait_for_listeners` turns that sleep into a wait for exactly that (at most the same 0.5 s); a listener of any
+other driver still gets the whole sleep.
+
 A process forked by this project's fork server (:mod:`devsim_flare.launch.fork_server`) has the runner and client
-runner modules loaded before it starts: :func:`shorten_before_start` caps them then, so the runner's first
-one-second wait (for the server app's start) is short too. Otherwise the ``devsim_flare`` package calls
-:func:`shorten_simulator_polls_by_default` when it is first imported: in the simulator's server process that happens
-when NVFlare scans the server app's classes, a tenth of a second after it deploys the app, in the middle of the
-first of those waits; in a worker, when NVFlare builds the leaf's app, before its client runner syncs. Where the
-modules are not loaded (the job command, POC, production) nothing changes. ``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps
-NVFlare's waits.
+runner modules loaded before it starts: :func:`shorten_before_start` caps them (and the listener's wait) then, so
+the runner's first one-second wait (for the server app's start) is short too. Otherwise the ``devsim_flare``
+package calls :func:`shorten_simulator_polls_by_default` when it is first imported: in the simulator's server
+process that happens when NVFlare scans the server app's classes, a tenth of a second after it deploys the app, in
+the middle of the first of those waits; in a worker, when NVFlare builds the leaf's app, before its client runner
+syncs. Where the modules are not loaded (the job command, POC, production) nothing changes.
+``DEVSIM_RUNTIME_ENV_DEFAULTS=0`` keeps NVFlare's waits.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -40,7 +48,13 @@ RUNNER_MODULE = "nvflare.private.fed.app.simulator.simulator_runner"
 SIMULATOR_MODULE = "nvflare.private.fed.app.simulator.simulator"
 WORKER_MODULE = "nvflare.private.fed.app.simulator.simulator_worker"
 CLIENT_RUNNER_MODULE = "nvflare.private.fed.client.client_runner"
+CONNECTOR_MANAGER_MODULE = "nvflare.fuel.f3.cellnet.connector_manager"
+COMMUNICATOR_MODULE = "nvflare.fuel.f3.communicator"
+TCP_DRIVER_MODULE = "nvflare.fuel.f3.drivers.tcp_driver"
 POLL_SECONDS = 0.05
+LISTENER_STEP_SECONDS = 0.005
+_started = threading.local()
+"""``connector``: the connector this thread's communicator last started as a listener (until a wait takes it)."""
 
 
 class _ShortSleepTime:
@@ -63,6 +77,51 @@ def _cap_sleeps(module_name: str, cap: float) -> bool:
         return False
     if not isinstance(module.time, _ShortSleepTime):
         module.time = _ShortSleepTime(cap)
+    return True
+
+
+class _ListenerWaitTime:
+    """The ``time`` module with ``sleep`` turned into a wait for the listener this thread just started: for
+    NVFlare's TCP driver, until its server socket listens (at most ``seconds``); otherwise the whole sleep."""
+
+    def sleep(self, seconds: float) -> None:
+        connector, _started.connector = getattr(_started, "connector", None), None
+        tcp = sys.modules.get(TCP_DRIVER_MODULE)
+        if connector is None or tcp is None or not isinstance(connector.driver, tcp.TcpDriver):
+            time.sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while connector.driver.server is None and time.monotonic() < deadline:
+            time.sleep(LISTENER_STEP_SECONDS)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def _remembering(start_listener):
+    """``Communicator.start_listener`` that also notes, for this thread, the connector it started."""
+
+    @functools.wraps(start_listener)
+    def wrapper(self, scheme, resources):
+        handle, connect_url, params = start_listener(self, scheme, resources)
+        _started.connector = self.conn_manager.connectors.get(handle)
+        return handle, connect_url, params
+
+    wrapper.devsim_remembers = True
+    return wrapper
+
+
+def wait_for_listeners() -> bool:
+    """Replace the connector manager's fixed sleep after starting a listener by a wait for the listener, in this
+    process; False when NVFlare's modules are not loaded. Idempotent."""
+    manager, communicator = sys.modules.get(CONNECTOR_MANAGER_MODULE), sys.modules.get(COMMUNICATOR_MODULE)
+    if manager is None or communicator is None or not hasattr(manager, "time"):
+        return False
+    if not isinstance(manager.time, _ListenerWaitTime):
+        manager.time = _ListenerWaitTime()
+    cls = communicator.Communicator
+    if not getattr(cls.start_listener, "devsim_remembers", False):
+        cls.start_listener = _remembering(cls.start_listener)
     return True
 
 
@@ -94,13 +153,14 @@ def shorten_simulator_polls(cap: float = POLL_SECONDS) -> bool:
 
 def shorten_before_start(module: str, cap: float = POLL_SECONDS) -> bool:
     """In a process about to run ``module`` as ``__main__`` (a fork server's child, NVFlare's modules already
-    loaded): cap the runner's sleeps for the simulator's server process, the client runner's for a worker, unless
-    ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``. Returns whether something was capped."""
+    loaded): cap the runner's sleeps and wait for listeners (:func:`wait_for_listeners`) in the simulator's server
+    process, cap the client runner's sleeps in a worker, unless ``DEVSIM_RUNTIME_ENV_DEFAULTS=0``. Returns whether
+    something was changed."""
     if not runtime_defaults_enabled():
         return False
     if module == WORKER_MODULE:
         return _cap_sleeps(CLIENT_RUNNER_MODULE, cap)
-    return module == SIMULATOR_MODULE and _cap_sleeps(RUNNER_MODULE, cap)
+    return module == SIMULATOR_MODULE and (wait_for_listeners() | _cap_sleeps(RUNNER_MODULE, cap))
 
 
 def shorten_simulator_polls_by_default() -> bool:

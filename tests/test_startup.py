@@ -209,6 +209,8 @@ def test_a_forked_simulator_process_has_its_polls_capped_before_it_starts(monkey
         loaded[name].time = time
         monkeypatch.setitem(sys.modules, name, loaded[name])
     runner, client_runner = loaded[sim_polling.RUNNER_MODULE], loaded[sim_polling.CLIENT_RUNNER_MODULE]
+    for name in (sim_polling.CONNECTOR_MANAGER_MODULE, sim_polling.COMMUNICATOR_MODULE):  # NVFlare's stay as they are
+        monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setenv(RUNTIME_ENV_DEFAULTS_SWITCH, "0")
     assert not sim_polling.shorten_before_start(sim_polling.SIMULATOR_MODULE) and runner.time is time
     monkeypatch.delenv(RUNTIME_ENV_DEFAULTS_SWITCH)
@@ -248,3 +250,68 @@ def test_the_simulator_worker_still_waits_through_its_module_time():
     worker = __import__(sim_polling.WORKER_MODULE, fromlist=["ClientTaskWorker"])
     assert "time.sleep(0.5)" in inspect.getsource(worker.ClientTaskWorker.do_one_task)
     assert "time.sleep(interval)" in inspect.getsource(worker.ClientTaskWorker.run)
+
+
+def test_the_listener_wait_ends_when_a_tcp_listener_listens(monkeypatch):
+    """After a listener starts, NVFlare's connector manager sleeps 0.5 s; the wait that replaces it ends as soon as
+    NVFlare's TCP driver has its server socket, and stays the whole sleep for another driver or an unknown one."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+
+    class TcpDriver:
+        server = None
+
+    class OtherDriver:
+        server = None
+
+    class Communicator:
+        def __init__(self, driver) -> None:
+            connector = types.SimpleNamespace(driver=driver)
+            self.conn_manager = types.SimpleNamespace(connectors={"h1": connector})
+
+        def start_listener(self, scheme, resources):
+            return "h1", "tcp://localhost:1", {}
+
+    manager = types.ModuleType(sim_polling.CONNECTOR_MANAGER_MODULE)
+    manager.time = time
+    for name, module in (
+        (sim_polling.CONNECTOR_MANAGER_MODULE, manager),
+        (sim_polling.COMMUNICATOR_MODULE, types.SimpleNamespace(Communicator=Communicator)),
+        (sim_polling.TCP_DRIVER_MODULE, types.SimpleNamespace(TcpDriver=TcpDriver)),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert sim_polling.wait_for_listeners() and sim_polling.wait_for_listeners()  # idempotent
+    assert Communicator.start_listener.devsim_remembers and manager.time.monotonic is time.monotonic
+
+    def waited(driver, seconds: float, ready_after: float | None = None) -> float:
+        Communicator(driver).start_listener("tcp", {})
+        if ready_after is not None:
+            threading.Timer(ready_after, setattr, (driver, "server", object())).start()
+        started = time.monotonic()
+        manager.time.sleep(seconds)
+        return time.monotonic() - started
+
+    assert waited(TcpDriver(), 5.0, ready_after=0.02) < 2.0
+    assert waited(OtherDriver(), 0.05) >= 0.05
+    started = time.monotonic()
+    manager.time.sleep(0.05)  # no listener started since the last wait: the whole sleep
+    assert time.monotonic() - started >= 0.05
+
+
+def test_nvflare_still_sleeps_after_starting_a_listener_and_sets_the_tcp_server_once_it_listens():
+    """What the listener wait relies on in NVFlare: the 0.5 s sleep after ``start_listener`` in the connector
+    manager, and the TCP driver's ``server`` assigned once its server socket is bound and listening."""
+    import inspect
+
+    from nvflare.fuel.f3.cellnet import connector_manager
+    from nvflare.fuel.f3.drivers import tcp_driver
+
+    source = inspect.getsource(connector_manager.ConnectorManager._get_connector)
+    assert source.index("start_listener(") < source.index("time.sleep(0.5)")
+    listen = inspect.getsource(tcp_driver.TcpDriver.listen)
+    assert "self.server = TcpStreamServer(" in listen
+    assert "self.server_activate()" in inspect.getsource(tcp_driver.TcpStreamServer.__init__)
