@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from devsim.observe.startup import COMMAND_STARTED_ENV, StartupClock, add_exit, stamp_command_start
 
@@ -315,3 +316,30 @@ def test_nvflare_still_sleeps_after_starting_a_listener_and_sets_the_tcp_server_
     listen = inspect.getsource(tcp_driver.TcpDriver.listen)
     assert "self.server = TcpStreamServer(" in listen
     assert "self.server_activate()" in inspect.getsource(tcp_driver.TcpStreamServer.__init__)
+
+
+def test_the_previous_run_is_set_aside_except_what_nvflare_keeps_and_removed_in_the_background(tmp_path):
+    """Before a simulation, the job workspace's previous run (not startup/ or local/) moves under the workspace's
+    trash folder, which a background thread empties, leftovers of earlier commands included."""
+    import types
+
+    from devsim_flare.launch import previous_run
+
+    job_workspace = tmp_path / "nvflare" / "devsim_fedavg"
+    for folder in ("startup", "local", "server/simulate_job/app_server/custom", "site-1/simulate_job"):
+        (job_workspace / folder).mkdir(parents=True)
+        (job_workspace / folder / "f.txt").write_text("x")
+    leftover = tmp_path / previous_run.TRASH_FOLDER / "devsim_fedavg-1-2"
+    leftover.mkdir(parents=True)
+    recipe = types.SimpleNamespace(job_name="devsim_fedavg")
+    env = types.SimpleNamespace(workspace_root=str(job_workspace.parent))
+    moved = previous_run.clear_previous_run(recipe, env, str(tmp_path))
+    assert sorted(os.listdir(job_workspace)) == ["local", "startup"]
+    assert (job_workspace / "local" / "f.txt").read_text() == "x"
+    assert moved is not None and os.path.dirname(moved) == str(tmp_path / previous_run.TRASH_FOLDER)
+    deadline = time.monotonic() + 30
+    while os.listdir(tmp_path / previous_run.TRASH_FOLDER) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.listdir(tmp_path / previous_run.TRASH_FOLDER) == []
+    assert previous_run.clear_previous_run(recipe, env, str(tmp_path)) is None  # nothing more to move
+    assert previous_run.clear_previous_run(types.SimpleNamespace(), env, str(tmp_path)) is None  # not a Collab recipe
