@@ -66,7 +66,8 @@ class LeafNode:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
         started = time.time()
         parts = SetupParts()
-        processor_cls = _import_class(self.processor)
+        with parts.measure("import"):  # the project's modules, from the job's custom/ folder
+            processor_cls = _import_class(self.processor)
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings
