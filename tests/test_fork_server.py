@@ -27,7 +27,6 @@ if sys.argv[1] == "sleep":
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2], "marker": os.environ.get("PROBE_MARKER"),
     "project_loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("devsim", "devsim_flare")),
-    "warm": sorted(n for n in sys.modules if n.endswith("_warm")),
     "own_session": os.getsid(0) == os.getpid(), "main": __name__, "name": open("/proc/self/comm").read().strip(),
 }), flush=True)
 sys.exit(3)
@@ -39,8 +38,7 @@ sys.path.insert(0, {repo!r})
 from devsim_flare.launch.fork_server import start_fork_server
 from devsim_flare.launch.forked_process import ForkedProcess, SOCKET_ENV
 
-sys.path.insert(0, {folder!r})
-server = start_fork_server(warm_imports=("slow_warm", "second_warm"), later_imports=())
+server = start_fork_server(warm_imports=(), later_imports=())
 assert server is not None and os.environ[SOCKET_ENV] == server.socket_path
 env = dict(os.environ, PYTHONPATH={folder!r}, PROBE_MARKER="from-the-request")
 os.chdir({folder!r})
@@ -60,8 +58,6 @@ print(json.dumps(summary))
 
 def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_path):
     (tmp_path / "probe_module.py").write_text(PROBE_MODULE)
-    (tmp_path / "slow_warm.py").write_text("import time\ntime.sleep(0.3)\n")
-    (tmp_path / "second_warm.py").write_text("")
     driver = DRIVER.format(repo=REPO, folder=str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEVSIM_FORK_SERVER")}
     done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, env=env)
@@ -75,7 +71,6 @@ def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_pa
         child["marker"] == "from-the-request" and child["own_session"] and child["name"] == "sim-probe_modul"
     )  # 15 bytes at most
     assert child["project_loaded"] == []  # the job's copies of the project are imported afresh
-    assert child["warm"] == ["second_warm", "slow_warm"]  # the first request waited for all the warm imports
     assert summary == {"code": 3, "first_poll": None, "stopped": -15, "folder_left": False, "server_alive": False}
 
 
