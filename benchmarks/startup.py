@@ -5,11 +5,13 @@ workspace after one uncounted warm-up run (the shared digits file and the probe'
 writes them). Jobs (``--job``): ``digits`` (the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20
 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py --dataset digits``). Arms (``--arms``): ``project`` (this checkout),
 ``spawned`` (``DEVSIM_FORK_SERVER=0``), ``probe-off`` (``DEVSIM_CACHE_DIR=off``), ``nvflare-waits``
-(``DEVSIM_RUNTIME_ENV_DEFAULTS=0``), and ``baseline`` (``--baseline-commit REV``: the job from a temporary worktree).
+(``DEVSIM_RUNTIME_ENV_DEFAULTS=0``: NVFlare's polls, sleeps and streaming defaults kept), and ``baseline``
+(``--baseline-commit REV``: the job from a temporary worktree).
 
 Prints per arm the medians (seconds) of results.json's ``startup`` stages and of the command's wall, each arm's
-command -> first round against ``project``'s, and every run's final metrics (the same in every arm). ``--json``
-writes ``benchmarks/results/startup[-<job>]-<date>.json`` with the figure:
+command -> first round against ``project``'s, and every run's final metrics (the same in every arm); ``cpu_s`` is the
+whole run's CPU seconds (comparable on a loaded machine where walls are not). ``--json`` writes
+``benchmarks/results/startup[-<job>]-<date>.json`` with the figure:
 
     .venv/bin/python benchmarks/startup.py --job digits --runs 5 --arms project,spawned --baseline-commit REV --json
 """
@@ -21,6 +23,7 @@ import contextlib
 import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,15 +64,18 @@ RUN_TIMEOUT_S = 300.0
 
 
 def run_once(tree: str, workspace: str, env: dict[str, str], job: list[str]) -> dict[str, float]:
-    """One run of ``job`` from ``tree`` in ``workspace``: its start-up stages (seconds), its wall ``command_s`` and
-    its final metrics (``final``: loss and metrics as one string)."""
+    """One run of ``job`` from ``tree`` in ``workspace``: its start-up stages (seconds), its wall ``command_s``, the
+    CPU seconds (user + system) of the command and the processes under it that were reaped (``cpu_s``: the whole
+    run, less load-sensitive than the wall; a process that outlived its parent is not counted) and its final
+    metrics (``final``: loss and metrics as one string)."""
     output = os.path.join(workspace, "run")
     cmd = [PYTHON, *job, "--workspace", workspace, "--output-dir", output]
     env = {**env, "DEVSIM_COMMAND_STARTED": repr(time.time())}
     env.setdefault("DEVSIM_CACHE_DIR", os.path.join(workspace, "cache"))
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall = time.perf_counter() - started
+    wall, cpu_after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(cpu_after, f) - getattr(cpu_before, f) for f in ("ru_utime", "ru_stime"))
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr}")
     with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
@@ -77,7 +83,7 @@ def run_once(tree: str, workspace: str, env: dict[str, str], job: list[str]) -> 
     seconds = results["startup"]["seconds"]
     summary = results.get("summary") or {}
     final = f"loss {summary.get('final_loss')} {json.dumps(summary.get('final_metrics'), sort_keys=True)}"
-    return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall, "final": final}
+    return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall, "cpu_s": cpu, "final": final}
 
 
 def arms(names: list[str], baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
@@ -132,7 +138,7 @@ def main() -> int:
             parser.error(f"--baseline-commit: {base_commit} has no {job[0]}")
         chosen = arms(names, baseline_tree)
         samples = measure(chosen, job, args.runs)
-    numbers = (*STAGES, "command_s")
+    numbers = (*STAGES, "command_s", "cpu_s")
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
     print(f"\n{args.job}, {session.where()}; medians, seconds:")
     print_table(["arm", *numbers], [[name, *(f"{row[k]:.2f}" for k in numbers)] for name, row in medians.items()])

@@ -17,6 +17,7 @@ from typing import Any
 from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim.resources.gpu_placement import leaf_gpu_groups
+from devsim_flare.launch.previous_run import clear_previous_run
 from devsim_flare.recipe import build_env
 from devsim_flare.run_signals import still_running  # noqa: F401  (imported from here by tests)
 
@@ -260,9 +261,11 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
         started, submitted = time.perf_counter(), time.time()
         try:
             if args.env == "sim":
+                recipe = make_recipe()
+                clear_previous_run(recipe, env, workspace)  # NVFlare would delete it on the way to the first round
                 with SimExitWatcher(config) as watcher:
                     try:
-                        run = make_recipe().execute(env)
+                        run = recipe.execute(env)
                     except RuntimeError:
                         if not (watcher.stopped_it.is_set() or signals.forced.is_set()):
                             raise

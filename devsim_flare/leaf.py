@@ -70,7 +70,8 @@ class LeafNode:
         if in_job_process():  # POC, prod: a killed job process reads as a lost leaf, not as a failed job
             self._lost_mark = mark_lost_if_killed(collab.context.workspace.get_run_dir(collab.fl_ctx.get_job_id()))
         parts = SetupParts()
-        processor_cls = _import_class(self.processor)
+        with parts.measure("import"):  # the project's modules, from the job's custom/ folder
+            processor_cls = _import_class(self.processor)
         settings = dict(self.settings)
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings

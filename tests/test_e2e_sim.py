@@ -168,6 +168,7 @@ def test_results_break_the_start_up_down(sim_run):
     parts = ("command_to_server_process", "server_process_to_run", "run_to_ready", "ready_to_first_round")
     assert abs(sum(seconds[p] for p in parts) - seconds["command_to_first_round"]) < 1e-6
     assert seconds["last_round_to_exit"] > 0
+    assert {"import", "task_and_data", "plan_and_probe", "total"} <= set(startup["leaf_parts_max"])
     assert "start-up: " in proc.stdout and "from the last round to exit" in proc.stdout
 
 

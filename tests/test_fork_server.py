@@ -157,3 +157,19 @@ def test_a_fork_server_whose_command_died_ends_and_removes_its_socket():
     while (os.path.exists(folder) or os.path.exists(f"/proc/{pid}")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(folder) and not os.path.exists(f"/proc/{pid}")
+
+
+def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
+    """NVFlare's driver manager imports every module of its drivers package (the fork server imports them ahead);
+    a renamed or added driver module in a newer NVFlare shows here."""
+    import nvflare.fuel.f3.drivers as drivers
+
+    from devsim_flare.launch.fork_server import COMM_DRIVER_MODULES, WARM_IMPORTS
+
+    folder = os.path.dirname(drivers.__file__)
+    with_driver = {
+        f"{drivers.__name__}.{name[:-3]}"
+        for name in os.listdir(folder)
+        if name.endswith("_driver.py") and name != "base_driver.py"
+    }
+    assert set(COMM_DRIVER_MODULES) == with_driver and set(COMM_DRIVER_MODULES) <= set(WARM_IMPORTS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from devsim.observe.startup import COMMAND_STARTED_ENV, StartupClock, add_exit, stamp_command_start
 
@@ -190,3 +191,155 @@ def test_the_simulator_runner_still_polls_with_the_module_time_it_sees():
     assert source.count("time.sleep(1.0)") >= 2 and "time.sleep(interval)" in source
     client_runner = __import__("nvflare.private.fed.client.client_runner", fromlist=["ClientRunner"])
     assert "time.sleep(0.5)" in inspect.getsource(client_runner.ClientRunner.init_run)
+
+
+def test_a_forked_simulator_process_has_its_polls_capped_before_it_starts(monkeypatch):
+    """The fork server caps the runner's sleeps before the simulator's server process runs (its first one-second
+    wait starts before the project's package is imported there) and the client runner's before a worker runs; other
+    modules, and the switch turned off, change nothing."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+    from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH
+
+    loaded = {}
+    for name in (sim_polling.RUNNER_MODULE, sim_polling.CLIENT_RUNNER_MODULE):
+        loaded[name] = types.ModuleType(name)
+        loaded[name].time = time
+        monkeypatch.setitem(sys.modules, name, loaded[name])
+    runner, client_runner = loaded[sim_polling.RUNNER_MODULE], loaded[sim_polling.CLIENT_RUNNER_MODULE]
+    for name in (sim_polling.CONNECTOR_MANAGER_MODULE, sim_polling.COMMUNICATOR_MODULE):  # NVFlare's stay as they are
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setenv(RUNTIME_ENV_DEFAULTS_SWITCH, "0")
+    assert not sim_polling.shorten_before_start(sim_polling.SIMULATOR_MODULE) and runner.time is time
+    monkeypatch.delenv(RUNTIME_ENV_DEFAULTS_SWITCH)
+    assert not sim_polling.shorten_before_start("some.other.module") and runner.time is time
+    assert sim_polling.shorten_before_start(sim_polling.WORKER_MODULE)
+    assert client_runner.time is not time and runner.time is time
+    assert sim_polling.shorten_before_start(sim_polling.SIMULATOR_MODULE) and runner.time is not time
+
+
+def test_the_worker_main_module_is_capped_in_a_simulator_worker(monkeypatch):
+    """NVFlare's worker runs as ``__main__``: its 0.5 s task-fetch retries and its sleeps between tasks are capped
+    there, and only where ``__main__`` is that worker."""
+    import sys
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+
+    main = types.ModuleType("__main__")
+    main.time = time
+    main.__spec__ = types.SimpleNamespace(name="some.script")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delitem(sys.modules, sim_polling.RUNNER_MODULE, raising=False)
+    monkeypatch.delitem(sys.modules, sim_polling.WORKER_MODULE, raising=False)
+    assert not sim_polling.shorten_simulator_polls() and main.time is time
+    main.__spec__ = types.SimpleNamespace(name=sim_polling.WORKER_MODULE)
+    assert sim_polling.shorten_simulator_polls() and main.time is not time
+
+
+def test_the_simulator_worker_still_waits_through_its_module_time():
+    """What the worker's cap relies on: NVFlare's worker retries a task fetch after ``time.sleep(0.5)`` and sleeps
+    ``interval`` between tasks through its module's ``time``."""
+    import inspect
+
+    from devsim_flare import sim_polling
+
+    worker = __import__(sim_polling.WORKER_MODULE, fromlist=["ClientTaskWorker"])
+    assert "time.sleep(0.5)" in inspect.getsource(worker.ClientTaskWorker.do_one_task)
+    assert "time.sleep(interval)" in inspect.getsource(worker.ClientTaskWorker.run)
+
+
+def test_the_listener_wait_ends_when_a_tcp_listener_listens(monkeypatch):
+    """After a listener starts, NVFlare's connector manager sleeps 0.5 s; the wait that replaces it ends as soon as
+    NVFlare's TCP driver has its server socket, and stays the whole sleep for another driver or an unknown one."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from devsim_flare import sim_polling
+
+    class TcpDriver:
+        server = None
+
+    class OtherDriver:
+        server = None
+
+    class Communicator:
+        def __init__(self, driver) -> None:
+            connector = types.SimpleNamespace(driver=driver)
+            self.conn_manager = types.SimpleNamespace(connectors={"h1": connector})
+
+        def start_listener(self, scheme, resources):
+            return "h1", "tcp://localhost:1", {}
+
+    manager = types.ModuleType(sim_polling.CONNECTOR_MANAGER_MODULE)
+    manager.time = time
+    for name, module in (
+        (sim_polling.CONNECTOR_MANAGER_MODULE, manager),
+        (sim_polling.COMMUNICATOR_MODULE, types.SimpleNamespace(Communicator=Communicator)),
+        (sim_polling.TCP_DRIVER_MODULE, types.SimpleNamespace(TcpDriver=TcpDriver)),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert sim_polling.wait_for_listeners() and sim_polling.wait_for_listeners()  # idempotent
+    assert Communicator.start_listener.devsim_remembers and manager.time.monotonic is time.monotonic
+
+    def waited(driver, seconds: float, ready_after: float | None = None) -> float:
+        Communicator(driver).start_listener("tcp", {})
+        if ready_after is not None:
+            threading.Timer(ready_after, setattr, (driver, "server", object())).start()
+        started = time.monotonic()
+        manager.time.sleep(seconds)
+        return time.monotonic() - started
+
+    assert waited(TcpDriver(), 5.0, ready_after=0.02) < 2.0
+    assert waited(OtherDriver(), 0.05) >= 0.05
+    started = time.monotonic()
+    manager.time.sleep(0.05)  # no listener started since the last wait: the whole sleep
+    assert time.monotonic() - started >= 0.05
+
+
+def test_nvflare_still_sleeps_after_starting_a_listener_and_sets_the_tcp_server_once_it_listens():
+    """What the listener wait relies on in NVFlare: the 0.5 s sleep after ``start_listener`` in the connector
+    manager, and the TCP driver's ``server`` assigned once its server socket is bound and listening."""
+    import inspect
+
+    from nvflare.fuel.f3.cellnet import connector_manager
+    from nvflare.fuel.f3.drivers import tcp_driver
+
+    source = inspect.getsource(connector_manager.ConnectorManager._get_connector)
+    assert source.index("start_listener(") < source.index("time.sleep(0.5)")
+    listen = inspect.getsource(tcp_driver.TcpDriver.listen)
+    assert "self.server = TcpStreamServer(" in listen
+    assert "self.server_activate()" in inspect.getsource(tcp_driver.TcpStreamServer.__init__)
+
+
+def test_the_previous_run_is_set_aside_except_what_nvflare_keeps_and_removed_in_the_background(tmp_path):
+    """Before a simulation, the job workspace's previous run (not startup/ or local/) moves under the workspace's
+    trash folder, which a background thread empties, leftovers of earlier commands included."""
+    import types
+
+    from devsim_flare.launch import previous_run
+
+    job_workspace = tmp_path / "nvflare" / "devsim_fedavg"
+    for folder in ("startup", "local", "server/simulate_job/app_server/custom", "site-1/simulate_job"):
+        (job_workspace / folder).mkdir(parents=True)
+        (job_workspace / folder / "f.txt").write_text("x")
+    leftover = tmp_path / previous_run.TRASH_FOLDER / "devsim_fedavg-1-2"
+    leftover.mkdir(parents=True)
+    recipe = types.SimpleNamespace(job_name="devsim_fedavg")
+    env = types.SimpleNamespace(workspace_root=str(job_workspace.parent))
+    moved = previous_run.clear_previous_run(recipe, env, str(tmp_path))
+    assert sorted(os.listdir(job_workspace)) == ["local", "startup"]
+    assert (job_workspace / "local" / "f.txt").read_text() == "x"
+    assert moved is not None and os.path.dirname(moved) == str(tmp_path / previous_run.TRASH_FOLDER)
+    deadline = time.monotonic() + 30
+    while os.listdir(tmp_path / previous_run.TRASH_FOLDER) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.listdir(tmp_path / previous_run.TRASH_FOLDER) == []
+    assert previous_run.clear_previous_run(recipe, env, str(tmp_path)) is None  # nothing more to move
+    assert previous_run.clear_previous_run(types.SimpleNamespace(), env, str(tmp_path)) is None  # not a Collab recipe

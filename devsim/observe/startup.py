@@ -7,11 +7,11 @@ server's ``main`` runs after every site's ``init``), when the task and model are
 rounds (sync rounds, or async evaluation windows). The command adds, once the job has ended, the time from the
 last round to its exit. Stamps are ``time.time()`` seconds; durations are differences of stamps on one host.
 
-Each leaf times its own set-up in parts (:class:`SetupParts`: CUDA initialisation, task and data, the plan with
-its batching probe, the other workers, compilation) and sends them once, with its first reply (``startup`` of the
-payload); the server records them per leaf under ``leaves``, their slowest leaf under ``leaf_parts_max`` and what
-the slowest leaf's set-up leaves of ``server_process_to_run`` (NVFlare starting the sites and connecting them)
-under ``seconds["nvflare_and_rest"]``.
+Each leaf times its own set-up in parts (:class:`SetupParts`: importing its code, CUDA initialisation, task and
+data, the plan with its batching probe, the other workers, compilation) and sends them once, with its first reply
+(``startup`` of the payload); the server records them per leaf under ``leaves``, their slowest leaf under
+``leaf_parts_max`` and what the slowest leaf's set-up leaves of ``server_process_to_run`` (NVFlare starting the
+sites and connecting them) under ``seconds["nvflare_and_rest"]``.
 """
 
 from __future__ import annotations

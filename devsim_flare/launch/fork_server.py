@@ -4,15 +4,16 @@ simulator modules already imported and forks each simulator process that NVFlare
 NVFlare 2.9's simulator starts its server process and one worker process per leaf as new interpreters
 (``python -m nvflare.private.fed.app.simulator.simulator`` / ``...simulator_worker``); each imports PyTorch and
 NVFlare again before it reaches the job, about 1-2 s of CPU a process. :func:`start_fork_server` forks this
-(single-threaded) job command before it has run any PyTorch computation; the fork listens on a Unix socket and,
-between requests, imports NVFlare's simulator modules while the command goes on validating the run
-(:data:`WARM_IMPORTS`), then, once it has forked the simulator's server process, what the leaves' workers import
-(NVFlare's client side, ``torch._dynamo``: :data:`LATER_IMPORTS`). For every request
-(:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what ``python -m <module>
-<args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder and session
-(``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's packages
-dropped from ``sys.modules`` (the job imports them from its own ``custom/`` folder, as NVFlare deploys it), fresh
-signal handlers, exit handlers and logging, and the glibc arena limit of ``MALLOC_ARENA_MAX`` applied. The
+(single-threaded) job command before it has run any PyTorch computation; the fork listens on a Unix socket and
+imports NVFlare's simulator modules and communication drivers while the command goes on validating the run
+(:data:`WARM_IMPORTS`), then, between requests once it has forked the simulator's server process, what the leaves'
+workers import (NVFlare's client side, ``torch._dynamo``: :data:`LATER_IMPORTS`).
+For every request (:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what
+``python -m <module> <args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder
+and session (``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's
+packages dropped from ``sys.modules`` (the job imports them from its own ``custom/`` folder, as NVFlare deploys
+it), fresh signal handlers, exit handlers and logging, the glibc arena limit of ``MALLOC_ARENA_MAX`` applied, and
+NVFlare's simulator polls shortened from the start (:func:`devsim_flare.sim_polling.shorten_before_start`). The
 module then runs as ``__main__``. The job folder, the processes, their command lines and NVFlare's own code are
 unchanged; only the interpreter start and the imports are skipped.
 
@@ -47,13 +48,26 @@ from devsim_flare.launch.forked_process import (
     send_frame,
     unroute_popen,
 )
+from devsim_flare.sim_polling import shorten_before_start
 
+COMM_DRIVER_MODULES = (
+    "nvflare.fuel.f3.drivers.tcp_driver",
+    "nvflare.fuel.f3.drivers.aio_tcp_driver",
+    "nvflare.fuel.f3.drivers.grpc_driver",
+    "nvflare.fuel.f3.drivers.aio_grpc_driver",
+    "nvflare.fuel.f3.drivers.aio_http_driver",  # aiohttp: ~0.3 s of CPU
+    "nvflare.fuel.f3.drivers.file_driver",
+)
+"""What NVFlare's driver manager imports in a process the first time it creates a cell's connector (each module of
+``nvflare.fuel.f3.drivers``): in the simulator's server process on the way to its listeners, in each leaf's worker
+before it connects."""
 WARM_IMPORTS = (
     "numpy",
     "torch",
     "nvflare.private.fed.app.simulator.simulator",
     "nvflare.private.fed.app.simulator.simulator_runner",
     "torch.utils.tensorboard",  # the server's metrics writer
+    *COMM_DRIVER_MODULES,
 )
 """Imported by the fork server before its first request (the simulator's server process), one between two requests
 (a name that fails to import is skipped)."""
@@ -66,6 +80,8 @@ LATER_IMPORTS = (
     "nvflare.edge.simulation.device_task_processor",
     "nvflare.edge.web.models.job_response",
     "nvflare.edge.web.models.task_response",
+    "nvflare.app_opt.pt",  # named by the leaves' app configuration
+    "safetensors.torch",
 )
 """Imported once the first child is forked, for the leaves' workers asked for later: taken earlier, the simulator's
 request waited for ``torch._dynamo``'s import (command -> server process 23.9 s against 16.2 s without the fork
@@ -147,7 +163,8 @@ def start_fork_server(
 def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...], later: tuple[str, ...]) -> int:
     """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The warm
     imports are taken one by one between requests, so a request that comes early (the simulator's server process)
-    waits for one import at most and gets what is imported by then; the ``later`` ones follow the first request."""
+    waits for one import at most and gets what is imported by then (waiting for all of them made the digits demo's
+    command -> server process 0.8 s longer, median of 3); the ``later`` ones follow the first request."""
     closing = []
     children: dict[int, socket.socket] = {}
 
@@ -159,7 +176,7 @@ def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit._clear()
-    pending = list(warm_imports)
+    warm, pending = list(warm_imports), []
     closed_at = None
     while True:
         _reap(children)
@@ -171,16 +188,16 @@ def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]
         if closed_at is not None:
             time.sleep(POLL_SECONDS)
             continue
-        readable = select.select([listener, lifeline], [], [], 0.0 if pending else POLL_SECONDS)[0]
+        readable = select.select([listener, lifeline], [], [], 0.0 if warm or pending else POLL_SECONDS)[0]
         if lifeline in readable:  # the job command closed its end (or died)
             closing.append(True)
         elif listener in readable:
             conn, _ = listener.accept()
             _start_child(conn, listener, lifeline, children)
-            pending, later = [*pending, *later], ()
-        elif pending:
+            warm, pending, later = [], [*warm, *pending, *later], ()
+        elif warm or pending:
             with contextlib.suppress(Exception):
-                importlib.import_module(pending.pop(0))
+                importlib.import_module((warm or pending).pop(0))
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -257,6 +274,7 @@ def _become(request: dict, fds: list[int]) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     _limit_arenas(env.get("MALLOC_ARENA_MAX"))
     sys.path[:] = interpreter_path(request["cwd"], env.get("PYTHONPATH", ""), sys.path)
+    shorten_before_start(request["module"])  # before its first wait; the module's own import comes too late
     for name in [n for n in sys.modules if n.split(".")[0] in SHIPPED_PACKAGES]:
         del sys.modules[name]
     importlib.invalidate_caches()
