@@ -30,13 +30,19 @@ SMALL_RUN = [
 MULTIPROCESS_MODULES = frozenset({"test_poc", "test_deployment", "test_edge_hierarchy"})
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``, as ``scripts/test.sh`` runs the suite) a module is one unit of
-    work, so its module-scoped job runs happen once, and the multi-process modules share one unit."""
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("multiprocess" if module in MULTIPROCESS_MODULES else module))
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``scripts/test.sh`` runs the suite on workers) a test module is one unit of work, so its
+    module-scoped job runs happen once, and the multi-process modules share one unit. xdist's own ``loadgroup``
+    cannot be used: with pytest 9.2 its group suffix on the node id is lost."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            name = os.path.splitext(os.path.basename(module))[0]
+            return "multiprocess" if name in MULTIPROCESS_MODULES else module
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="module")
