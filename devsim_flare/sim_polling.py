@@ -125,18 +125,15 @@ def wait_for_listeners() -> bool:
     return True
 
 
-def _in_simulator_worker() -> bool:
-    """Whether this process is a simulator worker (started as ``python -m`` of :data:`WORKER_MODULE`)."""
-    if WORKER_MODULE in sys.modules:
-        return True
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == WORKER_MODULE
-
-
 def _worker_main() -> bool:
     """Whether ``__main__`` is NVFlare's simulator worker module (run with ``python -m`` or forked as if it were)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) == WORKER_MODULE
+
+
+def _in_simulator_worker() -> bool:
+    """Whether this process is a simulator worker (started as ``python -m`` of :data:`WORKER_MODULE`)."""
+    return WORKER_MODULE in sys.modules or _worker_main()
 
 
 def shorten_simulator_polls(cap: float = POLL_SECONDS) -> bool:
