@@ -37,6 +37,10 @@ class LeafLost(LeafCallError):
 POLL_SECONDS = 0.2
 """How often :meth:`LeafCalls.next` looks at the leaves' liveness and at the stop callback while it waits."""
 
+LOSS_SETTLE_SECONDS = 1.0
+"""How long a failed call waits for the liveness check to explain it: a leaf killed mid-call (or between calls)
+fails its call with NVFlare's bare communication error, sometimes before NVFlare has dropped the leaf's cell."""
+
 
 @dataclass
 class LeafOutcome:
@@ -145,7 +149,24 @@ class LeafCalls:
                 raise LeafCallError(f"no leaf answered within {wait:g}s ({self.pending} calls pending)") from error
             if outcome.tag in self._outstanding:
                 del self._outstanding[outcome.tag]
+                if outcome.error is not None:
+                    outcome.error = self._explained(outcome.leaf, outcome.error)
                 return outcome
+
+    def _explained(self, leaf: str, error: BaseException) -> BaseException:
+        """``error`` as a :class:`LeafLost` naming NVFlare's signal when the liveness check finds ``leaf`` gone within
+        :data:`LOSS_SETTLE_SECONDS`; otherwise ``error`` unchanged (a leaf that is alive and failed its call)."""
+        if self.liveness is None or isinstance(error, LeafLost):
+            return error
+        deadline = time.monotonic() + LOSS_SETTLE_SECONDS
+        while True:
+            self.liveness.check()
+            if leaf in self.liveness.lost:
+                detail = str(error) or type(error).__name__
+                return LeafLost(f"{self.liveness.lost[leaf]}; its call failed with: {detail}")
+            if time.monotonic() >= deadline:
+                return error
+            time.sleep(0.05)
 
     def _lost_call(self) -> LeafOutcome | None:
         """A pending call to a leaf the liveness check reports lost, ended with a :class:`LeafLost` error (no

@@ -57,6 +57,35 @@ def running_deployment(tmp_path_factory):
     assert not leftovers, leftovers
 
 
+class _Output:
+    """A process's output lines, read by a thread; each kept with the seconds since reading began, so that a failure
+    shows when every line came (``stamped``)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, args=(time.monotonic(),), daemon=True)
+        self._reader.start()
+
+    def _read(self, started: float) -> None:
+        for line in iter(self.proc.stdout.readline, ""):
+            self.lines.append((time.monotonic() - started, line))
+
+    def wait_for_line(self, prefix: str, timeout: float) -> None:
+        """Wait until a line starts with ``prefix`` (at most ``timeout`` s); fails if the process ends first."""
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith(prefix) for _, line in self.lines) and time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.stamped()[-3000:]
+            time.sleep(0.2)
+
+    def join(self) -> None:
+        self._reader.join(timeout=10)
+
+    def stamped(self) -> str:
+        """Every line as ``"<seconds> <line>"``."""
+        return "".join(f"{seconds:6.1f} {line}" for seconds, line in list(self.lines))
+
+
 def run_on_deployment(workspace, tmp_path, job: str, flags: list[str]) -> tuple[str, dict]:
     """Run ``job`` through ``deployment.py run``; its stdout and the results.json it downloaded."""
     before = set(os.listdir(workspace / "results")) if (workspace / "results").exists() else set()
@@ -105,21 +134,16 @@ def _sigterm_aborts_the_submitted_job(workspace, tmp_path) -> None:
     )
     env = {**isolated_env(tmp_path), "HOME": layout_for(str(workspace)).home}
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
+    output = _Output(proc)
     try:
-        deadline = time.monotonic() + 240
-        while not any(line.startswith("round 2 ") for line in lines) and time.monotonic() < deadline:
-            assert proc.poll() is None, "".join(lines)[-3000:]
-            time.sleep(0.2)
+        output.wait_for_line("round 2 ", 240)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-        reader.join(timeout=10)
-    output = "".join(lines)
+        output.join()
+    output = output.stamped()
     assert proc.returncode == 143, output[-3000:]
     assert re.search(r"job \S+ status: FINISHED:ABORTED", output) and "SIGTERM: the job was aborted" in output, output
     rounds = find_results(output_dir)["rounds"]
@@ -132,9 +156,10 @@ def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
     resubmits the run from its last checkpoint and the leaf trains in every later round. The next job (FedBuff)
     trains on all three leaves with the simulator's results."""
     tmp_path, workspace = running_deployment
-    rounds_wanted = 100
-    # 6 local epochs at lr 0.01: a round without site-3 lasts about 0.5 s instead of 0.1 s, so the rounds left
-    # after the kill outlast the restart of site-3 (10-20 s); with 1 epoch the run could end before site-3 was back
+    rounds_wanted = 50
+    # 6 local epochs at lr 0.01: a round lasts about 1.2 s on an idle 2-core machine (3 s beside another suite
+    # worker), so the rounds left after the kill outlast the restart of site-3 (10-20 s, one round waiting out the
+    # round timeout) and the resumed job's rounds fit the command's 400 s beside another worker; 100 rounds did not
     flags = ["--dataset", "digits", "--num-rounds", str(rounds_wanted), "--local-epochs", "6", "--lr", "0.01"]
     # a round timeout well above a round on a busy machine (the suite runs two workers): only the killed leaf misses it
     flags += ["--round-timeout", "15", "--seed", "5"]
@@ -142,22 +167,17 @@ def test_a_leaf_host_that_dies_mid_run_and_comes_back(running_deployment):
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
+    output = _Output(proc)
     try:
-        deadline = time.monotonic() + 240
-        while not any(line.startswith("round 2 ") for line in lines) and time.monotonic() < deadline:
-            assert proc.poll() is None, "".join(lines)[-3000:]
-            time.sleep(0.2)
+        output.wait_for_line("round 2 ", 240)
         deployment("kill-site", workspace, tmp_path, "site-3", timeout=60)
         deployment("start-site", workspace, tmp_path, "site-3", "--timeout", "120", timeout=150)
         proc.wait(timeout=420)
     finally:
         if proc.poll() is None:
             proc.kill()
-        reader.join(timeout=10)
-    output = "".join(lines)
+        output.join()
+    output = output.stamped()
     assert proc.returncode == 0, output[-4000:]
     assert "without site-3 (not answering)" in output, output[-3000:]
     resumed_after = re.findall(r"site-3 answers again .* from its checkpoint after round (\d+) in a new job", output)

@@ -12,11 +12,15 @@ import time
 
 import torch
 
+from devsim_flare.leaf_liveness import CONNECTION_CLOSED, DEAD_JOB_REPORTED
 from tests.conftest import REPO, SMALL_RUN, end_leftovers, find_results, isolated_env, run_job
 
 RUN = [*SMALL_RUN, "--num-rounds", "30", "--device-batch", "off"]
 """One device at a time: with ``auto`` each leaf chooses batched training or not from a timing probe, so two runs
 on a loaded machine may choose differently and round differently (the resume test compares weights bit for bit)."""
+
+LOSS_CAUSES = (CONNECTION_CLOSED, DEAD_JOB_REPORTED)
+"""NVFlare's two signals of a lost leaf; which one the server reads first depends on timing."""
 
 
 class _Job:
@@ -170,7 +174,7 @@ def test_killed_leaf_is_dropped_at_once_and_the_run_finishes(tmp_path):
     stall, code, output = _run_past_a_killed_leaf(job, 3, tmp_path)
     assert code == 0, output[-3000:]
     assert stall < 10, stall
-    assert "site-2" in output and "connection to the server closed" in output
+    assert "site-2" in output and any(cause in output for cause in LOSS_CAUSES), output[-3000:]
     results = find_results(run_dir)
     assert [r["round"] for r in results["rounds"]] == list(range(1, 31))
     assert results["rounds"][-1]["dead_leaves"] == ["site-2"]
@@ -186,7 +190,7 @@ def test_async_run_drops_a_killed_leaf_at_once(tmp_path):
     stall, code, output = _run_past_a_killed_leaf(job, 10, tmp_path)
     assert code == 0, output[-3000:]
     assert stall < 10, stall
-    assert "leaf site-2" in output and "connection to the server closed" in output
+    assert "leaf site-2" in output and any(cause in output for cause in LOSS_CAUSES), output[-3000:]
     results = find_results(run_dir)
     assert results["summary"]["versions"] == 60
     assert results["rounds"][-1]["dead_leaves"] == ["site-2"] and results["rounds"][-1]["failed_leaf_lost"] > 0

@@ -102,6 +102,33 @@ def test_pending_call_to_a_lost_leaf_ends_at_once():
     assert calls.next().result == {"ok": 1}
 
 
+def test_a_failed_call_is_explained_by_a_loss_seen_just_after_it():
+    """A killed leaf's call can fail with NVFlare's bare communication error before NVFlare drops its cell: the
+    outcome names the loss's cause once the liveness check sees it, and a live leaf's failure stays as it was."""
+    checks = []
+
+    class Liveness:
+        lost: dict = {}
+
+        def check(self):
+            checks.append(1)
+            if len(checks) > 3:  # the loss shows a few polls after the failed call
+                self.lost = {"site-2": CONNECTION_CLOSED}
+
+    calls = _FakeCalls(call_timeout=600.0, liveness=Liveness())
+    calls.submit("site-2", "train_round", tag=(0, "site-2"))
+    calls._outcomes.put(LeafOutcome("site-2", (0, "site-2"), error=RuntimeError("")))
+    outcome = calls.next()
+    assert isinstance(outcome.error, LeafLost)
+    assert CONNECTION_CLOSED in str(outcome.error) and "RuntimeError" in str(outcome.error)
+
+    calls = _FakeCalls(call_timeout=600.0, liveness=type("Alive", (), {"lost": {}, "check": lambda self: None})())
+    calls.submit("site-1", "train_round", tag=1)
+    calls._outcomes.put(LeafOutcome("site-1", 1, error=ValueError("bad reply")))
+    outcome = calls.next()
+    assert isinstance(outcome.error, ValueError) and str(outcome.error) == "bad reply"
+
+
 def test_stop_callback_ends_the_wait():
     calls = _FakeCalls(call_timeout=600.0, stop=lambda: "SIGTERM")
     calls.submit("site-1", "train_round", tag=1)
