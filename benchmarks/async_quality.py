@@ -11,15 +11,13 @@ ratio. ``--json`` writes the rows and the figure to ``benchmarks/results/async_q
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, arguments, load, print_table, run_job  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -52,7 +50,7 @@ def methods(args) -> dict[str, tuple[str, list[str]]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--concurrency", type=int, default=50, help="K")
     parser.add_argument("--buffer-size", type=int, default=1, help="B for FedBuff and FedRevive")
     parser.add_argument("--schedule", default="paper_shifted")
@@ -65,7 +63,6 @@ def main() -> None:
     parser.add_argument(
         "--methods", default="FedAvg,FedBuff,FedRevive", help="comma-separated subset (the wall ratio needs both)"
     )
-    parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
     session = Session("async_quality")
     chosen = [name.strip() for name in args.methods.split(",") if name.strip()]

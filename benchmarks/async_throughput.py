@@ -51,10 +51,9 @@ import tempfile
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, commit_of, load, run_job, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, commit_of, load, run_job, worktree  # noqa: E402
 from benchmarks.task_round import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
@@ -197,7 +196,7 @@ def run_setting(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--datasets", default="digits", help="comma-separated: digits, synthetic")
     parser.add_argument(
         "--updates",
@@ -218,7 +217,6 @@ def main() -> None:
         help="also run every chosen setting from a temporary git worktree of this commit, alternated with this "
         "tree's (rows named '<setting> @ <commit>')",
     )
-    parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")

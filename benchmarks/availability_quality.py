@@ -14,17 +14,15 @@ lost to ``session_end`` and their share, devices that took part, Jain's index, m
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, arguments, load, print_table, run_job  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -79,7 +77,7 @@ def run(method: str, setting: str, trace: str, args, workdir: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--dataset", default="digits", help="the jobs' --dataset")
     parser.add_argument("--devices-per-leaf", type=int, default=50_000, help="2 leaves: population = 2x this")
     parser.add_argument("--samples-per-device", type=int, default=50)
@@ -95,7 +93,6 @@ def main() -> int:
     parser.add_argument("--methods", default="fedbuff,fedrevive")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of: {', '.join(SETTINGS)}")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
     session = Session("availability_quality")
     settings = [s.strip() for s in args.settings.split(",")]

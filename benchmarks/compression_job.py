@@ -28,8 +28,7 @@ import tempfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import ONE_THREAD, Session, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402

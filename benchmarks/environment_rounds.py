@@ -12,7 +12,6 @@ workspace, runs the job, stops it), then prints, per environment, the median rou
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -24,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, print_table  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, print_table  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 
@@ -59,9 +58,8 @@ def main() -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, job_flags = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--leaves", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     session = Session("environment_rounds")
     python = sys.executable

@@ -11,15 +11,13 @@ per example comparing its runs (accuracy against rounds/versions, simulated time
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, load, run_job  # noqa: E402
 
 PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
 TEXT_LOCAL = ["--local-iterations", "20", "--batch-size", "32", "--optimizer", "adam", "--lr", "0.003"]
@@ -54,12 +52,11 @@ def run_example(example: str, method: str, flags: list[str], workdir: str, timeo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--examples", default=",".join(RUNS))
     parser.add_argument("--methods", default="fedavg,fedbuff,fedrevive")
     parser.add_argument("--figures", default=None, help="folder for example_<name>.png (default: none)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per job")
-    parser.add_argument("--json", action="store_true", help="write the table under benchmarks/results/")
     args = parser.parse_args()
     examples = [e.strip() for e in args.examples.split(",") if e.strip()]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -14,7 +14,6 @@ figure (the preset's thread-CPU seconds per arrival) to ``benchmarks/results/fed
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,10 +24,9 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, print_table  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -94,9 +92,8 @@ def measure(preset: dict, arrivals: int, **settings) -> tuple[tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
-    parser.add_argument("--json", action="store_true", help="write the columns and figure under benchmarks/results/")
     args = parser.parse_args()
     session = Session("fedrevive_profile")
     with open(PRESET, encoding="utf-8") as stream:

@@ -45,8 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.async_quality import methods as async_methods  # noqa: E402

@@ -18,6 +18,7 @@ Every benchmark script holds only its measurement and goes through this module f
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import json
@@ -78,6 +79,32 @@ def print_table(columns: list[str], rows: list[list[Any]]) -> None:
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
+def arguments(doc: str, json_help: str = "write the figures under benchmarks/results/") -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    return parser
+
+
+def items(parser: argparse.ArgumentParser, flag: str, text: str, kind: Callable[[str], T] = str, allowed=()) -> list:
+    """The values of a comma-list flag, each ``kind(value)``; a one-line parser error naming ``flag`` (and the
+    ``allowed`` values, when given) for an empty list or a value that is not one of them."""
+    try:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    bad = [v for v in values if allowed and v not in allowed]
+    if bad or not values:
+        choices = f"; allowed: {', '.join(map(str, allowed))}" if allowed else ""
+        parser.error(f"{flag}: {', '.join(map(str, bad)) or repr(text)} is not a comma list of values{choices}")
+    return values
+
+
+def best_accuracy(results: dict[str, Any]) -> float:
+    """The best accuracy of a job's evaluated rounds (its results.json)."""
+    return max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
+
+
 def short_commit(tree: str = REPO) -> str:
     """The short commit checked out in ``tree`` (default this checkout); "" when git cannot say."""
     try:
@@ -126,6 +153,20 @@ def worktree(rev: str) -> Iterator[str]:
     finally:
         subprocess.run([*git, "remove", "--force", folder], capture_output=True, timeout=300)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def baseline(parser: argparse.ArgumentParser, rev: str | None) -> Iterator[tuple[str | None, str | None]]:
+    """``--baseline-commit rev`` for a block: (its short commit, a temporary worktree of it), (None, None) without
+    ``rev``; a one-line parser error when ``rev`` names no commit of this repository."""
+    if not rev:
+        yield None, None
+        return
+    commit = commit_of(rev)
+    if commit is None:
+        parser.error(f"--baseline-commit: {rev!r} names no commit of this repository")
+    with worktree(commit) as folder:
+        yield commit, folder
 
 
 class Session:

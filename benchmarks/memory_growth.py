@@ -21,7 +21,6 @@ and to the last round) to ``benchmarks/results/memory_growth-<date>.json``:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -31,11 +30,10 @@ import threading
 import time
 from typing import NamedTuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import print_table  # noqa: E402
+from benchmarks.harness import arguments, print_table  # noqa: E402
 from devsim.population.devices import natural_sort  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
 from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH  # noqa: E402
@@ -280,7 +278,7 @@ def figures(args, rounds: dict, session: harness.Session) -> list[dict[str, str]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=20)
@@ -301,7 +299,6 @@ def main() -> None:
         action="store_true",
         help=f"run the job with {RUNTIME_ENV_DEFAULTS_SWITCH}=0: NVFlare's and glibc's defaults, not the project's",
     )
-    parser.add_argument("--json", action="store_true", help="write the usage and figure under benchmarks/results/")
     args = parser.parse_args()
     session = harness.Session("memory_growth")
     payload = {"settings": vars(args), "rounds": part_rounds(args)}

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.harness import Session, print_table, run_child  # noqa: E402
+from benchmarks.harness import Session, arguments, print_table, run_child  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -121,12 +121,11 @@ def child_run(args: argparse.Namespace, mode: str, trace_path: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--devices", type=int, default=1_000_000, help="population size")
     parser.add_argument("--select", type=int, default=100, help="devices per selection")
     parser.add_argument("--busy", type=int, default=100, help="in-flight devices excluded in the async selection")
     parser.add_argument("--repeats", type=int, default=24, help="selection times, spread over one day")
-    parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--trace-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()

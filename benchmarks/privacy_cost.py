@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session  # noqa: E402
+from benchmarks.harness import Session, arguments  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.aggregation.fedbuff import FedBuff  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
@@ -38,14 +37,13 @@ from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--devices", type=int, default=20, help="devices trained per round")
     parser.add_argument("--device-batch", type=int, default=10, help="devices per batched computation")
     parser.add_argument("--rounds", type=int, default=12, help="rounds per setting (the first is a warm-up)")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp")
     parser.add_argument("--asynchronous", action="store_true", help="a DP-FedBuff version instead (RDP only)")
     parser.add_argument("--noise-at", choices=("server", "leaves"), default="server", help="with --asynchronous")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/privacy_cost-<date>.json")
     args = parser.parse_args(argv)
     session = Session("privacy_cost")
     settings = dict(dataset="digits", samples_per_device=50, partition="iid", batch_size=10, seed=0)

@@ -13,19 +13,17 @@ DP the cohort is ``--cohort`` devices drawn without replacement, sample-weighted
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.harness import RESULTS, Session  # noqa: E402
+from benchmarks.harness import REPO, RESULTS, Session, arguments  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
@@ -91,7 +89,7 @@ def run(args, config: SimulationConfig, epsilon: float | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--task", default=os.path.join(REPO, "examples", "mnist_task.py"))
     parser.add_argument("--devices", type=int, default=5000)
     parser.add_argument("--cohort", type=int, default=250, help="expected devices per round")
@@ -109,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         default="none,1,4,8",
         help="rows: none (no DP), an epsilon, or clip (DP's clipping, sampling and denominator with zero noise)",
     )
-    parser.add_argument("--json", action="store_true", help="write the JSON and PNG under benchmarks/results/")
     args = parser.parse_args(argv)
     session = Session("privacy_utility")
     torch.set_num_threads(1)

@@ -35,10 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, arguments, items, load, print_table, run_job  # noqa: E402
 from devsim.data import load_dataset  # noqa: E402
 from devsim.data.device_shards import Normaliser  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -191,21 +190,11 @@ def describe(cell: Cell, result: dict) -> list[str]:
     ]
 
 
-def parse_list(text: str, kind: type, name: str, parser: argparse.ArgumentParser) -> list:
-    try:
-        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-    except ValueError:
-        parser.error(f"{name} takes a comma list, got {text!r}")
-    if not values:
-        parser.error(f"{name} is empty")
-    return values
-
-
 def sweep_cells(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[Cell], list[str]]:
     """The sweep grid (models x devices) minus the skipped cells; returns (cells, skipped names)."""
-    devices = parse_list(args.devices, int, "--devices", parser)
-    models = parse_list(args.models, str, "--models", parser)
-    skip = set() if args.skip_cells.strip().lower() == "none" else set(parse_list(args.skip_cells, str, "", parser))
+    devices = items(parser, "--devices", args.devices, int)
+    models = items(parser, "--models", args.models)
+    skip = set() if args.skip_cells.strip().lower() == "none" else set(items(parser, "--skip-cells", args.skip_cells))
     cells, skipped = [], []
     for model in models:
         for count in devices:
@@ -215,17 +204,10 @@ def sweep_cells(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tu
                 skipped.append(f"{model}x{count}")
                 continue
             resnet = model.startswith("resnet")
-            cells.append(
-                Cell(
-                    model=model,
-                    leaves=args.leaves,
-                    devices_per_leaf=count // args.leaves,
-                    samples=args.resnet_samples_per_device if resnet else args.samples,
-                    batch_size=args.batch_size,
-                    rounds=args.resnet_rounds if resnet else args.rounds or 8,
-                    warmup_rounds=(1 if resnet else 2) if args.warmup_rounds is None else args.warmup_rounds,
-                )
-            )
+            samples = args.resnet_samples_per_device if resnet else args.samples
+            rounds = args.resnet_rounds if resnet else args.rounds or 8
+            warmup = (1 if resnet else 2) if args.warmup_rounds is None else args.warmup_rounds
+            cells.append(Cell(model, args.leaves, count // args.leaves, samples, args.batch_size, rounds, warmup))
     return cells, skipped
 
 
@@ -325,44 +307,25 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--samples", type=int, default=100, help="samples per device of CNN cells")
     parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=None, help="sim rounds of CNN cells (default 8)")
-    parser.add_argument(
-        "--warmup-rounds",
-        type=int,
-        default=None,
-        help="rounds left out of the median (default 2; 1 per ResNet cell)",
-    )
+    parser.add_argument("--warmup-rounds", type=int, help="rounds left out of the median (default 2; ResNet 1)")
     parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")
-    parser.add_argument(
-        "--baseline-budget",
-        type=float,
-        default=60.0,
-        help="seconds per thread setting: no further tight-loop run once it would pass this (at least one run)",
-    )
+    parser.add_argument("--baseline-budget", type=float, default=60.0, help="tight-loop seconds per thread setting")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per simulator run before it is killed")
-    parser.add_argument(
-        "--device-batch-paths",
-        type=lambda text: [v.strip() for v in text.split(",") if v.strip()],
-        default=["auto", "off"],
-        help="comma list of --device-batch values to run the simulator with, side by side (auto: the default path)",
-    )
+    parser.add_argument("--device-batch-paths", default="auto,off", help="comma list of the jobs' --device-batch")
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--sweep", action="store_true", help="the grid of --models x --devices (default: CNN x 100)")
-    sweep.add_argument(
-        "--devices", default=None, help=f"selected devices per round, split over --leaves (sweep: {SWEEP_DEVICES})"
-    )
-    sweep.add_argument("--models", default=None, help=f"comma list (sweep: {SWEEP_MODELS})")
+    sweep.add_argument("--devices", help=f"selected devices per round, over --leaves (sweep: {SWEEP_DEVICES})")
+    sweep.add_argument("--models", help=f"comma list (sweep: {SWEEP_MODELS})")
     sweep.add_argument("--resnet-samples-per-device", type=int, default=10, help="samples per device for resnet*")
     sweep.add_argument("--resnet-rounds", type=int, default=3, help="sim rounds of resnet* cells")
-    sweep.add_argument(
-        "--skip-cells", default=SWEEP_SKIP, help="comma list of MODELxDEVICES cells to leave out, or 'none'"
-    )
-    parser.add_argument("--json", action="store_true", help="write the cells and figures under benchmarks/results/")
+    sweep.add_argument("--skip-cells", default=SWEEP_SKIP, help="comma list of MODELxDEVICES cells, or 'none'")
     args = parser.parse_args()
+    args.device_batch_paths = items(parser, "--device-batch-paths", args.device_batch_paths)
     args.session = Session("round_overhead")
     args.devices = args.devices or (SWEEP_DEVICES if args.sweep else "100")
     args.models = args.models or (SWEEP_MODELS if args.sweep else "cnn")

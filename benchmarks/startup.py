@@ -18,7 +18,6 @@ whole run's CPU seconds (comparable on a loaded machine where walls are not). ``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -32,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, commit_of, print_table, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, arguments, commit_of, print_table, worktree  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -114,12 +113,11 @@ def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--job", choices=sorted(JOBS), default="digits", help="the run to start (default digits)")
     parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
     parser.add_argument("--arms", default="project,spawned", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is one more arm")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup[-<job>]-<date>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")

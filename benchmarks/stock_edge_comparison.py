@@ -31,10 +31,9 @@ import statistics
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, run_isolated  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, load, run_isolated  # noqa: E402
 from devsim_flare.edge.job import find_results  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
@@ -90,13 +89,12 @@ def run_stock_child(job_args: list[str]) -> int:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
         return run_stock_child(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--devices-per-leaf", type=int, default=32, help="all are selected every round")
     parser.add_argument("--samples", type=int, default=100, help="samples per device")
     parser.add_argument("--rounds", type=int, default=5, help="trained rounds (global model versions) per side")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the median")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per side before it is killed")
-    parser.add_argument("--json", action="store_true", help="write the sides and figure under benchmarks/results/")
     args = parser.parse_args()
     if args.rounds <= args.warmup_rounds:
         parser.error("--rounds must exceed --warmup-rounds")

@@ -23,10 +23,9 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, load, run_job  # noqa: E402
 from benchmarks.round_overhead import plan_lines, steady_parts  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 from devsim.tasks import load_task  # noqa: E402
@@ -134,7 +133,7 @@ def measure(task_path: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--task", action="append", required=True, help="task file (repeat for several)")
     parser.add_argument("--job-args", default="", help="extra job flags, one string (e.g. '--batch-size 32')")
     parser.add_argument("--leaves", type=int, default=2)
@@ -145,7 +144,6 @@ def main() -> None:
     parser.add_argument(
         "--device-batch-paths", type=lambda t: [v.strip() for v in t.split(",") if v.strip()], default=["auto", "off"]
     )
-    parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
     args = parser.parse_args()
     if args.rounds <= args.warmup_rounds:
         parser.error(f"--rounds {args.rounds} must exceed --warmup-rounds {args.warmup_rounds}")
