@@ -22,6 +22,7 @@ codec's seconds against the round's wall time, summed over both leaves (an upper
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import ONE_THREAD, Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import ONE_THREAD, Session, items, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -89,20 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codecs", action="append", default=None, help=codecs_help.replace("%", "%%"))
     parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
     parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
-    parser.add_argument(
-        "--horizons",
-        default=None,
-        help="comma list of round counts (each <= --rounds) at which a summary compares accuracy with none",
-    )
+    parser.add_argument("--horizons", help="comma list of round counts (<= --rounds) to compare accuracy at")
     parser.add_argument("--quick", action="store_true", help="3 rounds, one seed: checks the script")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        help="also write the figures: to benchmarks/results/compression_job-<date>.json without a path, to the "
-        "path given otherwise",
-    )
+    parser.add_argument("--json", nargs="?", const="", metavar="PATH", help="write the figures (to PATH if given)")
     args = parser.parse_args(argv)
     session = Session("compression_job", __file__, argv)
     groups = [[n.strip() for n in text.split(",") if n.strip()] for text in args.codecs or [DEFAULT_CODECS]]
@@ -118,34 +108,27 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as error:
                 parser.error(f"--codecs: {name!r} is not allowed ({error})")
     names = list(flags)
-    seeds = int_list(parser, "--seeds", args.seeds)
+    seeds = items(parser, "--seeds", args.seeds, int)
     rounds = 3 if args.quick else args.rounds
     seeds = seeds[:1] if args.quick else seeds
     if rounds <= WARM_ROUNDS:
         parser.error(f"--rounds must be more than {WARM_ROUNDS} (the warm rounds left out of the timing)")
-    horizons = int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
+    horizons = items(parser, "--horizons", args.horizons, int) if args.horizons is not None else []
     bad = [h for h in horizons if not 1 <= h <= rounds]
     if bad:
         parser.error(f"--horizons: {bad[0]} is not between 1 and the rounds run ({rounds})")
     figures: dict[str, dict[int, dict]] = {name: {} for name in names}
     bases: dict[str, dict[int, dict]] = {name: {} for name in names}  # each codec's none: its group's, same seed
     with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
+        job = functools.partial(run_job, "pt_job_fedavg.py", workdir=workdir, env=ONE_THREAD)
         if not args.quick:  # the invocation's first job ran its rounds 10-40% slower (cold files and libraries)
-            run_job(
-                "pt_job_fedavg.py",
-                ["--dataset", "digits", "--num-rounds", str(WARM_ROUNDS + 1)],
-                workdir,
-                "warm",
-                env=ONE_THREAD,
-            )
+            job(["--dataset", "digits", "--num-rounds", str(WARM_ROUNDS + 1)], name="warm")
         for number, group in enumerate(groups):
             for seed in seeds:
                 runs = {}
                 for name in group:
                     job_flags = ["--dataset", "digits", *flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
-                    results = run_job(
-                        "pt_job_fedavg.py", job_flags, workdir, f"g{number}_s{seed}_{names.index(name)}", env=ONE_THREAD
-                    )
+                    results = job(job_flags, name=f"g{number}_s{seed}_{names.index(name)}")
                     runs[name] = job_figures(results)
                     print(f"  {name} seed {seed}: {results['wall']:.0f} s", flush=True)
                 figures["none"].setdefault(seed, runs["none"])
@@ -305,14 +288,6 @@ def codec_from_name(name: str) -> CodecSpec:
         else:
             raise ValueError(f"unknown topk option {rest[0]!r}")
     return CodecSpec("topk", **options)
-
-
-def int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
-    """A comma list of non-negative integers, or a parser error naming ``flag``."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items or not all(item.isdigit() for item in items):
-        parser.error(f"{flag}: {text!r} is not a comma list of non-negative integers")
-    return [int(item) for item in items]
 
 
 def last_mean(accuracies: list[float], count: int = LAST_ROUNDS) -> float:

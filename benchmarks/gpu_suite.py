@@ -65,17 +65,8 @@ from devsim.training.batched import BatchedTrainer  # noqa: E402
 from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
-BUDGETS = {
-    "fedavg_e2e": 60,
-    "throughput": 40,
-    "async_throughput": 95,
-    "worker_sweep": 20,
-    "fedrevive": 60,
-    "tf32": 15,
-    "compiled_step": 25,
-    "shared_gpu": 55,
-    "compression_job": 60,
-}
+BUDGETS = dict(fedavg_e2e=60, throughput=40, async_throughput=95, worker_sweep=20, fedrevive=60, tf32=15)
+BUDGETS.update(compiled_step=25, shared_gpu=55, compression_job=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
@@ -198,20 +189,10 @@ def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafP
     )
 
 
-def leaf_rate(
-    model_name: str,
-    device: str,
-    devices: int,
-    samples: int,
-    workers: int,
-    device_batch: int,
-    rounds: int = 3,
-    fill_groups: bool = False,
-) -> tuple[float, dict]:
+def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False):
     """``benchmarks/batched_devices.py``'s leaf rate (median device-samples/s of rounds 2.., and the last round's
-    leaf delta sum) of this suite's leaf settings, batch 10, one epoch."""
-    settings = leaf_settings(model_name, devices, samples)
-    return batched_leaf_rate(settings, device, devices, workers, device_batch, rounds, fill_groups)
+    leaf delta sum) of this suite's leaf settings, batch 10, one epoch, 3 rounds."""
+    return batched_leaf_rate(leaf_settings(model, devices, samples), device, devices, workers, batch, 3, fill)
 
 
 def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
@@ -237,7 +218,7 @@ def section_throughput(args, size: dict) -> dict:
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
         plan = auto_plan(model_name, args.device, devices, samples)
         auto, _ = leaf_rate(
-            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
+            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups
         )
         out[model_name] = {
             "devices": devices,
@@ -304,12 +285,10 @@ def section_worker_sweep(args, size: dict) -> dict:
     for workers in size["sweep_groups"]:
         if time.monotonic() < args.section_deadline:
             batch = -(-devices // workers)
-            rates[f"groups {workers}x{batch}"] = leaf_rate(
-                "cnn", args.device, devices, samples, workers, batch, fill_groups=True
-            )[0]
-    auto = leaf_rate(
-        "cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
-    )[0]
+            rates[f"groups {workers}x{batch}"] = leaf_rate("cnn", args.device, devices, samples, workers, batch, True)[
+                0
+            ]
+    auto = leaf_rate("cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups)[0]
     best = max(rates, key=rates.get)
     return {
         "auto_plan": plan.reason,
@@ -436,26 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="dry-run sizes (seconds on a CPU)")
-    parser.add_argument(
-        "--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list out of {', '.join(SECTIONS)}"
-    )
+    parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--out", default=None, help="JSON file of figures (default: $OUT/gpu_suite.json or stdout)")
     parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds each job run may take (default: twice its section's budget, within what is left of --budget)",
+        "--timeout", type=float, help="seconds a job run may take (default: twice its section's budget)"
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=SUITE_BUDGET,
-        help="seconds for the whole suite: a section starts only while at least half its budget is left (0: no limit)",
-    )
+    parser.add_argument("--budget", type=float, default=SUITE_BUDGET, help="seconds for the whole suite (0: no limit)")
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - set(SECTIONS))
-    if unknown:
+    if unknown := sorted(set(chosen) - set(SECTIONS)):
         parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu for the dry run")

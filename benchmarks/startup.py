@@ -18,7 +18,6 @@ whole run's CPU seconds (comparable on a loaded machine where walls are not). ``
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -31,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, arguments, commit_of, print_table, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, arguments, baseline, items, print_table  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -121,17 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")
-    names = [name.strip() for name in args.arms.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ARMS]
-    if unknown or "project" not in names:
-        parser.error(f"--arms: {','.join(unknown) or args.arms} not allowed; 'project' and any of {', '.join(ARMS)}")
+    names = items(parser, "--arms", args.arms, allowed=tuple(ARMS))
+    if "project" not in names:
+        parser.error(f"--arms: {args.arms} lacks project; allowed: 'project' and any of {', '.join(ARMS)}")
     job = JOBS[args.job]
-    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
-    if args.baseline_commit and base_commit is None:
-        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
     session = Session("startup" if args.job == "digits" else f"startup-{args.job}")
-    with contextlib.ExitStack() as stack:
-        baseline_tree = stack.enter_context(worktree(base_commit)) if base_commit else None
+    with baseline(parser, args.baseline_commit) as (base_commit, baseline_tree):
         if baseline_tree and not os.path.isfile(os.path.join(baseline_tree, job[0])):
             parser.error(f"--baseline-commit: {base_commit} has no {job[0]}")
         chosen = arms(names, baseline_tree)
