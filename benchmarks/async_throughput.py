@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import REPO, Session, arguments, baseline, load, run_job  # noqa: E402
-from benchmarks.task_round import tight_loop  # noqa: E402
+from benchmarks.round_overhead import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
 SYNC_SELECTED = 20

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, items, print_table  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -98,7 +98,7 @@ def run_one(task: tuple) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--kinds", default="label_permutation,input_transform")
     parser.add_argument("--groups", default="2,3,4")
     parser.add_argument("--leaves-per-group", default="2,3")
@@ -107,34 +107,19 @@ def main() -> None:
     parser.add_argument("--dataset", default="synthetic,digits", help="one or more datasets, comma-separated")
     parser.add_argument("--devices-per-leaf", type=int, default=20)
     parser.add_argument("--devices-per-round", type=int, default=10, help="devices selected per leaf per round")
-    parser.add_argument(
-        "--batched",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="train a leaf's devices of a round as one vmapped batch (same maths, several times faster on a CPU)",
-    )
+    parser.add_argument("--batched", action=argparse.BooleanOptionalAction, default=True, help="vmapped devices")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
-    parser.add_argument(
-        "--fedavg-from",
-        default=None,
-        help="take the FedAvg baseline of each run from this earlier --json results file (same data, devices and "
-        "rounds: FedAvg does not depend on the cluster rule) instead of training it again",
-    )
+    parser.add_argument("--fedavg-from", help="take FedAvg's runs from this earlier results file (same settings)")
     parser.add_argument("--out", default=None, help="write every run's record to this JSON file")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="write the per-row summary and one figure per row to benchmarks/results/cluster_recovery-<date>.json",
-    )
     args = parser.parse_args()
     session = Session("cluster_recovery")
     args.fedavg_runs = _fedavg_runs(args.fedavg_from, args) if args.fedavg_from else {}
     grid = itertools.product(
-        args.dataset.split(","),
-        args.kinds.split(","),
-        [int(x) for x in args.groups.split(",")],
-        [int(x) for x in args.leaves_per_group.split(",")],
-        [int(x) for x in args.seeds.split(",")],
+        items(parser, "--dataset", args.dataset),
+        items(parser, "--kinds", args.kinds),
+        items(parser, "--groups", args.groups, int),
+        items(parser, "--leaves-per-group", args.leaves_per_group, int),
+        items(parser, "--seeds", args.seeds, int),
     )
     # The largest cells first, so the pool does not end on one long run.
     tasks = sorted(((*cell, args) for cell in grid), key=lambda t: -t[2] * t[3])

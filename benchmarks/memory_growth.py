@@ -286,19 +286,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20, help="samples per device in the job")
     parser.add_argument("--eval-frequency", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between /proc samples")
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=5,
-        help="report round r as the medians of the samples over rounds r-N..r+N (0: the last sample before r)",
-    )
+    parser.add_argument("--window", type=int, default=5, help="round r: medians over rounds r-N..r+N (0: at r)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is abandoned")
     parser.add_argument("--trajectory", type=int, default=0, help="also print RSS every N rounds (0: off)")
-    parser.add_argument(
-        "--nvflare-defaults",
-        action="store_true",
-        help=f"run the job with {RUNTIME_ENV_DEFAULTS_SWITCH}=0: NVFlare's and glibc's defaults, not the project's",
-    )
+    parser.add_argument("--nvflare-defaults", action="store_true", help=f"run with {RUNTIME_ENV_DEFAULTS_SWITCH}=0")
     args = parser.parse_args()
     session = harness.Session("memory_growth")
     payload = {"settings": vars(args), "rounds": part_rounds(args)}
