@@ -45,18 +45,10 @@ def run_one(task: tuple) -> dict:
     torch.set_num_threads(1)
     dataset, kind, groups, per_group, seed, args = task
     leaves = groups * per_group
-    config = ClusterConfig(
-        dataset=dataset,
-        num_leaf_nodes=leaves,
-        hidden_groups=groups,
-        group_kind=kind,
-        devices_per_leaf=args.devices_per_leaf,
-        device_selection_size=args.devices_per_round * leaves,
-        device_batch=args.devices_per_round if args.batched else 1,
-        num_rounds=args.rounds,
-        seed=seed,
-        data_seed=seed,
-    ).validate()
+    settings = dict(dataset=dataset, num_leaf_nodes=leaves, hidden_groups=groups, group_kind=kind, seed=seed)
+    settings.update(devices_per_leaf=args.devices_per_leaf, device_selection_size=args.devices_per_round * leaves)
+    settings.update(device_batch=args.devices_per_round if args.batched else 1, num_rounds=args.rounds, data_seed=seed)
+    config = ClusterConfig(**settings).validate()
     reference, keys = initial_weights(config)
     started = time.time()
     strategy = ClusterAggregation(last_layer_keys=keys, reference=reference, **config_settings(config))
@@ -75,26 +67,12 @@ def run_one(task: tuple) -> dict:
             break
         exact_from = index + 1
     last = clustered.rounds[-1] if clustered.rounds else {}
-    return {
-        "dataset": dataset,
-        "kind": kind,
-        "groups": groups,
-        "leaves_per_group": per_group,
-        "seed": seed,
-        "ari": aris[-1] if aris else None,
-        "exact_from_round": exact_from,
-        "final_labels": clustered.labels,
-        "true_groups": clustered.true_groups,
-        "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
-        "fedavg_accuracy": fedavg_accuracy,
-        "rounds": [
-            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")}
-            for r in clustered.rounds
-        ],
-        "margin": last.get("margin"),
-        "thresholds": last.get("thresholds"),
-        "cluster_seconds": cluster_seconds,
-    }
+    row = dict(dataset=dataset, kind=kind, groups=groups, leaves_per_group=per_group, seed=seed)
+    row.update(ari=aris[-1] if aris else None, exact_from_round=exact_from, final_labels=clustered.labels)
+    row.update(true_groups=clustered.true_groups, cluster_accuracy=sum(clustered.leaf_accuracy) / leaves)
+    keys = ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")
+    row.update(fedavg_accuracy=fedavg_accuracy, rounds=[{k: r.get(k) for k in keys} for r in clustered.rounds])
+    return row | dict(margin=last.get("margin"), thresholds=last.get("thresholds"), cluster_seconds=cluster_seconds)
 
 
 def main() -> None:
@@ -177,13 +155,9 @@ def report(rows: list[dict], args: argparse.Namespace, session: Session, wall: f
             )
             for row in summary
         ]
-        payload = {
-            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "fedavg_runs")},
-            "wall_s": round(wall, 1),
-            "rows": summary,
-            "runs": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
-        }
-        session.write(payload, figures)
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "out", "fedavg_runs")}
+        runs = [{k: v for k, v in r.items() if k != "rounds"} for r in rows]
+        session.write(dict(settings=settings, wall_s=round(wall, 1), rows=summary, runs=runs), figures)
 
 
 def exact_by(row: dict, rounds: int) -> bool:
@@ -203,20 +177,10 @@ def summarise(rows: list[dict], rounds: int) -> list[dict]:
         mine = sorted(mine, key=lambda r: r["seed"])
         good = [r for r in mine if exact_by(r, rounds)]
         failures = [f"seed {r['seed']}: ARI {_fmt(r.get('ari'), 2)}" for r in mine if not exact_by(r, rounds)]
-        out.append(
-            {
-                "dataset": dataset,
-                "kind": kind,
-                "groups": groups,
-                "leaves_per_group": per_group,
-                "runs": len(mine),
-                "exact": len(good),
-                "mean_exact_round": _mean([r["exact_from_round"] for r in good]),
-                "cluster_accuracy": _mean([r["cluster_accuracy"] for r in mine]),
-                "fedavg_accuracy": _mean([r["fedavg_accuracy"] for r in mine]),
-                "failures": failures,
-            }
-        )
+        row = dict(dataset=dataset, kind=kind, groups=groups, leaves_per_group=per_group, runs=len(mine))
+        row.update(exact=len(good), mean_exact_round=_mean([r["exact_from_round"] for r in good]))
+        row["cluster_accuracy"] = _mean([r["cluster_accuracy"] for r in mine])
+        out.append(row | dict(fedavg_accuracy=_mean([r["fedavg_accuracy"] for r in mine]), failures=failures))
     return out
 
 

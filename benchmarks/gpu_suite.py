@@ -1,28 +1,12 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (``BUDGETS``; the default is the first seven), each with its own time budget: a
-section starts only while at least half of it is left of ``--budget`` (default 315 s, one device call of at most 6
-minutes), its job runs are killed at twice its budget, and the figures are written after every section.
-``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``) prints every target beside its figure.
-
-1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end, the CNN at its defaults (against centralized training of
-   the CNN at batch 256 on this device) and ResNet-18 with 1,000 devices (100 a round, 10 samples each): round
-   seconds, timing breakdown, seconds to the first finished round, ``startup``, the leaves' plans, peak GPU memory.
-2. ``throughput``: device-samples/s of one leaf (``LeafRoundRunner``, no NVFlare) training 64 devices through the
-   thread pool, batched in one group, and with the leaf's own plan (``plan_leaf``), against centralized training
-   at the devices' batch size and at batch 256 (the limit); CNN and ResNet-18.
-3. ``async_throughput``: ``benchmarks/async_throughput.py``'s settings: FedBuff's steady updates/s at B = 10, B = 2
-   and the paper's shape against FedAvg's, devices per training group, wall per update against a tight loop.
-4. ``worker_sweep``: the leaf's plan against the thread pool and groups first at several worker counts.
-5. ``fedrevive``: FedRevive with the paper's server work per arrival for 30 versions: wall and server s/arrival.
-6. ``tf32``: ``--tf32``'s gain (leaf and centralized) and the difference it makes to a leaf's delta sum.
-7. ``compiled_step``: the batched lockstep for groups of 2, 4 and 10 digits CNNs, eager against ``torch.compile``
-   (and ``reduce-overhead`` on a GPU): ms per device, the first (compiling) call, the largest delta difference.
-8. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
-9. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job (seeds 0, 1).
-
-``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs
-the suite on the GPU machine:
+Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
+says what it measures): ``fedavg_e2e``, ``throughput``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
+``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least half of its
+budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at
+twice its budget, and the figures are written after every section. ``gpu_suite.py check FILE``
+(``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
+(tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
 
     .venv/bin/python benchmarks/gpu_suite.py --device cpu --tiny --out /tmp/gpu_suite.json
 """
@@ -109,20 +93,13 @@ def sizes(tiny: bool) -> dict:
 
 def machine_facts(device: str) -> dict:
     """Device name, versions and host facts recorded with every figure."""
-    facts = {
-        "device": device,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "cpu_cores": len(os.sched_getaffinity(0)),
-        "load_average_start": os.getloadavg()[0],
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    facts = dict(device=device, torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version())
+    facts.update(cpu_cores=len(os.sched_getaffinity(0)), load_average_start=os.getloadavg()[0])
+    facts["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1))
-        facts["cudnn"] = torch.backends.cudnn.version()
-        facts["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        facts.update(cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
         facts["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
     facts["git_commit"] = short_commit() or None
     return facts
@@ -161,32 +138,19 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
 
 def leaf_settings(model_name: str, devices: int, samples: int) -> dict:
     """The leaf benchmark's run settings: synthetic data, iid shards, batch 10, one epoch."""
-    return {
-        "dataset": "synthetic",
-        "synthetic_train_size": max(2000, devices * samples),
-        "synthetic_test_size": 100,
-        "model": model_name,
-        "partition": "iid",
-        "samples_per_device": samples,
-        "batch_size": 10,
-        "local_epochs": 1,
-        "seed": 0,
-    }
+    settings = dict(dataset="synthetic", synthetic_train_size=max(2000, devices * samples), synthetic_test_size=100)
+    return settings | dict(
+        model=model_name, partition="iid", samples_per_device=samples, batch_size=10, local_epochs=1, seed=0
+    )
 
 
 def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafPlan:
     """The plan a leaf of one (alone on this host and GPU) takes for ``devices`` at once (``plan_leaf``)."""
     first = TaskDeviceProcessor.from_settings(leaf_settings(model_name, devices, samples), compute_device=device)
     first.setup()
-    return plan_leaf(
-        device=device,
-        num_params=int(first.num_params),
-        batch_size=10,
-        device_batch_setting="auto",
-        obstacle=functools.partial(first.batching_obstacle, timed=True),
-        device_bytes=first.batched_device_bytes(),
-        devices_at_once=devices,
-    )
+    timed = functools.partial(first.batching_obstacle, timed=True)
+    sizes = dict(num_params=int(first.num_params), device_bytes=first.batched_device_bytes(), devices_at_once=devices)
+    return plan_leaf(device=device, batch_size=10, device_batch_setting="auto", obstacle=timed, **sizes)
 
 
 def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False):

@@ -13,7 +13,8 @@ Every benchmark script holds only its measurement and goes through this module f
   ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
-  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
+  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table
+  (``DEVSIM_BENCHMARK_RESULTS=DIR``: under DIR instead, for a trial run that publishes nothing).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ K = TypeVar("K")
 T = TypeVar("T")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+RESULTS = os.environ.get("DEVSIM_BENCHMARK_RESULTS") or os.path.join(REPO, "benchmarks", "results")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
 FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
 WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
