@@ -36,21 +36,12 @@ PRESET = os.path.join(REPO, "app_configs", "presets", "fedrevive_small_cpu.json"
 
 
 def make_reviver(preset: dict, teacher_batching: str, kd_interval: int, generation_interval: int) -> Reviver:
-    dfkd = DFKDConfig(
-        generator_width=preset["generator_width"],
-        synth_batch_size=preset["synth_batch_size"],
-        kd_iterations=preset["kd_iterations"],
-        pool_capacity=preset["pool_capacity"],
-        teacher_batching=teacher_batching,
-    )
+    """The preset's reviver (CNN, K = 50, B = 1) with these teacher batching and synthesis / KD intervals."""
+    dfkd = {k: preset[k] for k in ("generator_width", "synth_batch_size", "kd_iterations", "pool_capacity")}
+    gates = {k: preset[k] for k in ("freeze_version", "warmup_version", "teacher_capacity")}
+    intervals = dict(generation_interval=generation_interval, kd_interval=kd_interval)
     config = ReviverConfig(
-        s_max=scaled_s_max(50, 1),
-        freeze_version=preset["freeze_version"],
-        warmup_version=preset["warmup_version"],
-        generation_interval=generation_interval,
-        teacher_capacity=preset["teacher_capacity"],
-        kd_interval=kd_interval,
-        dfkd=dfkd,
+        s_max=scaled_s_max(50, 1), dfkd=DFKDConfig(teacher_batching=teacher_batching, **dfkd), **gates, **intervals
     )
     torch.manual_seed(0)
     return Reviver(lambda: build_model("cnn", num_classes=10, track_features=True), config, seed=0)
@@ -99,15 +90,11 @@ def main() -> None:
     with open(PRESET, encoding="utf-8") as stream:
         preset = flatten_sections(json.load(stream), FedReviveConfig)
     columns = {
-        "paper-rate loop": dict(teacher_batching="off", kd_interval=1, generation_interval=5),
-        "paper-rate vmap": dict(teacher_batching="all", kd_interval=1, generation_interval=5),
-        "paper-rate default": dict(teacher_batching="synthesis", kd_interval=1, generation_interval=5),
-        "preset": dict(
-            teacher_batching="synthesis",
-            kd_interval=preset.get("kd_interval", 1),
-            generation_interval=preset["generation_interval"],
-        ),
+        f"paper-rate {name}": dict(teacher_batching=batching, kd_interval=1, generation_interval=5)
+        for name, batching in (("loop", "off"), ("vmap", "all"), ("default", "synthesis"))
     }
+    intervals = dict(kd_interval=preset.get("kd_interval", 1), generation_interval=preset["generation_interval"])
+    columns["preset"] = dict(teacher_batching="synthesis", **intervals)
     results = {name: measure(preset, args.arrivals, **settings) for name, settings in columns.items()}
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} (1 min)")
     for name, settings in columns.items():
@@ -120,21 +107,14 @@ def main() -> None:
     table.append(["CPU speed-up vs first column", *(f"{first / cpu:.2f}x" for (_, cpu), _ in results.values())])
     print_table(["phase (CPU ms / arrival)", *columns], table)
     if args.json:
-        payload = {
-            "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},
-            "columns": {
-                name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
-                for name, ((wall, cpu), phases) in results.items()
-            },
+        settings = {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()}
+        shown = {
+            name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
+            for name, ((wall, cpu), phases) in results.items()
         }
-        published = [
-            session.figure(
-                "FedRevive server thread-CPU per arrival (preset)",
-                f"{results['preset'][0][1]:.3f} s",
-                "<= 0.35 s wall",
-            )
-        ]
-        session.write(payload, published)
+        cpu = f"{results['preset'][0][1]:.3f} s"
+        figure = session.figure("FedRevive server thread-CPU per arrival (preset)", cpu, "<= 0.35 s wall")
+        session.write({"settings": settings, "columns": shown}, [figure])
 
 
 if __name__ == "__main__":

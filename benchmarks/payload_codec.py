@@ -38,16 +38,9 @@ class MidConvNet(nn.Module):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
+        stages = ((3, 32), (32, 64), (64, 128))
         self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
+            *(layer for i, o in stages for layer in (nn.Conv2d(i, o, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)))
         )
         self.fc1 = nn.Linear(128 * 4 * 4, 448)
         self.fc2 = nn.Linear(448, num_classes)
