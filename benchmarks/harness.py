@@ -395,3 +395,20 @@ def run_job(
     results["first_round"] = first[0] if first else None
     results["worker_lines"] = sorted(workers)
     return results
+
+
+def run_jobs(
+    jobs: dict[str, tuple[str, list[str]]],
+    timeout: float = 3600.0,
+    env: dict[str, str] | None = None,
+    workdir: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Each named ``(script, flags)`` job through :func:`run_job`, in turn, under ``workdir`` (default a temporary
+    folder, removed after): name -> its results; one line printed as each ends (wall seconds, final accuracy)."""
+    done = {}
+    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as scratch:
+        for name, (script, flags) in jobs.items():
+            results = done[name] = run_job(script, flags, workdir or scratch, re.sub(r"\W+", "-", name), timeout, env)
+            accuracy = (results.get("summary") or {}).get("final_accuracy")
+            print(f"  {name}: {results['wall']:.0f} s wall, final accuracy {accuracy}", flush=True)
+    return done
