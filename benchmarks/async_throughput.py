@@ -186,7 +186,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     session = Session("async_throughput")
-    print(f"machine: {session.where()}", flush=True)
+    print(f"machine: {session.where()}")
     with baseline(parser, args.baseline_commit) as (base_commit, base_tree):
         rows = measure_all(args, {"": REPO, **({f" @ {base_commit}": base_tree} if base_tree else {})})
     print(f"load average at end {load()}")
@@ -216,7 +216,7 @@ def measure_all(args: argparse.Namespace, trees: dict[str, str]) -> list[dict]:
                     row = run_setting(script, flags, common, args.timeout, args.leaves, tree)
                     runs.setdefault(name, []).append(row)
                     which = f" (round {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
-                    print(f"[{dataset}] {name:28s} {describe(row, loop_per_update)}{which}", flush=True)
+                    print(f"[{dataset}] {name:28s} {describe(row, loop_per_update)}{which}")
         measured = {
             name: median_round(rounds, runs.get("fedavg" + settings_of[name]), loop_per_update)
             for name, rounds in runs.items()

@@ -90,7 +90,7 @@ def main() -> int:
     args = parser.parse_args()
     session = Session("availability_quality")
     settings = items(parser, "--settings", args.settings, allowed=tuple(SETTINGS))
-    print(f"load average before: {session.load_start}", flush=True)
+    print(f"load average before: {session.load_start}")
     pairs = [(method, setting) for method in items(parser, "--methods", args.methods) for setting in settings]
     with tempfile.TemporaryDirectory(prefix="availability_quality_") as workdir:
         trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)

@@ -96,7 +96,7 @@ def main() -> int:
 
         def done(index: int, name: str, run: dict) -> None:
             per = ", ".join(f"{g}: {run['ms_per_device'][str(g)]:.2f}" for g in groups)
-            print(f"round {index + 1} {name}: ms per device {per}", flush=True)
+            print(f"round {index + 1} {name}: ms per device {per}")
 
         arms = {name: functools.partial(measure_in, tree, groups, args.calls) for name, tree in trees.items()}
         runs = alternate(arms, args.rounds, done)

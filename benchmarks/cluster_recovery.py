@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, arguments, items, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, items, print_row, print_table  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -101,29 +101,19 @@ def main() -> None:
     )
     # The largest cells first, so the pool does not end on one long run.
     tasks = sorted(((*cell, args) for cell in grid), key=lambda t: -t[2] * t[3])
-    print(
-        f"{len(tasks)} runs, {args.rounds} rounds, the cluster job's defaults; load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
+    print(f"{len(tasks)} runs, {args.rounds} rounds, the cluster job's defaults; load average {os.getloadavg()[0]:.2f}")
     started = time.time()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         rows = []
-        header = (
-            "| dataset | kind | groups | leaves/group | seed | ARI | exact from round | cluster acc | FedAvg acc "
-            "| ratio |"
-        )
-        print(header + "\n|" + " --- |" * 10, flush=True)
+        columns = ["dataset", "kind", "groups", "leaves/group", "seed", "ARI", "exact from round", "cluster acc"]
+        print_table([*columns, "FedAvg acc", "ratio"], [])
         for row in pool.imap_unordered(run_one, tasks):
             rows.append(row)
-            exact = row.get("exact_from_round") or "-"
             ari = f"{row['ari']:.2f}" if row["ari"] is not None else "-"
-            print(
-                f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
-                f"| {row['seed']} | {ari} "
-                f"| {exact} | {row['cluster_accuracy']:.3f} | {row['fedavg_accuracy']:.3f} "
-                f"| {row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f} |",
-                flush=True,
-            )
+            cells = [row[k] for k in ("dataset", "kind", "groups", "leaves_per_group", "seed")]
+            accuracy = [f"{row['cluster_accuracy']:.3f}", f"{row['fedavg_accuracy']:.3f}"]
+            ratio = f"{row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f}"
+            print_row([*cells, ari, row.get("exact_from_round") or "-", *accuracy, ratio])
     report(rows, args, session, time.time() - started)
 
 

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     job_flags = ["--dataset", "digits", *flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
                     results = job(job_flags, name=f"g{number}_s{seed}_{names.index(name)}")
                     runs[name] = job_figures(results)
-                    print(f"  {name} seed {seed}: {results['wall']:.0f} s", flush=True)
+                    print(f"  {name} seed {seed}: {results['wall']:.0f} s")
                 figures["none"].setdefault(seed, runs["none"])
                 for name in group:
                     if name != "none":

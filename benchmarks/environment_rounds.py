@@ -74,7 +74,7 @@ def main() -> int:
             cmd += ["--workspace", os.path.join(tmp, f"ws-{kind}"), "--output-dir", out]
             seconds, _ = run(cmd, env, 900)
             measured[kind] = measure(out, seconds)
-            print(f"{kind}: {measured[kind]}", flush=True)
+            print(f"{kind}: {measured[kind]}")
         deploy = [python, "scripts/deployment.py"]
         workspace = ["--workspace", os.path.join(tmp, "deployment")]
         run([*deploy, "provision", *workspace, "--leaves", str(args.leaves), "--port-base", "18900"], env, 120)
@@ -82,7 +82,7 @@ def main() -> int:
             run([*deploy, "start", *workspace], env, 240)
             seconds, _ = run([*deploy, "run", *workspace, "fedavg", "--", *job_flags], env, 900)
             measured["prod"] = measure(os.path.join(tmp, "deployment", "results"), seconds)
-            print(f"prod: {measured['prod']}", flush=True)
+            print(f"prod: {measured['prod']}")
         finally:
             run([*deploy, "stop", *workspace], env, 120)
     sim = measured["sim"]

@@ -52,7 +52,7 @@ def main() -> None:
     examples = items(parser, "--examples", args.examples, allowed=tuple(RUNS))
     methods = items(parser, "--methods", args.methods)
     session = Session("example_tasks")
-    print(f"machine: {session.where()}", flush=True)
+    print(f"machine: {session.where()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="devsim-examples-") as workdir:
         for example in examples:

@@ -134,7 +134,7 @@ def run_job(script: str, flags: list[str], workdir: str, name: str, env: dict | 
     """Run ``jobs/<script> --dataset digits`` with ``flags`` (default one thread a process); its results.json plus
     ``wall``."""
     results = harness.run_job(script, ["--dataset", "digits", *flags], workdir, name, env=env)
-    print(f"  {name}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}", flush=True)
+    print(f"  {name}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}")
     return results
 
 
@@ -166,7 +166,7 @@ def section_heterogeneity(sizes: Sizes, seeds: list[int], workdir: str) -> dict[
     for seed in seeds:
         started = time.perf_counter()
         figures["final"].add("centralized", centralized_accuracy(seed, sizes.central_epochs))
-        print(f"  centralized seed {seed}: {time.perf_counter() - started:.0f}s", flush=True)
+        print(f"  centralized seed {seed}: {time.perf_counter() - started:.0f}s")
         for name, partition in (("FedAvg IID", ["--partition", "iid"]), ("FedAvg Dir 0.1", ["--alpha", "0.1"])):
             flags = [*sizes.sync, *partition, "--seed", str(seed)]
             results = run_job("pt_job_fedavg.py", flags, workdir, f"s1-{name.replace(' ', '_')}-{seed}")
@@ -242,7 +242,7 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
             else:
                 cells.append(mean_spread(values))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines))
     return lines
 
 
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for number in sorted(sections):
             title, section, section_seeds = runs[number]
-            print(f"section {title}", flush=True)
+            print(f"section {title}")
             tables[title] = section(sizes, section_seeds, workdir)
             print_table(title, tables[title])
             if args.json:

@@ -77,11 +77,18 @@ def invocation(
 def print_table(columns: list[str], rows: list[list[Any]]) -> None:
     """Print a Markdown table: ``columns`` as its header, then one line per row (cells as ``str`` gives them)."""
     for cells in (columns, ["---"] * len(columns), *rows):
-        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        print_row(cells)
+
+
+def print_row(cells: list[Any]) -> None:
+    """Print one row of a Markdown table (a table's rows printed as they come, after ``print_table(columns, [])``)."""
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 def arguments(doc: str, json_help: str = "write the figures under benchmarks/results/") -> argparse.ArgumentParser:
-    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag."""
+    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag; from
+    here on this process's output is line-buffered (progress shows as it happens, also through a pipe)."""
+    sys.stdout.reconfigure(line_buffering=True)
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help=json_help)
     return parser
@@ -182,6 +189,7 @@ class Session:
         argv: list[str] | None = None,
         env: tuple[str, ...] = ("OMP_NUM_THREADS",),
     ):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also through a pipe
         self.benchmark = benchmark
         self.date = time.strftime("%Y-%m-%d")
         self.load_start = load()

@@ -142,7 +142,7 @@ def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
     effective = dict(os.environ, **env)
     apply_runtime_env_defaults(effective)  # what the job's build_env will do, on a copy
     runtime = {name: effective.get(name, "(unset)") for name in RUNTIME_ENV_DEFAULTS}
-    print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()), flush=True)
+    print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()))
     round_times: dict[int, float] = {}
     samplers: list[Sampler] = []
 

@@ -279,26 +279,24 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
             parser.error(f"{cell.model}: rounds ({cell.rounds}) must exceed the warm-up rounds ({cell.warmup_rounds})")
     print(
         f"sweep: {len(cells)} cells, {args.leaves} leaves, every device selected, 1 epoch, batch {args.batch_size}; "
-        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {load()}",
-        flush=True,
+        f"skipped: {', '.join(skipped) or 'none'}; machine: {os.cpu_count()} cores, load average {load()}"
     )
     rows = []
     for cell in cells:
         print(
             f"\n== {cell.model}, {cell.devices} devices ({cell.leaves} x {cell.devices_per_leaf}) x {cell.samples} "
-            f"samples: {cell.total_samples} samples, {cell.steps} SGD steps per round, {cell.rounds} rounds",
-            flush=True,
+            f"samples: {cell.total_samples} samples, {cell.steps} SGD steps per round, {cell.rounds} rounds"
         )
         started = time.perf_counter()
         try:
             result = measure(cell, args)
         except RuntimeError as error:
-            print(f"cell failed: {error}", flush=True)
+            print(f"cell failed: {error}")
             rows.append((cell, None))
             continue
         for line in describe(cell, result):
             print(line)
-        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}", flush=True)
+        print(f"cell wall {time.perf_counter() - started:.0f} s; load average {load()}")
         rows.append((cell, result))
 
     paths = args.device_batch_paths
@@ -399,7 +397,7 @@ def measure_task(task_path: str, args: argparse.Namespace) -> dict:
 def run_tasks(args: argparse.Namespace) -> None:
     """Measure every ``--task``, print each one's rounds and ratios; ``--json``: write the rows and figures."""
     rows = []
-    print(f"machine: {os.cpu_count()} cores, load average {load()}", flush=True)
+    print(f"machine: {os.cpu_count()} cores, load average {load()}")
     for task_path in args.task:
         row = measure_task(os.path.abspath(task_path), args)
         rows.append(row)

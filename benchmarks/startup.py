@@ -99,7 +99,7 @@ def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs:
     file, the probe's verdict): arm -> its runs' stages."""
 
     def done(index: int, name: str, sample: dict) -> None:
-        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round", flush=True)
+        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round")
 
     with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
         chosen_runs = {

@@ -99,7 +99,7 @@ def main() -> int:
     if args.rounds <= args.warmup_rounds:
         parser.error("--rounds must exceed --warmup-rounds")
     session = Session("stock_edge_comparison")
-    print(f"2 leaves x {args.devices_per_leaf} devices, all selected; machine: {session.where()}", flush=True)
+    print(f"2 leaves x {args.devices_per_leaf} devices, all selected; machine: {session.where()}")
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-edgecmp-") as root:
         for side in SIDES:
@@ -113,7 +113,7 @@ def main() -> int:
             steady = rounds[args.warmup_rounds :]
             median = statistics.median(steady) if steady else float("nan")
             results[side] = {"rounds": rounds, "median": median, "wall": wall, "status": status}
-            print(f"[{side}] {status}, {wall:.1f} s wall; round s: {', '.join(f'{t:.2f}' for t in rounds)}", flush=True)
+            print(f"[{side}] {status}, {wall:.1f} s wall; round s: {', '.join(f'{t:.2f}' for t in rounds)}")
     samples = 2 * args.devices_per_leaf * args.samples
     stock = results["stock"]["median"]
     print(f"\n{'side':<8} {'steady s/round':>15} {'samples/s':>11} {'stock / side':>13}")
