@@ -5,12 +5,14 @@ Every benchmark script holds only its measurement and goes through this module f
 - ``run_job(script, flags, workdir)`` runs ``jobs/<script>`` (NVFlare's simulator unless the flags say otherwise)
   in its own process group with HOME, workspace and output inside ``workdir``, and returns its ``results.json``
   with ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1``/``version 1``
-  progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
-  for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
-  starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
-- ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown
-  table. ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
-  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
+  progress line, None when none was printed) and the leaves' ``workers=`` plan lines; ``run_jobs`` runs named
+  jobs in turn. ``run_isolated`` is the same for any command; whatever happens, every process either started is
+  gone when it returns (NVFlare's simulator starts its leaf processes in new sessions, so they are tracked by pid
+  and creation time, never a recycled pid). ``run_child(script, args)`` runs a measurement in a fresh Python
+  process and returns the JSON it printed.
+- ``arguments(__doc__)`` is a script's parser with its ``--json`` flag, ``items`` reads a comma-list flag,
+  ``baseline(parser, rev)`` checks out ``--baseline-commit`` in a temporary git worktree for a block;
+  ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown table.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
   (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table
