@@ -76,6 +76,13 @@ def invocation(
     return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *(sys.argv[1:] if argv is None else argv)])])
 
 
+def _line_buffered() -> None:
+    """This process's output line-buffered from here on: a benchmark's progress shows as it happens, also through a
+    pipe (a stream without ``reconfigure``, e.g. a test's capture, is left as it is)."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def print_table(columns: list[str], rows: list[list[Any]]) -> None:
     """Print a Markdown table: ``columns`` as its header, then one line per row (cells as ``str`` gives them)."""
     for cells in (columns, ["---"] * len(columns), *rows):
@@ -90,7 +97,7 @@ def print_row(cells: list[Any]) -> None:
 def arguments(doc: str, json_help: str = "write the figures under benchmarks/results/") -> argparse.ArgumentParser:
     """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag; from
     here on this process's output is line-buffered (progress shows as it happens, also through a pipe)."""
-    sys.stdout.reconfigure(line_buffering=True)
+    _line_buffered()
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help=json_help)
     return parser
@@ -191,7 +198,7 @@ class Session:
         argv: list[str] | None = None,
         env: tuple[str, ...] = ("OMP_NUM_THREADS",),
     ):
-        sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also through a pipe
+        _line_buffered()
         self.benchmark = benchmark
         self.date = time.strftime("%Y-%m-%d")
         self.load_start = load()
