@@ -71,17 +71,15 @@ def job_figures(results: dict) -> dict:
     by_round = [int(r["bytes"]["device_to_leaf"]) for r in rounds if "device_to_leaf" in r.get("bytes", {})]
     timed = [r["timing"] for r in rounds[WARM_ROUNDS:] if "timing" in r] or [r["timing"] for r in rounds]
     wall = sum(t["wall"] for t in timed)
-    return {
-        "uplink_bytes": int(results["summary"]["bytes_total"]["device_to_leaf"]),
-        "uplink_bytes_by_round": by_round if len(by_round) == len(rounds) else None,
-        "final_accuracy": float(results["summary"]["final_accuracy"]),
-        "last5_accuracy": last_mean(accuracies),
-        "accuracies": accuracies,
-        "round_wall_mean": wall / len(timed),
-        "codec_share_sum": sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall,
-        "codec_share_critical": sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall,
-        "job_wall": float(results["wall"]),
-    }
+    summary = results["summary"]
+    out = dict(
+        uplink_bytes=int(summary["bytes_total"]["device_to_leaf"]), final_accuracy=float(summary["final_accuracy"])
+    )
+    out.update(uplink_bytes_by_round=by_round if len(by_round) == len(rounds) else None, accuracies=accuracies)
+    out.update(last5_accuracy=last_mean(accuracies), round_wall_mean=wall / len(timed), job_wall=float(results["wall"]))
+    out["codec_share_sum"] = sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall
+    out["codec_share_critical"] = sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,16 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report_runs(
-    args: argparse.Namespace,
-    session: Session,
-    figures: dict[str, dict[int, dict]],
-    names: list[str],
-    seeds: list[int],
-    rounds: int,
-    horizons: list[int],
-    bases: dict[str, dict[int, dict]],
-) -> None:
+def report_runs(args, session: Session, figures: dict, names: list, seeds: list, rounds: int, horizons: list, bases):
     """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``bases``: the
     ``none`` run each codec's run of a seed is compared with, by codec and seed."""
     print(
@@ -196,48 +185,33 @@ def share_figures(session: Session, table: dict) -> list[dict[str, str]]:
     return [session.figure("codec share of the round, critical leaf, topk 10% / int8", shares, "<= 5%")]
 
 
-def horizon_summary(
-    figures: dict[str, dict[int, dict]],
-    bases: dict[str, dict[int, dict]],
-    names: list[str],
-    seeds: list[int],
-    horizons: list[int],
-) -> dict:
+def horizon_summary(figures: dict, bases: dict, names: list[str], seeds: list[int], horizons: list[int]) -> dict:
     """Each codec over the seeds, against its ``none`` of the same seed (``bases``): bytes ratio, the critical leaf's
     codec share (min, max) and, at each horizon H (rounds), the points after round H and of the mean of rounds
     H-4..H (each seed's, their mean and worst) and, where the runs give each round's uplink bytes, the bytes ratio
     over rounds 1..H (a warm-up's denser first rounds lower it at short horizons). Round H of a longer run is that
-    of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
+    of an H-round run: nothing in a synchronous round depends on how many rounds follow. ``figures`` and ``bases``:
+    codec -> seed -> a run's :func:`job_figures`."""
     summary = {}
     for name in names:
         runs = [(figures[name][s], bases[name][s]) for s in seeds]
         shares = [run["codec_share_critical"] for run, _ in runs]
-        entry = {
-            "fewer_bytes": _mean([base["uplink_bytes"] / run["uplink_bytes"] for run, base in runs]),
-            "codec_share_min": min(shares),
-            "codec_share_max": max(shares),
-            "horizons": {},
-        }
+        fewer = _mean([base["uplink_bytes"] / run["uplink_bytes"] for run, base in runs])
+        entry = dict(fewer_bytes=fewer, codec_share_min=min(shares), codec_share_max=max(shares), horizons={})
         for horizon in horizons:
             final = [100 * (run["accuracies"][horizon - 1] - base["accuracies"][horizon - 1]) for run, base in runs]
             settled = [
                 100 * (last_mean(run["accuracies"][:horizon]) - last_mean(base["accuracies"][:horizon]))
                 for run, base in runs
             ]
-            at = entry["horizons"][str(horizon)] = {
-                "final_vs_none_points": final,
-                "final_vs_none_mean": _mean(final),
-                "final_vs_none_worst": float(min(final)),
-                "last5_vs_none_mean": _mean(settled),
-                "last5_vs_none_worst": float(min(settled)),
-            }
-            if all(run.get("uplink_bytes_by_round") and base.get("uplink_bytes_by_round") for run, base in runs):
-                at["fewer_bytes"] = _mean(
-                    [
-                        sum(base["uplink_bytes_by_round"][:horizon]) / sum(run["uplink_bytes_by_round"][:horizon])
-                        for run, base in runs
-                    ]
-                )
+            at = dict(
+                final_vs_none_points=final, final_vs_none_mean=_mean(final), final_vs_none_worst=float(min(final))
+            )
+            at.update(last5_vs_none_mean=_mean(settled), last5_vs_none_worst=float(min(settled)))
+            entry["horizons"][str(horizon)] = at
+            by_round = [(run.get("uplink_bytes_by_round"), base.get("uplink_bytes_by_round")) for run, base in runs]
+            if all(mine and none for mine, none in by_round):
+                at["fewer_bytes"] = _mean([sum(none[:horizon]) / sum(mine[:horizon]) for mine, none in by_round])
         summary[name] = entry
     return summary
 
