@@ -43,26 +43,17 @@ def settings(updates: int, leaves: int, devices_per_leaf: int) -> dict[str, tupl
     paper = ["--devices-per-leaf", str(max(devices_per_leaf, 1000 // leaves)), "--concurrency", "100"]
     paper += ["--buffer-size", "2", "--global-lr", "0.3", "--staleness-weighting", "polynomial"]
     paper += ["--max-versions", str(updates // 2), "--eval-frequency"]
+    b10 = [*fedbuff, str(max(1, updates // 40)), "--buffer-size", "10", "--max-versions", str(updates // 10)]
+    b2 = [*fedbuff, str(max(1, updates // 8)), "--buffer-size", "2", "--global-lr", "0.3"]
+    paper.append(str(max(1, updates // 8)))
+    revive = ["--optimizer", "sgd", "--lr", "0.05", "--local-iterations", "none", "--batch-size", "10", "--no-augment"]
+    fedavg = ["--num-rounds", str(updates // SYNC_SELECTED), "--device-selection-size", str(SYNC_SELECTED)]
     rows = {
-        "fedavg": (
-            "pt_job_fedavg.py",
-            ["--num-rounds", str(updates // SYNC_SELECTED), "--device-selection-size", str(SYNC_SELECTED)],
-        ),
-        "fedbuff B=10": (
-            "pt_job_fedbuff.py",
-            [*fedbuff, str(max(1, updates // 40)), "--buffer-size", "10", "--max-versions", str(updates // 10)],
-        ),
-        "fedbuff B=2": (
-            "pt_job_fedbuff.py",
-            [*fedbuff, str(max(1, updates // 8)), "--buffer-size", "2", "--global-lr", "0.3"]
-            + ["--max-versions", str(updates // 2)],
-        ),
-        "fedbuff paper": ("pt_job_fedbuff.py", [*paper, str(max(1, updates // 8))]),
-        "fedrevive paper": (
-            "pt_job_fedrevive.py",
-            [*paper, str(max(1, updates // 8)), "--optimizer", "sgd", "--lr", "0.05", "--local-iterations", "none"]
-            + ["--batch-size", "10", "--no-augment"],
-        ),
+        "fedavg": ("pt_job_fedavg.py", fedavg),
+        "fedbuff B=10": ("pt_job_fedbuff.py", b10),
+        "fedbuff B=2": ("pt_job_fedbuff.py", [*b2, "--max-versions", str(updates // 2)]),
+        "fedbuff paper": ("pt_job_fedbuff.py", paper),
+        "fedrevive paper": ("pt_job_fedrevive.py", [*paper, *revive]),
     }
     for name in [n for n in rows if n != "fedavg"]:
         script, flags = rows[name]
@@ -97,16 +88,9 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     cpu = {side: 1000.0 * seconds / max(updates, 1) for side, seconds in cpu_seconds.items()}
     groups = sum(float(r["timing"]["info"].get("leaf_training_groups", 0.0)) for r in windows)
     busy = (cpu_seconds["server"] + cpu_seconds["leaf"]) / max(whole * (os.cpu_count() or 1), 1e-9)
-    return {
-        "updates": updates,
-        "wall": wall,
-        "updates_per_s": updates / wall,
-        "parts_per_update": parts,
-        "cpu_ms_per_update": cpu,
-        "updates_per_leaf_call": updates / max(calls, 1.0),
-        "updates_per_training_group": updates / max(groups, 1.0),
-        "cores_busy": busy,
-    }
+    rates = dict(updates=updates, wall=wall, updates_per_s=updates / wall, parts_per_update=parts)
+    rates.update(cpu_ms_per_update=cpu, updates_per_leaf_call=updates / max(calls, 1.0))
+    return rates | dict(updates_per_training_group=updates / max(groups, 1.0), cores_busy=busy)
 
 
 def describe(row: dict, loop_per_update: float) -> str:

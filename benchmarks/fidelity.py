@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             print_table(title, tables[title])
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as stream:
-                    json.dump({t: {k: f.values for k, f in fs.items()} for t, fs in tables.items()}, stream, indent=1)
+                    json.dump(per_seed(tables), stream, indent=1)
     print(
         f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds}, "
         f"section 4: {args.job_seeds})"
@@ -286,14 +286,16 @@ def main(argv: list[str] | None = None) -> int:
         print_table(title, figures)
     print(f"\n{time.perf_counter() - session.started:.0f}s wall; {session.where()}")
     if args.json is not None:
-        values = {title: {key: f.values for key, f in figs.items()} for title, figs in tables.items()}
-        session.write({"settings": vars(args), "tables": values}, readme_figures(tables, args.quick, session))
+        session.write({"settings": vars(args), "tables": per_seed(tables)}, readme_figures(tables, args.quick, session))
     return 0
 
 
-def readme_figures(
-    tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session
-) -> list[dict[str, str]]:
+def per_seed(tables: dict[str, dict[str, Figures]]) -> dict:
+    """Section title -> figure -> method -> its value per seed."""
+    return {title: {key: figures.values for key, figures in table.items()} for title, table in tables.items()}
+
+
+def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session) -> list[dict]:
     """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1; section 2's FedRevive
     minus FedBuff (mean final accuracy, points); section 4's FedRevive final accuracy per seed."""
     size = " (--quick sizes)" if quick else ""
@@ -307,13 +309,9 @@ def readme_figures(
         final = tables[STALENESS]["final"].values
         revive, buff = statistics.fmean(final["FedRevive"]), statistics.fmean(final["FedBuff"])
         seeds = " / ".join(f"{100 * (r - b):+.1f}" for r, b in zip(final["FedRevive"], final["FedBuff"], strict=True))
-        published.append(
-            session.figure(
-                "fidelity on digits, stale schedule: FedRevive minus FedBuff, final accuracy" + size,
-                f"{100 * (revive - buff):+.1f} points ({revive:.4f} vs {buff:.4f}; per seed {seeds})",
-                ">= +15 points",
-            )
-        )
+        name = "fidelity on digits, stale schedule: FedRevive minus FedBuff, final accuracy" + size
+        value = f"{100 * (revive - buff):+.1f} points ({revive:.4f} vs {buff:.4f}; per seed {seeds})"
+        published.append(session.figure(name, value, ">= +15 points"))
     if JOB_DEFAULTS in tables:
         final = tables[JOB_DEFAULTS]["final"].values["FedRevive"]
         name = "FedRevive job defaults on digits: final accuracy" + size
