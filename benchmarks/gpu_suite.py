@@ -184,21 +184,11 @@ def section_throughput(args, size: dict) -> dict:
         auto, _ = leaf_rate(
             model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups
         )
-        out[model_name] = {
-            "devices": devices,
-            "samples_per_device": samples,
-            "centralized_batch10": central_10,
-            f"centralized_batch{LIMIT_BATCH}": central_limit,
-            "pool_workers": workers,
-            "pool": pool,
-            "batched_1_worker": batched,
-            "auto_plan": plan.reason,
-            "auto": auto,
-            "pool_vs_limit": pool / central_limit,
-            "batched_vs_limit": batched / central_limit,
-            "auto_vs_limit": auto / central_limit,
-            "batched_vs_pool": batched / pool,
-        }
+        row = dict(devices=devices, samples_per_device=samples, centralized_batch10=central_10)
+        row[f"centralized_batch{LIMIT_BATCH}"] = central_limit
+        row.update(pool_workers=workers, pool=pool, batched_1_worker=batched, auto_plan=plan.reason, auto=auto)
+        row.update(pool_vs_limit=pool / central_limit, batched_vs_limit=batched / central_limit)
+        out[model_name] = row | dict(auto_vs_limit=auto / central_limit, batched_vs_pool=batched / pool)
     return out
 
 
@@ -211,22 +201,17 @@ def section_tf32(args, size: dict) -> dict:
     try:
         for model_name in size["tf32_models"]:
             devices, samples = leaf_shape(size, model_name)
-            row: dict = {}
-            sums = {}
-            for on in (False, True):
+            row, sums = {}, {}
+            for on, name in ((False, "off"), (True, "on")):
                 apply_tf32(on)
-                name = "on" if on else "off"
                 row[f"leaf_{name}"], sums[name] = leaf_rate(model_name, args.device, devices, samples, 1, devices)
                 row[f"centralized_{name}"] = centralized_rate(
                     model_name, args.device, LIMIT_BATCH, size["central_samples"]
                 )
             scale = max(float(abs(v).max()) for v in sums["off"].values())
-            row["leaf_gain"] = row["leaf_on"] / row["leaf_off"]
-            row["centralized_gain"] = row["centralized_on"] / row["centralized_off"]
-            row["max_relative_difference"] = (
-                max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
-            )
-            out[model_name] = row
+            difference = max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
+            row.update(leaf_gain=row["leaf_on"] / row["leaf_off"], max_relative_difference=difference)
+            out[model_name] = row | {"centralized_gain": row["centralized_on"] / row["centralized_off"]}
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     return out
@@ -249,20 +234,13 @@ def section_worker_sweep(args, size: dict) -> dict:
     for workers in size["sweep_groups"]:
         if time.monotonic() < args.section_deadline:
             batch = -(-devices // workers)
-            rates[f"groups {workers}x{batch}"] = leaf_rate("cnn", args.device, devices, samples, workers, batch, True)[
-                0
-            ]
-    auto = leaf_rate("cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups)[0]
+            rate, _ = leaf_rate("cnn", args.device, devices, samples, workers, batch, True)
+            rates[f"groups {workers}x{batch}"] = rate
+    auto, _ = leaf_rate("cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups)
     best = max(rates, key=rates.get)
-    return {
-        "auto_plan": plan.reason,
-        "auto_workers": plan.num_workers,
-        "auto_device_batch": plan.device_batch,
-        "auto_samples_per_s": auto,
-        "samples_per_s": rates,
-        "best": best,
-        "auto_vs_best": auto / max(rates[best], auto),
-    }
+    out = dict(auto_plan=plan.reason, auto_workers=plan.num_workers, auto_device_batch=plan.device_batch)
+    out.update(auto_samples_per_s=auto, samples_per_s=rates, best=best)
+    return out | {"auto_vs_best": auto / max(rates[best], auto)}
 
 
 def section_fedavg_e2e(args, size: dict) -> dict:
