@@ -106,15 +106,13 @@ def main() -> int:
         for name in trees:
             for unit in ("ms_per_device", "cpu_ms_per_device"):
                 row[f"{name}_{unit}"] = statistics.median(r[unit][str(size)] for r in runs[name])
-        if "baseline" in trees:
-            row["speedup"] = row["baseline_ms_per_device"] / row["this_ms_per_device"]
-            row["speedup_cpu"] = row["baseline_cpu_ms_per_device"] / row["this_cpu_ms_per_device"]
-            row["bit_identical"] = all(
-                r["digest"][str(size)] == b["digest"][str(size)] for r in runs["this"] for b in runs["baseline"]
-            )
         rows.append(row)
         line = f"group of {size:3d}: this {row['this_ms_per_device']:.2f} ms per device"
         if "baseline" in trees:
+            row["speedup"] = row["baseline_ms_per_device"] / row["this_ms_per_device"]
+            row["speedup_cpu"] = row["baseline_cpu_ms_per_device"] / row["this_cpu_ms_per_device"]
+            digests = {r["digest"][str(size)] for r in runs["this"] + runs["baseline"]}
+            row["bit_identical"] = len(digests) == 1
             line += (
                 f", baseline {row['baseline_ms_per_device']:.2f} -> {row['speedup']:.2f}x faster "
                 f"(CPU {row['baseline_cpu_ms_per_device']:.2f} -> {row['this_cpu_ms_per_device']:.2f}: "
@@ -133,13 +131,7 @@ def main() -> int:
             for row in rows
             if "speedup" in row
         ]
-        payload = {
-            "baseline_commit": base_commit,
-            "settings": SETTINGS,
-            "calls": args.calls,
-            "runs": runs,
-            "rows": rows,
-        }
+        payload = dict(baseline_commit=base_commit, settings=SETTINGS, calls=args.calls, runs=runs, rows=rows)
         for entry in figures:
             entry["machine"] += ", shared with other work"
         session.write(payload, figures)

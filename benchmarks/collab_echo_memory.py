@@ -171,18 +171,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--every", type=int, default=50, help="print a probe every N rounds")
     parser.add_argument("--params", type=int, default=PARAMS, help="float32 parameters sent each way per call")
-    parser.add_argument(
-        "--project-defaults",
-        action="store_true",
-        help="apply devsim_flare.recipe.apply_runtime_env_defaults() before launching",
-    )
-    parser.add_argument(
-        "--compare",
-        choices=("none", "defaults", "chunk"),
-        default="none",
-        help="run the echo once per setting, in child processes: NVFlare's vs the project's defaults, or "
-        f"{CHUNK_ENV} 1 MiB vs 256 KiB",
-    )
+    parser.add_argument("--project-defaults", action="store_true", help="the project's runtime defaults")
+    parser.add_argument("--compare", choices=("none", "defaults", "chunk"), default="none", help="settings to compare")
     parser.add_argument("--pairs", type=int, default=1, help="--compare chunk: alternations of the two chunk sizes")
     parser.add_argument("--timeout", type=float, default=3600.0, help="--compare: seconds per run before it is killed")
     parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
@@ -221,12 +211,8 @@ def echo(args: argparse.Namespace, probes_file: str) -> None:
     watched = [*RUNTIME_ENV_DEFAULTS, *MORE_WATCHED_ENV]
     print("environment: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in watched), flush=True)
     with tempfile.TemporaryDirectory(prefix="devsim-echo-") as workspace:
-        recipe = CollabRecipe(
-            job_name="collab_echo",
-            server=EchoServer(rounds=args.rounds, every=args.every, params=args.params, probes_file=probes_file),
-            client=EchoClient(),
-            min_clients=2,
-        )
+        server = EchoServer(rounds=args.rounds, every=args.every, params=args.params, probes_file=probes_file)
+        recipe = CollabRecipe(job_name="collab_echo", server=server, client=EchoClient(), min_clients=2)
         env = SimEnv(num_clients=2, workspace_root=workspace, log_config=console_log_config("WARNING", workspace))
         recipe.execute(env)
 

@@ -49,7 +49,7 @@ CODECS = {
 
 
 def codec_flags(name: str) -> list[str]:
-    """The job flags for a ``--codecs`` item (the forms ``benchmarks/compression.py`` takes)."""
+    """The job flags for a ``--codecs`` item (see :func:`codec_from_name` for the forms)."""
     spec = codec_from_name(name)
     flags = ["--update-codec", spec.name]
     if spec.name == "int8" and spec.int8_block:

@@ -245,13 +245,8 @@ def figures(rows: list[tuple[Cell, dict | None]], args: argparse.Namespace) -> l
         if path != "auto":
             name += f" (--device-batch {path})"
         sim = result["sims"][path]
-        published.append(
-            args.session.figure(
-                name,
-                f"{sim['ratio']:.3f} ({seconds_text(sim['sim'])} s vs {seconds_text(result['loop'])} s)",
-                target,
-            )
-        )
+        value = f"{sim['ratio']:.3f} ({seconds_text(sim['sim'])} s vs {seconds_text(result['loop'])} s)"
+        published.append(args.session.figure(name, value, target))
     return published
 
 

@@ -48,13 +48,8 @@ ARMS = {
     "nvflare-waits": {"DEVSIM_RUNTIME_ENV_DEFAULTS": "0"},
 }
 """Arm -> the environment variables it sets (over the caller's, without those any arm sets)."""
-STAGES = (
-    "command_to_server_process",
-    "server_process_to_run",
-    "run_to_ready",
-    "command_to_first_round",
-    "last_round_to_exit",
-)
+STAGES = ("command_to_server_process", "server_process_to_run", "run_to_ready")
+STAGES += ("command_to_first_round", "last_round_to_exit")
 FIGURE = "{job} start-up: command -> first round / last round -> exit"
 LABELS = {"digits": "digits demo", "penguins": "tabular task (penguins)", "fedbuff": "digits FedBuff"}
 TARGET = "<= 5 s / <= 1 s"
@@ -150,19 +145,10 @@ def main() -> int:
             if name != "project"
         )
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
-        value = (
-            f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; {others})"
-        )
-        figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value, TARGET)]
-        payload = {
-            "job": job,
-            "runs": args.runs,
-            "arms": {name: ARMS.get(name, {}) for name in chosen},
-            "baseline_commit": base_commit,
-            "samples": samples,
-            "medians": medians,
-            "final_metrics": finals,
-        }
+        value = f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; "
+        figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value + f"{others})", TARGET)]
+        payload = dict(job=job, runs=args.runs, arms={name: ARMS.get(name, {}) for name in chosen})
+        payload.update(baseline_commit=base_commit, samples=samples, medians=medians, final_metrics=finals)
         session.write(payload, figures)
     return 0
 
