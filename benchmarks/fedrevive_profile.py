@@ -35,6 +35,12 @@ from devsim.sections import flatten_sections  # noqa: E402
 PRESET = os.path.join(REPO, "app_configs", "presets", "fedrevive_small_cpu.json")
 
 
+def load_preset() -> dict:
+    """``fedrevive_small_cpu``'s settings, flat (the preset file groups them by section)."""
+    with open(PRESET, encoding="utf-8") as stream:
+        return flatten_sections(json.load(stream), FedReviveConfig)
+
+
 def make_reviver(preset: dict, teacher_batching: str, kd_interval: int, generation_interval: int) -> Reviver:
     """The preset's reviver (CNN, K = 50, B = 1) with these teacher batching and synthesis / KD intervals."""
     dfkd = {k: preset[k] for k in ("generator_width", "synth_batch_size", "kd_iterations", "pool_capacity")}
@@ -87,8 +93,7 @@ def main() -> None:
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
     args = parser.parse_args()
     session = Session("fedrevive_profile")
-    with open(PRESET, encoding="utf-8") as stream:
-        preset = flatten_sections(json.load(stream), FedReviveConfig)
+    preset = load_preset()
     columns = {
         f"paper-rate {name}": dict(teacher_batching=batching, kd_interval=1, generation_interval=5)
         for name, batching in (("loop", "off"), ("vmap", "all"), ("default", "synthesis"))

@@ -67,15 +67,9 @@ def child(mode: str, devices: int, select: int, busy: int, repeats: int, trace_p
         population = DevicePopulation(1, devices, seed=0)
         population.select(0, select)
         built = time.perf_counter() - started
-        out = {"select_ms": median_ms(lambda t: population.select(int(t), select), times)}
-        return {
-            "mode": mode,
-            "build_s": built,
-            "rss_mb": rss_mb(),
-            "base_rss_mb": base_rss,
-            "peak_mb": peak_mb(),
-            **out,
-        }
+        select_ms = median_ms(lambda t: population.select(int(t), select), times)
+        memory = dict(rss_mb=rss_mb(), base_rss_mb=base_rss, peak_mb=peak_mb())
+        return dict(mode=mode, build_s=built, **memory, select_ms=select_ms)
     if mode in ("diurnal", "write"):
         availability = diurnal_availability(devices, seed=0)
         speed = derive_rng(0, "speed").lognormal(0.0, 0.5, size=devices).astype(np.float32)
@@ -100,17 +94,9 @@ def child(mode: str, devices: int, select: int, busy: int, repeats: int, trace_p
         "select_busy_ms": median_ms(lambda t: model.select_online(rng, t, select, exclude=exclude), times),
         "plan_round_ms": median_ms(lambda t: model.plan_round(int(t), t, select, work=100.0), times),
     }
-    return {
-        "mode": mode,
-        "build_s": built,
-        "index_s": built_with_index - built,
-        "intervals": int(model.availability.starts.size),
-        "array_mb": model.nbytes / 1e6,
-        "rss_mb": rss_mb(),
-        "base_rss_mb": base_rss,
-        "peak_mb": peak_mb(),
-        **out,
-    }
+    sizes = dict(intervals=int(model.availability.starts.size), array_mb=model.nbytes / 1e6)
+    memory = dict(rss_mb=rss_mb(), base_rss_mb=base_rss, peak_mb=peak_mb())
+    return dict(mode=mode, build_s=built, index_s=built_with_index - built, **sizes, **memory, **out)
 
 
 def child_run(args: argparse.Namespace, mode: str, trace_path: str) -> dict:

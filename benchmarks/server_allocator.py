@@ -87,10 +87,9 @@ def evaluation() -> float:
 def fedrevive() -> tuple[float, float]:
     """Milliseconds per synthesis and per distillation at ``fedrevive_small_cpu``'s DFKD settings (the job's
     defaults), both on every arrival, read from the reviver's own counters over 20 arrivals after the gates."""
-    from benchmarks.fedrevive_profile import PRESET, drive, make_reviver
+    from benchmarks.fedrevive_profile import drive, load_preset, make_reviver
 
-    with open(PRESET, encoding="utf-8") as stream:
-        preset = json.load(stream)
+    preset = load_preset()
     reviver = make_reviver(preset, "synthesis", kd_interval=1, generation_interval=1)
     start = preset["warmup_version"] + 5
     drive(reviver, range(start), 0)
