@@ -53,14 +53,6 @@ class Usage(NamedTuple):
     file: float
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as stream:
-            return stream.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
 def find_roles(root: int) -> dict[str, int]:
     """Role -> pid for the descendants of ``root``: ``server`` and one ``site-N`` per leaf worker, found by their
     command lines (``simulator_worker --client site-N --parent_pid P``) or, for processes the fork server forked
@@ -91,18 +83,17 @@ def find_roles(root: int) -> dict[str, int]:
 
 def read_usage(pid: int) -> Usage | None:
     """Resident memory, open fds and live threads of ``pid``, or None when it is gone."""
-    status = _read(f"/proc/{pid}/status")
-    if status is None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as stream:
+            status = stream.read().decode("utf-8", "replace")
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
         return None
 
     def field(name: str) -> int:
         match = re.search(rf"^{name}:\s+(\d+)", status, re.MULTILINE)
         return int(match.group(1)) if match else 0
 
-    try:
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
     return Usage(field("VmRSS") / 1024.0, fds, field("Threads"), field("RssAnon") / 1024.0, field("RssFile") / 1024.0)
 
 
@@ -252,15 +243,9 @@ def part_rounds(args) -> dict:
             when = f"{round_times[rnd] - sampler.started:.1f}" if rnd in round_times else "-"
             table.append([rnd, when, *(f"{u.rss:.1f} / {u.fds} / {u.threads}" if u else "-" for u in usages)])
         print_table(["round", "s", *roles], table)
-    return {
-        "rounds": last,
-        "wall_s": wall,
-        "samples": len(sampler.samples),
-        "usage": {
-            role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles
-        },
-        "peak": {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()},
-    }
+    usage = {role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles}
+    peaks = {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()}
+    return dict(rounds=last, wall_s=wall, samples=len(sampler.samples), usage=usage, peak=peaks)
 
 
 def figures(args, rounds: dict, session: harness.Session) -> list[dict[str, str]]:
