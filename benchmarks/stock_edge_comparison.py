@@ -4,19 +4,17 @@ Three sides train the same workload (CNN, 2 leaves x ``--devices-per-leaf`` devi
 device, 1 epoch, batch 10, lr 0.05, Dirichlet 0.5 shards, seed 0), every device in every round (synchronous FedAvg),
 the global model evaluated on the same test set after every round, in NVFlare's simulator on this machine:
 
-- stock: NVFlare's edge components as ``EdgeFedBuffRecipe`` assembles them, in its flat simulator topology
-  (``jobs/pt_job_edge.py --runner stock --payloads lists``: NVFlare's ``TPORunner`` device simulator, with its
-  0.5 s pause per dispatched device and a processor copy per device, and ``BuffModelManager`` with list payloads),
+- stock: NVFlare's edge components as ``EdgeFedBuffRecipe`` assembles them (``jobs/pt_job_edge.py --runner stock
+  --payloads lists``: NVFlare's ``TPORunner`` and ``BuffModelManager`` with list payloads, see docs/environments.md),
   driving :class:`~processors.reference_edge_processor.ReferenceEdgeTaskProcessor`, a processor written the way
-  NVFlare's edge examples write theirs (model, Dataset and DataLoader built per task, weights as lists).
-  ``EdgeFedBuffRecipe`` itself imports torchvision, which this environment lacks;
+  NVFlare's edge examples write theirs (``EdgeFedBuffRecipe`` itself imports torchvision, which this environment
+  lacks);
 - edge: ``jobs/pt_job_edge.py`` with its defaults (fast device runner, NumPy payloads, this project's processor);
 - collab: ``jobs/pt_job_fedavg.py`` (this project's Collab FedAvg job) with all devices selected.
 
-Figures: steady-state seconds per round (edge jobs: ``since_previous_s`` between global model versions in
-``edge_results.json``; Collab: ``round_seconds`` in ``results.json``; both include the evaluation), median over the
-rounds after ``--warmup-rounds``, and the speed-ups stock / edge and stock / collab. Each side runs through
-``benchmarks/harness.py``'s ``run_isolated`` (own process group, HOME and workspace in a temporary folder).
+Figures: steady-state seconds per round (edge jobs: ``since_previous_s`` between global model versions; Collab:
+``round_seconds``; both include the evaluation), median over the rounds after ``--warmup-rounds``, and the
+speed-ups stock / edge and stock / collab. Each side runs through ``harness.run_isolated``.
 
     .venv/bin/python benchmarks/stock_edge_comparison.py --json
     .venv/bin/python benchmarks/stock_edge_comparison.py --devices-per-leaf 4 --rounds 3   # smoke test
