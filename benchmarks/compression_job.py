@@ -148,16 +148,13 @@ def report_runs(args, session: Session, figures: dict, names: list, seeds: list,
     table, lines = {}, []
     for name in names:
         runs, base = [figures[name][s] for s in seeds], [bases[name][s] for s in seeds]
-        row = table[name] = {
-            "fewer_bytes": _mean([b["uplink_bytes"] / r["uplink_bytes"] for r, b in zip(runs, base, strict=True)]),
-            "final_vs_none_points": _points_against(runs, base, "final_accuracy"),
-            "last5_vs_none_points": _points_against(runs, base, "last5_accuracy"),
-            "codec_share_sum": [r["codec_share_sum"] for r in runs],
-            "codec_share_critical": [r["codec_share_critical"] for r in runs],
-            "round_wall_mean": _mean([r["round_wall_mean"] for r in runs]),
-            "per_seed": {str(s): figures[name][s] for s in seeds},
-        }
+        row = table[name] = {k: [r[k] for r in runs] for k in ("codec_share_sum", "codec_share_critical")}
+        row["fewer_bytes"] = _mean([b["uplink_bytes"] / r["uplink_bytes"] for r, b in zip(runs, base, strict=True)])
+        row["final_vs_none_points"] = _points_against(runs, base, "final_accuracy")
+        row["last5_vs_none_points"] = _points_against(runs, base, "last5_accuracy")
+        row["round_wall_mean"] = _mean([r["round_wall_mean"] for r in runs])
         row["round_wall_vs_none"] = row["round_wall_mean"] / _mean([b["round_wall_mean"] for b in base])
+        row["per_seed"] = {str(s): figures[name][s] for s in seeds}
         shares = [_range(row["codec_share_sum"]), _range(row["codec_share_critical"])]
         points = [_points(row["final_vs_none_points"]), _points(row["last5_vs_none_points"])]
         walls = [f"{row['round_wall_mean']:.3f}", f"{row['round_wall_vs_none']:.3f}"]
