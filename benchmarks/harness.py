@@ -110,10 +110,10 @@ def items(parser: argparse.ArgumentParser, flag: str, text: str, kind: Callable[
         values = [kind(v.strip()) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    bad = [v for v in values if allowed and v not in allowed]
-    if bad or not values:
-        choices = f"; allowed: {', '.join(map(str, allowed))}" if allowed else ""
-        parser.error(f"{flag}: {', '.join(map(str, bad)) or repr(text)} is not a comma list of values{choices}")
+    if not values:
+        parser.error(f"{flag}: {text!r} is not a comma list{'' if kind is str else f' of {kind.__name__} values'}")
+    if bad := [v for v in values if allowed and v not in allowed]:
+        parser.error(f"{flag}: {', '.join(map(str, bad))} not allowed; allowed: {', '.join(map(str, allowed))}")
     return values
 
 
