@@ -376,17 +376,12 @@ def measure_task(task_path: str, args: argparse.Namespace) -> dict:
     sims = {path: simulate(flags, args, path, args.warmup_rounds, "rounds") for path in args.device_batch_paths}
     loops = best_of_threads(lambda threads: tight_loop(config, threads, args.baseline_repeats))
     loop = min(loops.values())
-    return {
-        "task": os.path.relpath(task_path, REPO),
-        "job_args": job_args,
-        "partition": config.partition,
-        "devices": config.num_devices,
-        "samples_per_round": sum(sizes),
-        "steps_per_round": sum(spec.steps_for(n) for n in sizes),
-        "sims": {p: {**s, "ratio": s["sim"] / loop} for p, s in sims.items()},
-        "tight_loop_seconds": {str(t): s for t, s in loops.items()},
-        "tight_loop": loop,
-    }
+    row = dict(task=os.path.relpath(task_path, REPO), job_args=job_args, partition=config.partition)
+    row.update(
+        devices=config.num_devices, samples_per_round=sum(sizes), steps_per_round=sum(map(spec.steps_for, sizes))
+    )
+    row["sims"] = {p: {**s, "ratio": s["sim"] / loop} for p, s in sims.items()}
+    return row | dict(tight_loop_seconds={str(t): s for t, s in loops.items()}, tight_loop=loop)
 
 
 def run_tasks(args: argparse.Namespace) -> None:
