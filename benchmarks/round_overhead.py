@@ -422,7 +422,7 @@ def main() -> None:
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--samples", type=int, default=100, help="samples per device of CNN cells")
     parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=None, help="sim rounds of CNN cells (default 8)")
+    parser.add_argument("--rounds", type=int, default=None, help="sim rounds of CNN cells and tasks (default 8)")
     parser.add_argument("--warmup-rounds", type=int, help="rounds left out of the median (default 2; ResNet 1)")
     parser.add_argument("--baseline-repeats", type=int, default=3, help="tight-loop runs per thread setting (best)")
     parser.add_argument("--baseline-budget", type=float, default=60.0, help="tight-loop seconds per thread setting")
