@@ -11,15 +11,12 @@ ratio. ``--json`` writes the rows and the figure to ``benchmarks/results/async_q
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, arguments, best_accuracy, items, load, print_table, run_jobs  # noqa: E402
 
 
 def common_args(args) -> list[str]:
@@ -52,7 +49,7 @@ def methods(args) -> dict[str, tuple[str, list[str]]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--concurrency", type=int, default=50, help="K")
     parser.add_argument("--buffer-size", type=int, default=1, help="B for FedBuff and FedRevive")
     parser.add_argument("--schedule", default="paper_shifted")
@@ -62,25 +59,13 @@ def main() -> None:
     parser.add_argument("--async-lr", type=float, default=0.1, help="server lr of FedBuff and FedRevive")
     parser.add_argument("--eval-every", type=int, default=25, help="versions between evaluations (async)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--methods", default="FedAvg,FedBuff,FedRevive", help="comma-separated subset (the wall ratio needs both)"
-    )
-    parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
+    parser.add_argument("--methods", default="FedAvg,FedBuff,FedRevive", help="comma-separated subset")
     args = parser.parse_args()
     session = Session("async_quality")
-    chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
-    unknown = set(chosen) - set(methods(args))
-    if unknown:
-        parser.error(f"unknown methods {sorted(unknown)}; choose from {list(methods(args))}")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="devsim-async-") as workdir:
-        for name, (script, extra) in methods(args).items():
-            if name not in chosen:
-                continue
-            results = run_job(script, [*extra, *common_args(args)], workdir, name, timeout=7200)
-            summary, records = results["summary"], results["rounds"]
-            rows.append((name, summary, max(r["accuracy"] for r in records), results["wall"]))
-            print(f"{name}: done in {results['wall']:.0f}s", flush=True)
+    chosen = items(parser, "--methods", args.methods, allowed=tuple(methods(args)))
+    jobs = {name: (script, [*extra, *common_args(args)]) for name, (script, extra) in methods(args).items()}
+    done = run_jobs({name: job for name, job in jobs.items() if name in chosen}, timeout=7200)
+    rows = [(name, results["summary"], best_accuracy(results), results["wall"]) for name, results in done.items()]
     print(
         f"\nsetting: 2 leaves x {args.devices_per_leaf} devices, Dirichlet alpha {args.alpha}, K={args.concurrency}, "
         f"B={args.buffer_size} (FedAvg: K=B=O), schedule {args.schedule}, simulated time {args.sim_time}s, "

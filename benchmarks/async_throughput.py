@@ -2,60 +2,36 @@
 
 Every setting trains the same population (``--leaves`` x ``--devices-per-leaf`` devices, the built-in CNN, 100
 samples a device, 1 local epoch at batch 10, SGD) for the same number of device updates (``--updates``), each job
-with its own defaults otherwise, in NVFlare's simulator:
+with its own defaults otherwise, in NVFlare's simulator: ``fedavg`` (``pt_job_fedavg.py``, 20 devices a round),
+``fedbuff B=10`` and ``fedbuff B=2`` (``pt_job_fedbuff.py`` at K = 20), and the FedRevive paper's shape scaled to this
+CPU (1,000 devices, K = 100, B = 2, updates weighted by staleness: ``fedbuff paper`` and ``fedrevive paper``); each
+asynchronous setting also with ``--dispatch-batch 1`` (``... sent at once``: one call per dispatch, the old path).
 
-- ``fedavg``: ``pt_job_fedavg.py``, 20 devices a round, ``updates / 20`` rounds;
-- ``fedbuff B=10`` and ``fedbuff B=2``: ``pt_job_fedbuff.py`` at K = 20, ``updates / B`` versions;
-- ``paper shape``: the FedRevive paper's setting scaled to this CPU: 1,000 devices, K = 100, B = 2, updates
-  weighted by staleness as in the paper (``--staleness-weighting polynomial``; unweighted, updates 30-50 versions
-  stale at global lr 0.3 diverged to chance accuracy and a stream of rejected updates, so the rate measured a
-  broken run) (``fedbuff paper`` and ``fedrevive paper``, the latter with ``pt_job_fedrevive.py``'s preset
-  training);
-- each asynchronous setting also with ``--dispatch-batch 1`` (``... sent at once``): every dispatch sent to its
-  leaf at once, one call per dispatch, as before jobs were gathered: the before/after pair in one run.
+Steady updates/s: accepted device updates over the wall time of every evaluation window after the first, the
+evaluations' own time taken out. The tight loop trains the same device updates in one process, best of 1 thread
+and every core. Each row also gives the CPU ms per update of the server and the leaf processes (training apart),
+the device updates per leaf call and per training group, and how busy the cores were.
 
-Steady updates/s: accepted device updates over the wall time of every evaluation window after the first, with
-the evaluations' own time taken out (FedAvg evaluates every round, FedBuff every few versions). The tight loop
-trains the same number of device updates (each device's 10 SGD steps) in one process, best of 1 thread and every
-core; "wall per update / tight loop" below 1 means the simulator trains an update faster than one loop can.
+``--repeats N`` runs the chosen settings N times in turn; each row holds the round with the median ratio to FedAvg
+and ``rounds`` (every round's figures). ``--baseline-commit REV`` runs every chosen setting also from a temporary
+worktree of ``REV`` right after this tree's (rows ``<setting> @ <commit>``). ``--json`` writes the rows:
 
-Where the time goes: each row also prints the CPU milliseconds per update of the server process and of the leaf
-processes over the same windows (``server_cpu_seconds`` / ``leaf_cpu_seconds`` in each record's timing, see
-``devsim/observe/cpu.py``), the device updates per leaf call (the size of the batched groups a leaf trains) and
-how busy the machine's cores were (both processes' CPU over wall x cores). The leaves' CPU is split further: the
-part their threads spent training devices (``leaf_train_cpu_seconds``), and the device updates per training group
-(``leaf_training_groups``: one batched computation, or one device trained alone), which sets what a device's
-training costs (the batched step has a fixed cost per step, shared by the devices of its group).
-
-    .venv/bin/python benchmarks/async_throughput.py                       # digits, every setting
-    .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --json
-
-``--repeats N`` runs the chosen settings N times in turn (A B C, A B C, ...), so each round's ratios compare runs made
-minutes apart: rates on this 2-core machine move by 5-15% from run to run, and a ratio of two single runs with them.
-Each row then holds the round with the median ratio to FedAvg, and ``rounds`` (every round's updates/s, ratio and
-final accuracy); the printed and published ratio is that median with the range of the rounds.
-
-``--baseline-commit REV`` runs every chosen setting also from a temporary git worktree of ``REV``, right after this
-tree's run of it in each round (rows ``<setting> @ <commit>``), for before/after figures under the same load.
-
-``--json`` writes the rows with the machine, load and commit to ``benchmarks/results/async_throughput-<date>.json``.
+    .venv/bin/python benchmarks/async_throughput.py --datasets digits,synthetic --repeats 3 --json
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import tempfile
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, commit_of, load, run_job, worktree  # noqa: E402
-from benchmarks.task_round import tight_loop  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, baseline, load, run_job  # noqa: E402
+from benchmarks.round_overhead import tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
 SYNC_SELECTED = 20
@@ -67,26 +43,17 @@ def settings(updates: int, leaves: int, devices_per_leaf: int) -> dict[str, tupl
     paper = ["--devices-per-leaf", str(max(devices_per_leaf, 1000 // leaves)), "--concurrency", "100"]
     paper += ["--buffer-size", "2", "--global-lr", "0.3", "--staleness-weighting", "polynomial"]
     paper += ["--max-versions", str(updates // 2), "--eval-frequency"]
+    b10 = [*fedbuff, str(max(1, updates // 40)), "--buffer-size", "10", "--max-versions", str(updates // 10)]
+    b2 = [*fedbuff, str(max(1, updates // 8)), "--buffer-size", "2", "--global-lr", "0.3"]
+    paper.append(str(max(1, updates // 8)))
+    revive = ["--optimizer", "sgd", "--lr", "0.05", "--local-iterations", "none", "--batch-size", "10", "--no-augment"]
+    fedavg = ["--num-rounds", str(updates // SYNC_SELECTED), "--device-selection-size", str(SYNC_SELECTED)]
     rows = {
-        "fedavg": (
-            "pt_job_fedavg.py",
-            ["--num-rounds", str(updates // SYNC_SELECTED), "--device-selection-size", str(SYNC_SELECTED)],
-        ),
-        "fedbuff B=10": (
-            "pt_job_fedbuff.py",
-            [*fedbuff, str(max(1, updates // 40)), "--buffer-size", "10", "--max-versions", str(updates // 10)],
-        ),
-        "fedbuff B=2": (
-            "pt_job_fedbuff.py",
-            [*fedbuff, str(max(1, updates // 8)), "--buffer-size", "2", "--global-lr", "0.3"]
-            + ["--max-versions", str(updates // 2)],
-        ),
-        "fedbuff paper": ("pt_job_fedbuff.py", [*paper, str(max(1, updates // 8))]),
-        "fedrevive paper": (
-            "pt_job_fedrevive.py",
-            [*paper, str(max(1, updates // 8)), "--optimizer", "sgd", "--lr", "0.05", "--local-iterations", "none"]
-            + ["--batch-size", "10", "--no-augment"],
-        ),
+        "fedavg": ("pt_job_fedavg.py", fedavg),
+        "fedbuff B=10": ("pt_job_fedbuff.py", b10),
+        "fedbuff B=2": ("pt_job_fedbuff.py", [*b2, "--max-versions", str(updates // 2)]),
+        "fedbuff paper": ("pt_job_fedbuff.py", paper),
+        "fedrevive paper": ("pt_job_fedrevive.py", [*paper, *revive]),
     }
     for name in [n for n in rows if n != "fedavg"]:
         script, flags = rows[name]
@@ -121,16 +88,9 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     cpu = {side: 1000.0 * seconds / max(updates, 1) for side, seconds in cpu_seconds.items()}
     groups = sum(float(r["timing"]["info"].get("leaf_training_groups", 0.0)) for r in windows)
     busy = (cpu_seconds["server"] + cpu_seconds["leaf"]) / max(whole * (os.cpu_count() or 1), 1e-9)
-    return {
-        "updates": updates,
-        "wall": wall,
-        "updates_per_s": updates / wall,
-        "parts_per_update": parts,
-        "cpu_ms_per_update": cpu,
-        "updates_per_leaf_call": updates / max(calls, 1.0),
-        "updates_per_training_group": updates / max(groups, 1.0),
-        "cores_busy": busy,
-    }
+    rates = dict(updates=updates, wall=wall, updates_per_s=updates / wall, parts_per_update=parts)
+    rates.update(cpu_ms_per_update=cpu, updates_per_leaf_call=updates / max(calls, 1.0))
+    return rates | dict(updates_per_training_group=updates / max(groups, 1.0), cores_busy=busy)
 
 
 def describe(row: dict, loop_per_update: float) -> str:
@@ -197,41 +157,22 @@ def run_setting(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--datasets", default="digits", help="comma-separated: digits, synthetic")
-    parser.add_argument(
-        "--updates",
-        type=int,
-        default=1200,
-        help="device updates per setting (at 400, FedAvg's steady windows lasted under 2 s and its rate varied "
-        "206-291/s between runs on a quiet machine)",
-    )
+    parser.add_argument("--updates", type=int, default=1200, help="device updates per setting")
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=50)
     parser.add_argument("--only", default="", help="comma-separated setting names to run (default: all)")
-    parser.add_argument(
-        "--repeats", type=int, default=1, help="rounds of the chosen settings, run in turn; rows keep the median round"
-    )
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the chosen settings; rows keep the median")
     parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument(
-        "--baseline-commit",
-        help="also run every chosen setting from a temporary git worktree of this commit, alternated with this "
-        "tree's (rows named '<setting> @ <commit>')",
-    )
-    parser.add_argument("--json", action="store_true", help="write the rows under benchmarks/results/")
+    parser.add_argument("--baseline-commit", help="also run every setting from a worktree of this commit")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
-    if args.baseline_commit and base_commit is None:
-        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
     session = Session("async_throughput")
-    print(f"machine: {session.where()}", flush=True)
-    with contextlib.ExitStack() as stack:
-        trees = {"": REPO}
-        if base_commit:
-            trees[f" @ {base_commit}"] = stack.enter_context(worktree(base_commit))
-        rows = measure_all(args, trees)
+    print(f"machine: {session.where()}")
+    with baseline(parser, args.baseline_commit) as (base_commit, base_tree):
+        rows = measure_all(args, {"": REPO, **({f" @ {base_commit}": base_tree} if base_tree else {})})
     print(f"load average at end {load()}")
     if args.json:
         payload = {"load_end": load(), "baseline_commit": base_commit, "rows": rows}
@@ -259,7 +200,7 @@ def measure_all(args: argparse.Namespace, trees: dict[str, str]) -> list[dict]:
                     row = run_setting(script, flags, common, args.timeout, args.leaves, tree)
                     runs.setdefault(name, []).append(row)
                     which = f" (round {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
-                    print(f"[{dataset}] {name:28s} {describe(row, loop_per_update)}{which}", flush=True)
+                    print(f"[{dataset}] {name:28s} {describe(row, loop_per_update)}{which}")
         measured = {
             name: median_round(rounds, runs.get("fedavg" + settings_of[name]), loop_per_update)
             for name, rounds in runs.items()

@@ -14,17 +14,15 @@ lost to ``session_end`` and their share, devices that took part, Jain's index, m
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, arguments, best_accuracy, items, load, print_table, run_jobs  # noqa: E402
 
 SETTINGS = {
     "always / profile": ["--availability", "always", "--speed-distribution", "profile"],
@@ -67,19 +65,15 @@ def method_args(method: str, args) -> tuple[str, list[str]]:
     ]
 
 
-def run(method: str, setting: str, trace: str, args, workdir: str) -> dict:
+def job(method: str, setting: str, trace: str, args) -> tuple[str, list[str]]:
+    """(job script, flags) of one method in one setting."""
     script, extra = method_args(method, args)
-    name = f"{method}-{setting.replace(' / ', '-')}"
-    flags = [*extra, *common_args(args), *SETTINGS[setting], *(["--trace-file", trace] if setting == "trace" else [])]
-    results = run_job(script, flags, workdir, name, timeout=args.timeout)
-    summary = results["summary"]
-    summary["best_accuracy"] = max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
-    summary["wall"] = results["wall"]
-    return summary
+    trace_flags = ["--trace-file", trace] if setting == "trace" else []
+    return script, [*extra, *common_args(args), *SETTINGS[setting], *trace_flags]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--dataset", default="digits", help="the jobs' --dataset")
     parser.add_argument("--devices-per-leaf", type=int, default=50_000, help="2 leaves: population = 2x this")
     parser.add_argument("--samples-per-device", type=int, default=50)
@@ -88,32 +82,23 @@ def main() -> int:
     parser.add_argument("--max-versions", type=int, default=150)
     parser.add_argument("--eval-frequency", type=int, default=25)
     parser.add_argument("--global-lr", type=float, default=0.3)
-    parser.add_argument(
-        "--samples-per-second", type=float, default=1.0, help="speed-1 device; a job is 10 x 32 samples: 320 s"
-    )
+    parser.add_argument("--samples-per-second", type=float, default=1.0, help="speed-1 device (a job: 320 s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="fedbuff,fedrevive")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of: {', '.join(SETTINGS)}")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    parser.add_argument("--json", action="store_true", help="write the runs and figures under benchmarks/results/")
     args = parser.parse_args()
     session = Session("availability_quality")
-    settings = [s.strip() for s in args.settings.split(",")]
-    unknown = [s for s in settings if s not in SETTINGS]
-    if unknown:
-        parser.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
-    print(f"load average before: {session.load_start}", flush=True)
-    rows = []
+    settings = items(parser, "--settings", args.settings, allowed=tuple(SETTINGS))
+    print(f"load average before: {session.load_start}")
+    pairs = [(method, setting) for method in items(parser, "--methods", args.methods) for setting in settings]
     with tempfile.TemporaryDirectory(prefix="availability_quality_") as workdir:
         trace = write_trace(os.path.join(workdir, "trace.npz"), 2 * args.devices_per_leaf, args.seed)
-        for method in args.methods.split(","):
-            for setting in settings:
-                summary = run(method, setting, trace, args, workdir)
-                rows.append((method, setting, summary))
-                print(
-                    f"  {method:9} {setting:18} accuracy {summary['final_accuracy']:.4f}  ({summary['wall']:.0f} s)",
-                    flush=True,
-                )
+        done = run_jobs({f"{m} {s}": job(m, s, trace, args) for m, s in pairs}, args.timeout, workdir=workdir)
+    rows = [
+        (method, setting, {**results["summary"], "best_accuracy": best_accuracy(results), "wall": results["wall"]})
+        for (method, setting), results in zip(pairs, done.values(), strict=True)
+    ]
     print(f"load average after:  {load()}")
     print(
         f"{2 * args.devices_per_leaf:,} devices, {args.dataset}, K={args.concurrency} B={args.buffer_size}, "

@@ -13,7 +13,6 @@ worker count) to ``benchmarks/results/batched_devices-<date>.json``:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -22,12 +21,11 @@ from typing import Any
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, print_table  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.config import MODELS, OPTIMIZERS  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -103,7 +101,7 @@ def measure(args, device_batch: int, workers: int) -> tuple[float, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--model", default="cnn", choices=MODELS)
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
     p.add_argument("--lr", type=float, default=0.05)
@@ -115,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="auto,4,16,64", help="comma-separated --device-batch values (numbers or auto)")
     p.add_argument("--rounds", type=int, default=4, help="rounds per setting (the first is a warm-up)")
     p.add_argument("--compute-device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = p.parse_args(argv)
     session = Session("batched_devices")
     batches = [b.strip() for b in args.batches.split(",") if b.strip()]

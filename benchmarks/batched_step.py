@@ -14,7 +14,6 @@ bit-identical. ``--json`` writes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import hashlib
 import json
@@ -23,7 +22,9 @@ import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness import REPO, Session, alternate, arguments, baseline, items, run_child  # noqa: E402
 
 SETTINGS = {
     "dataset": "digits",
@@ -71,40 +72,31 @@ def measure_here(tree: str, groups: list[int], calls: int) -> dict:
 
 def measure_in(tree: str, groups: list[int], calls: int) -> dict:
     """:func:`measure_here` in a fresh process importing ``tree``'s code."""
-    from benchmarks.harness import run_child
-
     args = ["--inner", tree, "--groups", ",".join(map(str, groups)), "--calls", str(calls)]
     return run_child(os.path.abspath(__file__), args, cwd=tree)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline-commit", default="", help="a commit to compare against (in a temporary worktree)")
+    parser = arguments(__doc__)
+    parser.add_argument("--baseline-commit", help="a commit to compare against (in a temporary worktree)")
     parser.add_argument("--groups", default="2,4,10", help="comma-separated group sizes")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per group size and measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per tree, alternating")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/batched_step-<date>.json")
     parser.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    groups = [int(g) for g in args.groups.split(",") if g.strip()]
-    if not groups or min(groups) < 2:
+    groups = items(parser, "--groups", args.groups, int)
+    if min(groups) < 2:
         parser.error(f"--groups must list sizes >= 2, got {args.groups!r}")
     if args.inner:
         print(json.dumps(measure_here(args.inner, groups, args.calls)))
         return 0
-    sys.path.insert(0, REPO)
-    from benchmarks.harness import Session, alternate, commit_of, worktree
-
-    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
-    if args.baseline_commit and base_commit is None:
-        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
     session = Session("batched_step")
-    with contextlib.ExitStack() as stack:
-        trees = {"this": REPO, **({"baseline": stack.enter_context(worktree(base_commit))} if base_commit else {})}
+    with baseline(parser, args.baseline_commit) as (base_commit, base_tree):
+        trees = {"this": REPO, **({"baseline": base_tree} if base_tree else {})}
 
         def done(index: int, name: str, run: dict) -> None:
             per = ", ".join(f"{g}: {run['ms_per_device'][str(g)]:.2f}" for g in groups)
-            print(f"round {index + 1} {name}: ms per device {per}", flush=True)
+            print(f"round {index + 1} {name}: ms per device {per}")
 
         arms = {name: functools.partial(measure_in, tree, groups, args.calls) for name, tree in trees.items()}
         runs = alternate(arms, args.rounds, done)
@@ -114,15 +106,13 @@ def main() -> int:
         for name in trees:
             for unit in ("ms_per_device", "cpu_ms_per_device"):
                 row[f"{name}_{unit}"] = statistics.median(r[unit][str(size)] for r in runs[name])
-        if "baseline" in trees:
-            row["speedup"] = row["baseline_ms_per_device"] / row["this_ms_per_device"]
-            row["speedup_cpu"] = row["baseline_cpu_ms_per_device"] / row["this_cpu_ms_per_device"]
-            row["bit_identical"] = all(
-                r["digest"][str(size)] == b["digest"][str(size)] for r in runs["this"] for b in runs["baseline"]
-            )
         rows.append(row)
         line = f"group of {size:3d}: this {row['this_ms_per_device']:.2f} ms per device"
         if "baseline" in trees:
+            row["speedup"] = row["baseline_ms_per_device"] / row["this_ms_per_device"]
+            row["speedup_cpu"] = row["baseline_cpu_ms_per_device"] / row["this_cpu_ms_per_device"]
+            digests = {r["digest"][str(size)] for r in runs["this"] + runs["baseline"]}
+            row["bit_identical"] = len(digests) == 1
             line += (
                 f", baseline {row['baseline_ms_per_device']:.2f} -> {row['speedup']:.2f}x faster "
                 f"(CPU {row['baseline_cpu_ms_per_device']:.2f} -> {row['this_cpu_ms_per_device']:.2f}: "
@@ -141,13 +131,7 @@ def main() -> int:
             for row in rows
             if "speedup" in row
         ]
-        payload = {
-            "baseline_commit": base_commit,
-            "settings": SETTINGS,
-            "calls": args.calls,
-            "runs": runs,
-            "rows": rows,
-        }
+        payload = dict(baseline_commit=base_commit, settings=SETTINGS, calls=args.calls, runs=runs, rows=rows)
         for entry in figures:
             entry["machine"] += ", shared with other work"
         session.write(payload, figures)

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, items, print_row, print_table  # noqa: E402
 from devsim.aggregation.cluster import ClusterAggregation, config_settings  # noqa: E402
 from devsim.aggregation.cluster.threshold import adjusted_rand_index  # noqa: E402
 from devsim.config import ClusterConfig  # noqa: E402
@@ -45,18 +45,10 @@ def run_one(task: tuple) -> dict:
     torch.set_num_threads(1)
     dataset, kind, groups, per_group, seed, args = task
     leaves = groups * per_group
-    config = ClusterConfig(
-        dataset=dataset,
-        num_leaf_nodes=leaves,
-        hidden_groups=groups,
-        group_kind=kind,
-        devices_per_leaf=args.devices_per_leaf,
-        device_selection_size=args.devices_per_round * leaves,
-        device_batch=args.devices_per_round if args.batched else 1,
-        num_rounds=args.rounds,
-        seed=seed,
-        data_seed=seed,
-    ).validate()
+    settings = dict(dataset=dataset, num_leaf_nodes=leaves, hidden_groups=groups, group_kind=kind, seed=seed)
+    settings.update(devices_per_leaf=args.devices_per_leaf, device_selection_size=args.devices_per_round * leaves)
+    settings.update(device_batch=args.devices_per_round if args.batched else 1, num_rounds=args.rounds, data_seed=seed)
+    config = ClusterConfig(**settings).validate()
     reference, keys = initial_weights(config)
     started = time.time()
     strategy = ClusterAggregation(last_layer_keys=keys, reference=reference, **config_settings(config))
@@ -75,30 +67,16 @@ def run_one(task: tuple) -> dict:
             break
         exact_from = index + 1
     last = clustered.rounds[-1] if clustered.rounds else {}
-    return {
-        "dataset": dataset,
-        "kind": kind,
-        "groups": groups,
-        "leaves_per_group": per_group,
-        "seed": seed,
-        "ari": aris[-1] if aris else None,
-        "exact_from_round": exact_from,
-        "final_labels": clustered.labels,
-        "true_groups": clustered.true_groups,
-        "cluster_accuracy": sum(clustered.leaf_accuracy) / leaves,
-        "fedavg_accuracy": fedavg_accuracy,
-        "rounds": [
-            {k: r.get(k) for k in ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")}
-            for r in clustered.rounds
-        ],
-        "margin": last.get("margin"),
-        "thresholds": last.get("thresholds"),
-        "cluster_seconds": cluster_seconds,
-    }
+    row = dict(dataset=dataset, kind=kind, groups=groups, leaves_per_group=per_group, seed=seed)
+    row.update(ari=aris[-1] if aris else None, exact_from_round=exact_from, final_labels=clustered.labels)
+    row.update(true_groups=clustered.true_groups, cluster_accuracy=sum(clustered.leaf_accuracy) / leaves)
+    keys = ("labels", "margin", "thresholds", "silhouette", "pending", "resplit", "lone")
+    row.update(fedavg_accuracy=fedavg_accuracy, rounds=[{k: r.get(k) for k in keys} for r in clustered.rounds])
+    return row | dict(margin=last.get("margin"), thresholds=last.get("thresholds"), cluster_seconds=cluster_seconds)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--kinds", default="label_permutation,input_transform")
     parser.add_argument("--groups", default="2,3,4")
     parser.add_argument("--leaves-per-group", default="2,3")
@@ -107,60 +85,35 @@ def main() -> None:
     parser.add_argument("--dataset", default="synthetic,digits", help="one or more datasets, comma-separated")
     parser.add_argument("--devices-per-leaf", type=int, default=20)
     parser.add_argument("--devices-per-round", type=int, default=10, help="devices selected per leaf per round")
-    parser.add_argument(
-        "--batched",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="train a leaf's devices of a round as one vmapped batch (same maths, several times faster on a CPU)",
-    )
+    parser.add_argument("--batched", action=argparse.BooleanOptionalAction, default=True, help="vmapped devices")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one CPU thread each)")
-    parser.add_argument(
-        "--fedavg-from",
-        default=None,
-        help="take the FedAvg baseline of each run from this earlier --json results file (same data, devices and "
-        "rounds: FedAvg does not depend on the cluster rule) instead of training it again",
-    )
+    parser.add_argument("--fedavg-from", help="take FedAvg's runs from this earlier results file (same settings)")
     parser.add_argument("--out", default=None, help="write every run's record to this JSON file")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="write the per-row summary and one figure per row to benchmarks/results/cluster_recovery-<date>.json",
-    )
     args = parser.parse_args()
     session = Session("cluster_recovery")
     args.fedavg_runs = _fedavg_runs(args.fedavg_from, args) if args.fedavg_from else {}
     grid = itertools.product(
-        args.dataset.split(","),
-        args.kinds.split(","),
-        [int(x) for x in args.groups.split(",")],
-        [int(x) for x in args.leaves_per_group.split(",")],
-        [int(x) for x in args.seeds.split(",")],
+        items(parser, "--dataset", args.dataset),
+        items(parser, "--kinds", args.kinds),
+        items(parser, "--groups", args.groups, int),
+        items(parser, "--leaves-per-group", args.leaves_per_group, int),
+        items(parser, "--seeds", args.seeds, int),
     )
     # The largest cells first, so the pool does not end on one long run.
     tasks = sorted(((*cell, args) for cell in grid), key=lambda t: -t[2] * t[3])
-    print(
-        f"{len(tasks)} runs, {args.rounds} rounds, the cluster job's defaults; load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
+    print(f"{len(tasks)} runs, {args.rounds} rounds, the cluster job's defaults; load average {os.getloadavg()[0]:.2f}")
     started = time.time()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         rows = []
-        header = (
-            "| dataset | kind | groups | leaves/group | seed | ARI | exact from round | cluster acc | FedAvg acc "
-            "| ratio |"
-        )
-        print(header + "\n|" + " --- |" * 10, flush=True)
+        columns = ["dataset", "kind", "groups", "leaves/group", "seed", "ARI", "exact from round", "cluster acc"]
+        print_table([*columns, "FedAvg acc", "ratio"], [])
         for row in pool.imap_unordered(run_one, tasks):
             rows.append(row)
-            exact = row.get("exact_from_round") or "-"
             ari = f"{row['ari']:.2f}" if row["ari"] is not None else "-"
-            print(
-                f"| {row['dataset']} | {row['kind']} | {row['groups']} | {row['leaves_per_group']} "
-                f"| {row['seed']} | {ari} "
-                f"| {exact} | {row['cluster_accuracy']:.3f} | {row['fedavg_accuracy']:.3f} "
-                f"| {row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f} |",
-                flush=True,
-            )
+            cells = [row[k] for k in ("dataset", "kind", "groups", "leaves_per_group", "seed")]
+            accuracy = [f"{row['cluster_accuracy']:.3f}", f"{row['fedavg_accuracy']:.3f}"]
+            ratio = f"{row['cluster_accuracy'] / max(row['fedavg_accuracy'], 1e-9):.2f}"
+            print_row([*cells, ari, row.get("exact_from_round") or "-", *accuracy, ratio])
     report(rows, args, session, time.time() - started)
 
 
@@ -192,13 +145,9 @@ def report(rows: list[dict], args: argparse.Namespace, session: Session, wall: f
             )
             for row in summary
         ]
-        payload = {
-            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "fedavg_runs")},
-            "wall_s": round(wall, 1),
-            "rows": summary,
-            "runs": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
-        }
-        session.write(payload, figures)
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "out", "fedavg_runs")}
+        runs = [{k: v for k, v in r.items() if k != "rounds"} for r in rows]
+        session.write(dict(settings=settings, wall_s=round(wall, 1), rows=summary, runs=runs), figures)
 
 
 def exact_by(row: dict, rounds: int) -> bool:
@@ -218,20 +167,10 @@ def summarise(rows: list[dict], rounds: int) -> list[dict]:
         mine = sorted(mine, key=lambda r: r["seed"])
         good = [r for r in mine if exact_by(r, rounds)]
         failures = [f"seed {r['seed']}: ARI {_fmt(r.get('ari'), 2)}" for r in mine if not exact_by(r, rounds)]
-        out.append(
-            {
-                "dataset": dataset,
-                "kind": kind,
-                "groups": groups,
-                "leaves_per_group": per_group,
-                "runs": len(mine),
-                "exact": len(good),
-                "mean_exact_round": _mean([r["exact_from_round"] for r in good]),
-                "cluster_accuracy": _mean([r["cluster_accuracy"] for r in mine]),
-                "fedavg_accuracy": _mean([r["fedavg_accuracy"] for r in mine]),
-                "failures": failures,
-            }
-        )
+        row = dict(dataset=dataset, kind=kind, groups=groups, leaves_per_group=per_group, runs=len(mine))
+        row.update(exact=len(good), mean_exact_round=_mean([r["exact_from_round"] for r in good]))
+        row["cluster_accuracy"] = _mean([r["cluster_accuracy"] for r in mine])
+        out.append(row | dict(fedavg_accuracy=_mean([r["fedavg_accuracy"] for r in mine]), failures=failures))
     return out
 
 

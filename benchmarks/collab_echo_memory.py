@@ -30,7 +30,10 @@ import time
 import numpy as np
 from nvflare.collab import collab
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness import Session, arguments, run_isolated  # noqa: E402
+
 PARAMS = 62006
 CHUNK_ENV = "NVFLARE_STREAMING_CHUNK_SIZE"
 CHUNKS = {"1 MiB": "1048576", "256 KiB": "262144"}
@@ -114,8 +117,6 @@ def read_probes(path: str) -> list[dict]:
 
 def run_child(args: argparse.Namespace, label: str, flags: list[str], env: dict[str, str]) -> dict:
     """One echo run as a child process of this script, isolated; its probes, wall and exit status."""
-    from benchmarks.harness import run_isolated
-
     with tempfile.TemporaryDirectory(prefix="devsim-echo-compare-") as workdir:
         probes_file = os.path.join(workdir, "probes.jsonl")
         cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--every", str(args.every)]
@@ -166,30 +167,16 @@ def figures(args: argparse.Namespace, runs: list[dict], session) -> list[dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--every", type=int, default=50, help="print a probe every N rounds")
     parser.add_argument("--params", type=int, default=PARAMS, help="float32 parameters sent each way per call")
-    parser.add_argument(
-        "--project-defaults",
-        action="store_true",
-        help="apply devsim_flare.recipe.apply_runtime_env_defaults() before launching",
-    )
-    parser.add_argument(
-        "--compare",
-        choices=("none", "defaults", "chunk"),
-        default="none",
-        help="run the echo once per setting, in child processes: NVFlare's vs the project's defaults, or "
-        f"{CHUNK_ENV} 1 MiB vs 256 KiB",
-    )
+    parser.add_argument("--project-defaults", action="store_true", help="the project's runtime defaults")
+    parser.add_argument("--compare", choices=("none", "defaults", "chunk"), default="none", help="settings to compare")
     parser.add_argument("--pairs", type=int, default=1, help="--compare chunk: alternations of the two chunk sizes")
     parser.add_argument("--timeout", type=float, default=3600.0, help="--compare: seconds per run before it is killed")
-    parser.add_argument("--json", action="store_true", help="write the probes and figure under benchmarks/results/")
     parser.add_argument("--probes-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, REPO)
-    from benchmarks.harness import Session
-
     name = "collab_echo_memory" if args.compare in ("none", "defaults") else f"collab_echo_memory-{args.compare}"
     session = Session(name, env=(*COMMAND_ENV, *MORE_WATCHED_ENV))
     if args.compare != "none":
@@ -224,12 +211,8 @@ def echo(args: argparse.Namespace, probes_file: str) -> None:
     watched = [*RUNTIME_ENV_DEFAULTS, *MORE_WATCHED_ENV]
     print("environment: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in watched), flush=True)
     with tempfile.TemporaryDirectory(prefix="devsim-echo-") as workspace:
-        recipe = CollabRecipe(
-            job_name="collab_echo",
-            server=EchoServer(rounds=args.rounds, every=args.every, params=args.params, probes_file=probes_file),
-            client=EchoClient(),
-            min_clients=2,
-        )
+        server = EchoServer(rounds=args.rounds, every=args.every, params=args.params, probes_file=probes_file)
+        recipe = CollabRecipe(job_name="collab_echo", server=server, client=EchoClient(), min_clients=2)
         env = SimEnv(num_clients=2, workspace_root=workspace, log_config=console_log_config("WARNING", workspace))
         recipe.execute(env)
 

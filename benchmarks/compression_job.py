@@ -22,16 +22,16 @@ codec's seconds against the round's wall time, summed over both leaves (an upper
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import ONE_THREAD, Session, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import ONE_THREAD, Session, items, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -49,7 +49,7 @@ CODECS = {
 
 
 def codec_flags(name: str) -> list[str]:
-    """The job flags for a ``--codecs`` item (the forms ``benchmarks/compression.py`` takes)."""
+    """The job flags for a ``--codecs`` item (see :func:`codec_from_name` for the forms)."""
     spec = codec_from_name(name)
     flags = ["--update-codec", spec.name]
     if spec.name == "int8" and spec.int8_block:
@@ -71,17 +71,15 @@ def job_figures(results: dict) -> dict:
     by_round = [int(r["bytes"]["device_to_leaf"]) for r in rounds if "device_to_leaf" in r.get("bytes", {})]
     timed = [r["timing"] for r in rounds[WARM_ROUNDS:] if "timing" in r] or [r["timing"] for r in rounds]
     wall = sum(t["wall"] for t in timed)
-    return {
-        "uplink_bytes": int(results["summary"]["bytes_total"]["device_to_leaf"]),
-        "uplink_bytes_by_round": by_round if len(by_round) == len(rounds) else None,
-        "final_accuracy": float(results["summary"]["final_accuracy"]),
-        "last5_accuracy": last_mean(accuracies),
-        "accuracies": accuracies,
-        "round_wall_mean": wall / len(timed),
-        "codec_share_sum": sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall,
-        "codec_share_critical": sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall,
-        "job_wall": float(results["wall"]),
-    }
+    summary = results["summary"]
+    out = dict(
+        uplink_bytes=int(summary["bytes_total"]["device_to_leaf"]), final_accuracy=float(summary["final_accuracy"])
+    )
+    out.update(uplink_bytes_by_round=by_round if len(by_round) == len(rounds) else None, accuracies=accuracies)
+    out.update(last5_accuracy=last_mean(accuracies), round_wall_mean=wall / len(timed), job_wall=float(results["wall"]))
+    out["codec_share_sum"] = sum(t["info"].get("codec_seconds", 0.0) for t in timed) / wall
+    out["codec_share_critical"] = sum(t["info"].get("critical_leaf_codec_seconds", 0.0) for t in timed) / wall
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,20 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codecs", action="append", default=None, help=codecs_help.replace("%", "%%"))
     parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
     parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
-    parser.add_argument(
-        "--horizons",
-        default=None,
-        help="comma list of round counts (each <= --rounds) at which a summary compares accuracy with none",
-    )
+    parser.add_argument("--horizons", help="comma list of round counts (<= --rounds) to compare accuracy at")
     parser.add_argument("--quick", action="store_true", help="3 rounds, one seed: checks the script")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        help="also write the figures: to benchmarks/results/compression_job-<date>.json without a path, to the "
-        "path given otherwise",
-    )
+    parser.add_argument("--json", nargs="?", const="", metavar="PATH", help="write the figures (to PATH if given)")
     args = parser.parse_args(argv)
     session = Session("compression_job", __file__, argv)
     groups = [[n.strip() for n in text.split(",") if n.strip()] for text in args.codecs or [DEFAULT_CODECS]]
@@ -119,36 +106,29 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as error:
                 parser.error(f"--codecs: {name!r} is not allowed ({error})")
     names = list(flags)
-    seeds = int_list(parser, "--seeds", args.seeds)
+    seeds = items(parser, "--seeds", args.seeds, int)
     rounds = 3 if args.quick else args.rounds
     seeds = seeds[:1] if args.quick else seeds
     if rounds <= WARM_ROUNDS:
         parser.error(f"--rounds must be more than {WARM_ROUNDS} (the warm rounds left out of the timing)")
-    horizons = int_list(parser, "--horizons", args.horizons) if args.horizons is not None else []
+    horizons = items(parser, "--horizons", args.horizons, int) if args.horizons is not None else []
     bad = [h for h in horizons if not 1 <= h <= rounds]
     if bad:
         parser.error(f"--horizons: {bad[0]} is not between 1 and the rounds run ({rounds})")
     figures: dict[str, dict[int, dict]] = {name: {} for name in names}
     bases: dict[str, dict[int, dict]] = {name: {} for name in names}  # each codec's none: its group's, same seed
     with tempfile.TemporaryDirectory(prefix="compression_job_") as workdir:
+        job = functools.partial(run_job, "pt_job_fedavg.py", workdir=workdir, env=ONE_THREAD)
         if not args.quick:  # the invocation's first job ran its rounds 10-40% slower (cold files and libraries)
-            run_job(
-                "pt_job_fedavg.py",
-                ["--dataset", "digits", "--num-rounds", str(WARM_ROUNDS + 1)],
-                workdir,
-                "warm",
-                env=ONE_THREAD,
-            )
+            job(["--dataset", "digits", "--num-rounds", str(WARM_ROUNDS + 1)], name="warm")
         for number, group in enumerate(groups):
             for seed in seeds:
                 runs = {}
                 for name in group:
                     job_flags = ["--dataset", "digits", *flags[name], "--seed", str(seed), "--num-rounds", str(rounds)]
-                    results = run_job(
-                        "pt_job_fedavg.py", job_flags, workdir, f"g{number}_s{seed}_{names.index(name)}", env=ONE_THREAD
-                    )
+                    results = job(job_flags, name=f"g{number}_s{seed}_{names.index(name)}")
                     runs[name] = job_figures(results)
-                    print(f"  {name} seed {seed}: {results['wall']:.0f} s", flush=True)
+                    print(f"  {name} seed {seed}: {results['wall']:.0f} s")
                 figures["none"].setdefault(seed, runs["none"])
                 for name in group:
                     if name != "none":
@@ -158,16 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report_runs(
-    args: argparse.Namespace,
-    session: Session,
-    figures: dict[str, dict[int, dict]],
-    names: list[str],
-    seeds: list[int],
-    rounds: int,
-    horizons: list[int],
-    bases: dict[str, dict[int, dict]],
-) -> None:
+def report_runs(args, session: Session, figures: dict, names: list, seeds: list, rounds: int, horizons: list, bases):
     """Print the table (and the horizon summary) of the jobs' figures and write them with ``--json``; ``bases``: the
     ``none`` run each codec's run of a seed is compared with, by codec and seed."""
     print(
@@ -177,16 +148,13 @@ def report_runs(
     table, lines = {}, []
     for name in names:
         runs, base = [figures[name][s] for s in seeds], [bases[name][s] for s in seeds]
-        row = table[name] = {
-            "fewer_bytes": _mean([b["uplink_bytes"] / r["uplink_bytes"] for r, b in zip(runs, base, strict=True)]),
-            "final_vs_none_points": _points_against(runs, base, "final_accuracy"),
-            "last5_vs_none_points": _points_against(runs, base, "last5_accuracy"),
-            "codec_share_sum": [r["codec_share_sum"] for r in runs],
-            "codec_share_critical": [r["codec_share_critical"] for r in runs],
-            "round_wall_mean": _mean([r["round_wall_mean"] for r in runs]),
-            "per_seed": {str(s): figures[name][s] for s in seeds},
-        }
+        row = table[name] = {k: [r[k] for r in runs] for k in ("codec_share_sum", "codec_share_critical")}
+        row["fewer_bytes"] = _mean([b["uplink_bytes"] / r["uplink_bytes"] for r, b in zip(runs, base, strict=True)])
+        row["final_vs_none_points"] = _points_against(runs, base, "final_accuracy")
+        row["last5_vs_none_points"] = _points_against(runs, base, "last5_accuracy")
+        row["round_wall_mean"] = _mean([r["round_wall_mean"] for r in runs])
         row["round_wall_vs_none"] = row["round_wall_mean"] / _mean([b["round_wall_mean"] for b in base])
+        row["per_seed"] = {str(s): figures[name][s] for s in seeds}
         shares = [_range(row["codec_share_sum"]), _range(row["codec_share_critical"])]
         points = [_points(row["final_vs_none_points"]), _points(row["last5_vs_none_points"])]
         walls = [f"{row['round_wall_mean']:.3f}", f"{row['round_wall_vs_none']:.3f}"]
@@ -214,48 +182,33 @@ def share_figures(session: Session, table: dict) -> list[dict[str, str]]:
     return [session.figure("codec share of the round, critical leaf, topk 10% / int8", shares, "<= 5%")]
 
 
-def horizon_summary(
-    figures: dict[str, dict[int, dict]],
-    bases: dict[str, dict[int, dict]],
-    names: list[str],
-    seeds: list[int],
-    horizons: list[int],
-) -> dict:
+def horizon_summary(figures: dict, bases: dict, names: list[str], seeds: list[int], horizons: list[int]) -> dict:
     """Each codec over the seeds, against its ``none`` of the same seed (``bases``): bytes ratio, the critical leaf's
     codec share (min, max) and, at each horizon H (rounds), the points after round H and of the mean of rounds
     H-4..H (each seed's, their mean and worst) and, where the runs give each round's uplink bytes, the bytes ratio
     over rounds 1..H (a warm-up's denser first rounds lower it at short horizons). Round H of a longer run is that
-    of an H-round run: nothing in a synchronous round depends on how many rounds follow."""
+    of an H-round run: nothing in a synchronous round depends on how many rounds follow. ``figures`` and ``bases``:
+    codec -> seed -> a run's :func:`job_figures`."""
     summary = {}
     for name in names:
         runs = [(figures[name][s], bases[name][s]) for s in seeds]
         shares = [run["codec_share_critical"] for run, _ in runs]
-        entry = {
-            "fewer_bytes": _mean([base["uplink_bytes"] / run["uplink_bytes"] for run, base in runs]),
-            "codec_share_min": min(shares),
-            "codec_share_max": max(shares),
-            "horizons": {},
-        }
+        fewer = _mean([base["uplink_bytes"] / run["uplink_bytes"] for run, base in runs])
+        entry = dict(fewer_bytes=fewer, codec_share_min=min(shares), codec_share_max=max(shares), horizons={})
         for horizon in horizons:
             final = [100 * (run["accuracies"][horizon - 1] - base["accuracies"][horizon - 1]) for run, base in runs]
             settled = [
                 100 * (last_mean(run["accuracies"][:horizon]) - last_mean(base["accuracies"][:horizon]))
                 for run, base in runs
             ]
-            at = entry["horizons"][str(horizon)] = {
-                "final_vs_none_points": final,
-                "final_vs_none_mean": _mean(final),
-                "final_vs_none_worst": float(min(final)),
-                "last5_vs_none_mean": _mean(settled),
-                "last5_vs_none_worst": float(min(settled)),
-            }
-            if all(run.get("uplink_bytes_by_round") and base.get("uplink_bytes_by_round") for run, base in runs):
-                at["fewer_bytes"] = _mean(
-                    [
-                        sum(base["uplink_bytes_by_round"][:horizon]) / sum(run["uplink_bytes_by_round"][:horizon])
-                        for run, base in runs
-                    ]
-                )
+            at = dict(
+                final_vs_none_points=final, final_vs_none_mean=_mean(final), final_vs_none_worst=float(min(final))
+            )
+            at.update(last5_vs_none_mean=_mean(settled), last5_vs_none_worst=float(min(settled)))
+            entry["horizons"][str(horizon)] = at
+            by_round = [(run.get("uplink_bytes_by_round"), base.get("uplink_bytes_by_round")) for run, base in runs]
+            if all(mine and none for mine, none in by_round):
+                at["fewer_bytes"] = _mean([sum(none[:horizon]) / sum(mine[:horizon]) for mine, none in by_round])
         summary[name] = entry
     return summary
 
@@ -306,14 +259,6 @@ def codec_from_name(name: str) -> CodecSpec:
         else:
             raise ValueError(f"unknown topk option {rest[0]!r}")
     return CodecSpec("topk", **options)
-
-
-def int_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
-    """A comma list of non-negative integers, or a parser error naming ``flag``."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items or not all(item.isdigit() for item in items):
-        parser.error(f"{flag}: {text!r} is not a comma list of non-negative integers")
-    return [int(item) for item in items]
 
 
 def last_mean(accuracies: list[float], count: int = LAST_ROUNDS) -> float:

@@ -12,7 +12,6 @@ workspace, runs the job, stops it), then prints, per environment, the median rou
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -24,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, print_table  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, print_table  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 
@@ -59,9 +58,8 @@ def main() -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, job_flags = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--leaves", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     session = Session("environment_rounds")
     python = sys.executable
@@ -76,7 +74,7 @@ def main() -> int:
             cmd += ["--workspace", os.path.join(tmp, f"ws-{kind}"), "--output-dir", out]
             seconds, _ = run(cmd, env, 900)
             measured[kind] = measure(out, seconds)
-            print(f"{kind}: {measured[kind]}", flush=True)
+            print(f"{kind}: {measured[kind]}")
         deploy = [python, "scripts/deployment.py"]
         workspace = ["--workspace", os.path.join(tmp, "deployment")]
         run([*deploy, "provision", *workspace, "--leaves", str(args.leaves), "--port-base", "18900"], env, 120)
@@ -84,7 +82,7 @@ def main() -> int:
             run([*deploy, "start", *workspace], env, 240)
             seconds, _ = run([*deploy, "run", *workspace, "fedavg", "--", *job_flags], env, 900)
             measured["prod"] = measure(os.path.join(tmp, "deployment", "results"), seconds)
-            print(f"prod: {measured['prod']}", flush=True)
+            print(f"prod: {measured['prod']}")
         finally:
             run([*deploy, "stop", *workspace], env, 120)
     sim = measured["sim"]

@@ -11,15 +11,13 @@ per example comparing its runs (accuracy against rounds/versions, simulated time
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, run_job  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, items, load, run_jobs  # noqa: E402
 
 PENGUINS_LOCAL = ["--local-epochs", "5", "--batch-size", "4"]
 TEXT_LOCAL = ["--local-iterations", "20", "--batch-size", "32", "--optimizer", "adam", "--lr", "0.003"]
@@ -44,51 +42,41 @@ RUNS: dict[str, dict[str, list[str]]] = {
 """Example -> method -> job flags (besides --task and the workspace); the seed is the jobs' default (0)."""
 
 
-def run_example(example: str, method: str, flags: list[str], workdir: str, timeout: float) -> dict:
-    """One job; its final summary, wall seconds and run folder."""
-    task = os.path.join(REPO, "examples", f"{example}_task.py")
-    name = f"{example}-{method}"
-    results = run_job(f"pt_job_{method}.py", ["--task", task, *flags], workdir, name, timeout=timeout)
-    row = {"example": example, "method": method, "flags": flags, "summary": results["summary"]}
-    return {**row, "wall": results["wall"], "dir": os.path.join(workdir, name, "out")}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--examples", default=",".join(RUNS))
     parser.add_argument("--methods", default="fedavg,fedbuff,fedrevive")
     parser.add_argument("--figures", default=None, help="folder for example_<name>.png (default: none)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per job")
-    parser.add_argument("--json", action="store_true", help="write the table under benchmarks/results/")
     args = parser.parse_args()
-    examples = [e.strip() for e in args.examples.split(",") if e.strip()]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(examples) - set(RUNS))
-    if unknown:
-        parser.error(f"--examples: unknown {unknown}; allowed: {', '.join(RUNS)}")
+    examples = items(parser, "--examples", args.examples, allowed=tuple(RUNS))
+    methods = items(parser, "--methods", args.methods)
     session = Session("example_tasks")
-    print(f"machine: {session.where()}", flush=True)
+    print(f"machine: {session.where()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="devsim-examples-") as workdir:
         for example in examples:
+            task = ["--task", os.path.join(REPO, "examples", f"{example}_task.py")]
+            chosen = {m: (f"pt_job_{m}.py", [*task, *RUNS[example][m]]) for m in methods if m in RUNS[example]}
+            done = run_jobs({f"{example}-{m}": job for m, job in chosen.items()}, args.timeout, workdir=workdir)
             runs = [
-                run_example(example, m, RUNS[example][m], workdir, args.timeout) for m in methods if m in RUNS[example]
+                {"example": example, "method": m, "flags": RUNS[example][m], "summary": r["summary"], "wall": r["wall"]}
+                for m, r in zip(chosen, done.values(), strict=True)
             ]
             for row in runs:
                 summary = row["summary"]
                 progress = f"{summary['rounds']} rounds" if "rounds" in summary else f"{summary['versions']} versions"
                 metrics = ", ".join(f"{k} {v:.4f}" for k, v in (summary.get("final_metrics") or {}).items())
-                print(
-                    f"{example:<9} {row['method']:<10} {metrics} after {progress}; job wall {row['wall']:.0f} s",
-                    flush=True,
-                )
+                print(f"{example:<9} {row['method']:<10} {metrics} after {progress}; job wall {row['wall']:.0f} s")
             if args.figures:
                 from devsim.observe.plots import plot_runs
 
                 path = os.path.join(args.figures, f"example_{example}.png")
-                plot_runs([r["dir"] for r in runs], path, title=f"examples/{example}_task.py")
+                plot_runs(
+                    [os.path.join(workdir, name, "out") for name in done], path, title=f"examples/{example}_task.py"
+                )
                 print(f"wrote {path}")
-            rows += [{k: v for k, v in r.items() if k != "dir"} for r in runs]
+            rows += runs
     print(f"load average at end {load()}")
     if args.json:
         session.write({"rows": rows}, figures(rows, session))

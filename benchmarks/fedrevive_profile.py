@@ -14,7 +14,6 @@ figure (the preset's thread-CPU seconds per arrival) to ``benchmarks/results/fed
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,10 +24,9 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, print_table  # noqa: E402
 from devsim.aggregation.fedrevive import DFKDConfig, Reviver, ReviverConfig, scaled_s_max  # noqa: E402
 from devsim.config import FedReviveConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -37,22 +35,19 @@ from devsim.sections import flatten_sections  # noqa: E402
 PRESET = os.path.join(REPO, "app_configs", "presets", "fedrevive_small_cpu.json")
 
 
+def load_preset() -> dict:
+    """``fedrevive_small_cpu``'s settings, flat (the preset file groups them by section)."""
+    with open(PRESET, encoding="utf-8") as stream:
+        return flatten_sections(json.load(stream), FedReviveConfig)
+
+
 def make_reviver(preset: dict, teacher_batching: str, kd_interval: int, generation_interval: int) -> Reviver:
-    dfkd = DFKDConfig(
-        generator_width=preset["generator_width"],
-        synth_batch_size=preset["synth_batch_size"],
-        kd_iterations=preset["kd_iterations"],
-        pool_capacity=preset["pool_capacity"],
-        teacher_batching=teacher_batching,
-    )
+    """The preset's reviver (CNN, K = 50, B = 1) with these teacher batching and synthesis / KD intervals."""
+    dfkd = {k: preset[k] for k in ("generator_width", "synth_batch_size", "kd_iterations", "pool_capacity")}
+    gates = {k: preset[k] for k in ("freeze_version", "warmup_version", "teacher_capacity")}
+    intervals = dict(generation_interval=generation_interval, kd_interval=kd_interval)
     config = ReviverConfig(
-        s_max=scaled_s_max(50, 1),
-        freeze_version=preset["freeze_version"],
-        warmup_version=preset["warmup_version"],
-        generation_interval=generation_interval,
-        teacher_capacity=preset["teacher_capacity"],
-        kd_interval=kd_interval,
-        dfkd=dfkd,
+        s_max=scaled_s_max(50, 1), dfkd=DFKDConfig(teacher_batching=teacher_batching, **dfkd), **gates, **intervals
     )
     torch.manual_seed(0)
     return Reviver(lambda: build_model("cnn", num_classes=10, track_features=True), config, seed=0)
@@ -94,23 +89,17 @@ def measure(preset: dict, arrivals: int, **settings) -> tuple[tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--arrivals", type=int, default=40, help="timed arrivals per column (after the gates)")
-    parser.add_argument("--json", action="store_true", help="write the columns and figure under benchmarks/results/")
     args = parser.parse_args()
     session = Session("fedrevive_profile")
-    with open(PRESET, encoding="utf-8") as stream:
-        preset = flatten_sections(json.load(stream), FedReviveConfig)
+    preset = load_preset()
     columns = {
-        "paper-rate loop": dict(teacher_batching="off", kd_interval=1, generation_interval=5),
-        "paper-rate vmap": dict(teacher_batching="all", kd_interval=1, generation_interval=5),
-        "paper-rate default": dict(teacher_batching="synthesis", kd_interval=1, generation_interval=5),
-        "preset": dict(
-            teacher_batching="synthesis",
-            kd_interval=preset.get("kd_interval", 1),
-            generation_interval=preset["generation_interval"],
-        ),
+        f"paper-rate {name}": dict(teacher_batching=batching, kd_interval=1, generation_interval=5)
+        for name, batching in (("loop", "off"), ("vmap", "all"), ("default", "synthesis"))
     }
+    intervals = dict(kd_interval=preset.get("kd_interval", 1), generation_interval=preset["generation_interval"])
+    columns["preset"] = dict(teacher_batching="synthesis", **intervals)
     results = {name: measure(preset, args.arrivals, **settings) for name, settings in columns.items()}
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} (1 min)")
     for name, settings in columns.items():
@@ -123,21 +112,14 @@ def main() -> None:
     table.append(["CPU speed-up vs first column", *(f"{first / cpu:.2f}x" for (_, cpu), _ in results.values())])
     print_table(["phase (CPU ms / arrival)", *columns], table)
     if args.json:
-        payload = {
-            "settings": {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()},
-            "columns": {
-                name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
-                for name, ((wall, cpu), phases) in results.items()
-            },
+        settings = {"arrivals": args.arrivals, "torch_threads": torch.get_num_threads()}
+        shown = {
+            name: {"settings": columns[name], "wall_s": wall, "cpu_s": cpu, "phases_cpu_ms": phases}
+            for name, ((wall, cpu), phases) in results.items()
         }
-        published = [
-            session.figure(
-                "FedRevive server thread-CPU per arrival (preset)",
-                f"{results['preset'][0][1]:.3f} s",
-                "<= 0.35 s wall",
-            )
-        ]
-        session.write(payload, published)
+        cpu = f"{results['preset'][0][1]:.3f} s"
+        figure = session.figure("FedRevive server thread-CPU per arrival (preset)", cpu, "<= 0.35 s wall")
+        session.write({"settings": settings, "columns": shown}, [figure])
 
 
 if __name__ == "__main__":

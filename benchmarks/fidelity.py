@@ -17,17 +17,14 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
    recipe's CPU-sized schedule, the background distillation included), per ``--job-seeds``: final and best
    accuracy and the whole command's wall time.
 
-    .venv/bin/python benchmarks/fidelity.py                       # the full table (README figures)
+    .venv/bin/python benchmarks/fidelity.py                       # the full table (sections 1-3)
     .venv/bin/python benchmarks/fidelity.py --quick               # tiny sizes: checks the script itself
-    .venv/bin/python benchmarks/fidelity.py --sections 1,3 --seeds 0,1,2 --json fidelity.json
-    .venv/bin/python benchmarks/fidelity.py --sections 1 --json   # benchmarks/results/fidelity-<date>.json
+    .venv/bin/python benchmarks/fidelity.py --sections 2,4 --stale-seeds 0,1,2 --job-seeds 0 --json
 
 ``--json`` writes the per-seed figures of every section run and the published figures (section 1's mean final
 accuracies, section 2's FedRevive minus FedBuff, section 4's final accuracies) to
-``benchmarks/results/fidelity-<date>.json`` at the end; ``--json FILE`` also writes the per-seed figures to FILE
-after each section.
-
-    .venv/bin/python benchmarks/fidelity.py --sections 2,4 --stale-seeds 0,1,2 --json   # FedRevive's figures
+``benchmarks/results/fidelity-<date>.json``; ``--json FILE`` also writes the per-seed figures to FILE after each
+section.
 
 The test split is only ever used for the reported figures; the centralized recipe (SGD lr 0.01,
 momentum 0.9, batch 32, 10 epochs) was chosen on a validation split carved from the training split.
@@ -45,8 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.async_quality import methods as async_methods  # noqa: E402
@@ -58,7 +54,7 @@ JOB_DEFAULTS = "4. FedRevive's job defaults (pt_job_fedrevive.py --dataset digit
 
 @dataclass(frozen=True)
 class Sizes:
-    """Run sizes of the three sections (full table or ``--quick``)."""
+    """Run sizes of the sections (full table or ``--quick``)."""
 
     sync: list[str]
     central_epochs: int
@@ -69,38 +65,31 @@ class Sizes:
     groups: list[str]
 
 
+def _population(leaves: int, per_leaf: int, samples: int, *more: str) -> list[str]:
+    flags = ["--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf), "--samples-per-device", str(samples)]
+    return [*flags, *more]
+
+
 # Sized for a 2-core CPU: every job pays NVFlare's start-up (about 30 s on a quiet machine), so the table
 # holds few, modest runs. Section 1 uses the FedAvg job's own population (2 x 50 devices, 20 per round);
 # section 2 K = 20 concurrent jobs on the shifted schedule for 1 simulated second (~100 arrivals).
 FULL = Sizes(
-    sync=[
-        *("--num-leaf-nodes", "2", "--devices-per-leaf", "50", "--device-selection-size", "20"),
-        *("--samples-per-device", "100", "--num-rounds", "20"),
-    ],
-    central_epochs=10,
-    stale=["--num-leaf-nodes", "2", "--devices-per-leaf", "50", "--samples-per-device", "100"],
-    concurrency=20,
-    sim_time=1.0,
-    eval_every=10,
-    groups=[
-        *("--num-leaf-nodes", "6", "--devices-per-leaf", "10", "--device-selection-size", "30"),
-        *("--samples-per-device", "100", "--num-rounds", "15", "--hidden-groups", "3"),
-    ],
+    _population(2, 50, 100, "--device-selection-size", "20", "--num-rounds", "20"),
+    10,
+    _population(2, 50, 100),
+    20,
+    1.0,
+    10,
+    _population(6, 10, 100, "--device-selection-size", "30", "--num-rounds", "15", "--hidden-groups", "3"),
 )
 QUICK = Sizes(
-    sync=[
-        *("--num-leaf-nodes", "2", "--devices-per-leaf", "5", "--device-selection-size", "4"),
-        *("--samples-per-device", "20", "--num-rounds", "2"),
-    ],
-    central_epochs=1,
-    stale=["--num-leaf-nodes", "2", "--devices-per-leaf", "10", "--samples-per-device", "20"],
-    concurrency=4,
-    sim_time=0.3,
-    eval_every=2,
-    groups=[
-        *("--num-leaf-nodes", "4", "--devices-per-leaf", "3", "--device-selection-size", "12"),
-        *("--samples-per-device", "20", "--num-rounds", "2", "--hidden-groups", "2"),
-    ],
+    _population(2, 5, 20, "--device-selection-size", "4", "--num-rounds", "2"),
+    1,
+    _population(2, 10, 20),
+    4,
+    0.3,
+    2,
+    _population(4, 3, 20, "--device-selection-size", "12", "--num-rounds", "2", "--hidden-groups", "2"),
 )
 
 
@@ -141,10 +130,11 @@ def server_seconds_per_arrival(results: dict) -> float:
     return seconds / max(int(results["summary"]["accepted_updates"]), 1)
 
 
-def run_job(script: str, flags: list[str], workdir: str, name: str) -> dict:
-    """Run ``jobs/<script> --dataset digits`` with ``flags`` (one thread a process); its results.json plus ``wall``."""
-    results = harness.run_job(script, ["--dataset", "digits", *flags], workdir, name, env=harness.ONE_THREAD)
-    print(f"  {name}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}", flush=True)
+def run_job(script: str, flags: list[str], workdir: str, name: str, env: dict | None = harness.ONE_THREAD) -> dict:
+    """Run ``jobs/<script> --dataset digits`` with ``flags`` (default one thread a process); its results.json plus
+    ``wall``."""
+    results = harness.run_job(script, ["--dataset", "digits", *flags], workdir, name, env=env)
+    print(f"  {name}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}")
     return results
 
 
@@ -176,7 +166,7 @@ def section_heterogeneity(sizes: Sizes, seeds: list[int], workdir: str) -> dict[
     for seed in seeds:
         started = time.perf_counter()
         figures["final"].add("centralized", centralized_accuracy(seed, sizes.central_epochs))
-        print(f"  centralized seed {seed}: {time.perf_counter() - started:.0f}s", flush=True)
+        print(f"  centralized seed {seed}: {time.perf_counter() - started:.0f}s")
         for name, partition in (("FedAvg IID", ["--partition", "iid"]), ("FedAvg Dir 0.1", ["--alpha", "0.1"])):
             flags = [*sizes.sync, *partition, "--seed", str(seed)]
             results = run_job("pt_job_fedavg.py", flags, workdir, f"s1-{name.replace(' ', '_')}-{seed}")
@@ -200,7 +190,7 @@ def section_staleness(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str,
             flags = [*extra, *common, "--seed", str(seed)]
             results = run_job(script, flags, workdir, f"s2-{name.split()[0]}-{seed}")
             figures["final"].add(name, _final(results))
-            figures["best"].add(name, max(r["accuracy"] for r in results["rounds"]))
+            figures["best"].add(name, harness.best_accuracy(results))
             figures["versions"].add(name, results["summary"]["versions"])
             figures["server s/arrival"].add(name, server_seconds_per_arrival(results))
             figures["wall s"].add(name, results["wall"])
@@ -227,11 +217,9 @@ def section_job_defaults(sizes: Sizes, seeds: list[int], workdir: str) -> dict[s
     figures = {key: Figures() for key in ("final", "best", "wall s")}
     quick = ["--max-versions", "20"] if sizes is QUICK else []
     for seed in seeds:
-        flags = ["--dataset", "digits", *quick, "--seed", str(seed)]
-        results = harness.run_job("pt_job_fedrevive.py", flags, workdir, f"s4-FedRevive-{seed}")
-        print(f"  s4-FedRevive-{seed}: {results['wall']:.0f}s wall, final accuracy {_final(results):.4f}", flush=True)
+        results = run_job("pt_job_fedrevive.py", [*quick, "--seed", str(seed)], workdir, f"s4-FedRevive-{seed}", None)
         figures["final"].add("FedRevive", _final(results))
-        figures["best"].add("FedRevive", max(r["accuracy"] for r in results["rounds"]))
+        figures["best"].add("FedRevive", harness.best_accuracy(results))
         figures["wall s"].add("FedRevive", results["wall"])
     return figures
 
@@ -254,7 +242,7 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
             else:
                 cells.append(mean_spread(values))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines))
     return lines
 
 
@@ -265,42 +253,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
     parser.add_argument("--job-seeds", default="0", help="seeds of section 4 (FedRevive's job defaults)")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="FILE",
-        help="write the figures under benchmarks/results/ at the end (and, with FILE, the per-seed figures to FILE "
-        "after each section)",
-    )
+    parser.add_argument("--json", nargs="?", const="", metavar="FILE", help="write the figures (and to FILE)")
     parser.add_argument("--workdir", default=None, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    seeds = [int(s) for s in args.seeds.split(",")]
-    sections = {int(s) for s in args.sections.split(",")}
-    if not sections <= {1, 2, 3, 4}:
-        parser.error(f"--sections: {args.sections!r}; allowed: a comma list of 1, 2, 3, 4")
+    seeds = harness.items(parser, "--seeds", args.seeds, int)
+    sections = set(harness.items(parser, "--sections", args.sections, int, allowed=(1, 2, 3, 4)))
     session = harness.Session("fidelity")
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
         workdir = os.path.abspath(args.workdir) if args.workdir else scratch
         os.makedirs(workdir, exist_ok=True)
-        stale_seeds = [int(s) for s in args.stale_seeds.split(",")]
         runs = {
             1: (HETEROGENEITY, section_heterogeneity, seeds),
-            2: (STALENESS, section_staleness, stale_seeds),
+            2: (STALENESS, section_staleness, harness.items(parser, "--stale-seeds", args.stale_seeds, int)),
             3: ("3. hidden groups (input_transform)", section_groups, seeds),
-            4: (JOB_DEFAULTS, section_job_defaults, [int(s) for s in args.job_seeds.split(",")]),
+            4: (JOB_DEFAULTS, section_job_defaults, harness.items(parser, "--job-seeds", args.job_seeds, int)),
         }
         for number in sorted(sections):
             title, section, section_seeds = runs[number]
-            print(f"section {title}", flush=True)
+            print(f"section {title}")
             tables[title] = section(sizes, section_seeds, workdir)
             print_table(title, tables[title])
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as stream:
-                    json.dump({t: {k: f.values for k, f in fs.items()} for t, fs in tables.items()}, stream, indent=1)
+                    json.dump(per_seed(tables), stream, indent=1)
     print(
         f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds}, "
         f"section 4: {args.job_seeds})"
@@ -309,14 +286,16 @@ def main(argv: list[str] | None = None) -> int:
         print_table(title, figures)
     print(f"\n{time.perf_counter() - session.started:.0f}s wall; {session.where()}")
     if args.json is not None:
-        values = {title: {key: f.values for key, f in figs.items()} for title, figs in tables.items()}
-        session.write({"settings": vars(args), "tables": values}, readme_figures(tables, args.quick, session))
+        session.write({"settings": vars(args), "tables": per_seed(tables)}, readme_figures(tables, args.quick, session))
     return 0
 
 
-def readme_figures(
-    tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session
-) -> list[dict[str, str]]:
+def per_seed(tables: dict[str, dict[str, Figures]]) -> dict:
+    """Section title -> figure -> method -> its value per seed."""
+    return {title: {key: figures.values for key, figures in table.items()} for title, table in tables.items()}
+
+
+def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session) -> list[dict]:
     """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1; section 2's FedRevive
     minus FedBuff (mean final accuracy, points); section 4's FedRevive final accuracy per seed."""
     size = " (--quick sizes)" if quick else ""
@@ -330,13 +309,9 @@ def readme_figures(
         final = tables[STALENESS]["final"].values
         revive, buff = statistics.fmean(final["FedRevive"]), statistics.fmean(final["FedBuff"])
         seeds = " / ".join(f"{100 * (r - b):+.1f}" for r, b in zip(final["FedRevive"], final["FedBuff"], strict=True))
-        published.append(
-            session.figure(
-                "fidelity on digits, stale schedule: FedRevive minus FedBuff, final accuracy" + size,
-                f"{100 * (revive - buff):+.1f} points ({revive:.4f} vs {buff:.4f}; per seed {seeds})",
-                ">= +15 points",
-            )
-        )
+        name = "fidelity on digits, stale schedule: FedRevive minus FedBuff, final accuracy" + size
+        value = f"{100 * (revive - buff):+.1f} points ({revive:.4f} vs {buff:.4f}; per seed {seeds})"
+        published.append(session.figure(name, value, ">= +15 points"))
     if JOB_DEFAULTS in tables:
         final = tables[JOB_DEFAULTS]["final"].values["FedRevive"]
         name = "FedRevive job defaults on digits: final accuracy" + size

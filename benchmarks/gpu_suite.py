@@ -1,28 +1,12 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (``BUDGETS``; the default is the first seven), each with its own time budget: a
-section starts only while at least half of it is left of ``--budget`` (default 315 s, one device call of at most 6
-minutes), its job runs are killed at twice its budget, and the figures are written after every section.
-``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``) prints every target beside its figure.
-
-1. ``fedavg_e2e``: ``jobs/pt_job_fedavg.py`` end to end, the CNN at its defaults (against centralized training of
-   the CNN at batch 256 on this device) and ResNet-18 with 1,000 devices (100 a round, 10 samples each): round
-   seconds, timing breakdown, seconds to the first finished round, ``startup``, the leaves' plans, peak GPU memory.
-2. ``throughput``: device-samples/s of one leaf (``LeafRoundRunner``, no NVFlare) training 64 devices through the
-   thread pool, batched in one group, and with the leaf's own plan (``plan_leaf``), against centralized training
-   at the devices' batch size and at batch 256 (the limit); CNN and ResNet-18.
-3. ``async_throughput``: ``benchmarks/async_throughput.py``'s settings: FedBuff's steady updates/s at B = 10, B = 2
-   and the paper's shape against FedAvg's, devices per training group, wall per update against a tight loop.
-4. ``worker_sweep``: the leaf's plan against the thread pool and groups first at several worker counts.
-5. ``fedrevive``: FedRevive with the paper's server work per arrival for 30 versions: wall and server s/arrival.
-6. ``tf32``: ``--tf32``'s gain (leaf and centralized) and the difference it makes to a leaf's delta sum.
-7. ``compiled_step``: the batched lockstep for groups of 2, 4 and 10 digits CNNs, eager against ``torch.compile``
-   (and ``reduce-overhead`` on a GPU): ms per device, the first (compiling) call, the largest delta difference.
-8. ``shared_gpu``: two leaves on one GPU against one leaf alone, same work per leaf.
-9. ``compression_job``: ``benchmarks/compression_job.py``, the codecs inside the FedAvg job (seeds 0, 1).
-
-``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs
-the suite on the GPU machine:
+Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
+says what it measures): ``fedavg_e2e``, ``throughput``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
+``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least half of its
+budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at
+twice its budget, and the figures are written after every section. ``gpu_suite.py check FILE``
+(``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
+(tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
 
     .venv/bin/python benchmarks/gpu_suite.py --device cpu --tiny --out /tmp/gpu_suite.json
 """
@@ -39,8 +23,7 @@ import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -66,17 +49,8 @@ from devsim.training.batched import BatchedTrainer  # noqa: E402
 from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
-BUDGETS = {
-    "fedavg_e2e": 60,
-    "throughput": 40,
-    "async_throughput": 95,
-    "worker_sweep": 20,
-    "fedrevive": 60,
-    "tf32": 15,
-    "compiled_step": 25,
-    "shared_gpu": 55,
-    "compression_job": 60,
-}
+BUDGETS = dict(fedavg_e2e=60, throughput=40, async_throughput=95, worker_sweep=20, fedrevive=60, tf32=15)
+BUDGETS.update(compiled_step=25, shared_gpu=55, compression_job=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
@@ -119,20 +93,13 @@ def sizes(tiny: bool) -> dict:
 
 def machine_facts(device: str) -> dict:
     """Device name, versions and host facts recorded with every figure."""
-    facts = {
-        "device": device,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "cpu_cores": len(os.sched_getaffinity(0)),
-        "load_average_start": os.getloadavg()[0],
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    facts = dict(device=device, torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version())
+    facts.update(cpu_cores=len(os.sched_getaffinity(0)), load_average_start=os.getloadavg()[0])
+    facts["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1))
-        facts["cudnn"] = torch.backends.cudnn.version()
-        facts["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        facts.update(cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
         facts["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
     facts["git_commit"] = short_commit() or None
     return facts
@@ -171,48 +138,25 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
 
 def leaf_settings(model_name: str, devices: int, samples: int) -> dict:
     """The leaf benchmark's run settings: synthetic data, iid shards, batch 10, one epoch."""
-    return {
-        "dataset": "synthetic",
-        "synthetic_train_size": max(2000, devices * samples),
-        "synthetic_test_size": 100,
-        "model": model_name,
-        "partition": "iid",
-        "samples_per_device": samples,
-        "batch_size": 10,
-        "local_epochs": 1,
-        "seed": 0,
-    }
+    settings = dict(dataset="synthetic", synthetic_train_size=max(2000, devices * samples), synthetic_test_size=100)
+    return settings | dict(
+        model=model_name, partition="iid", samples_per_device=samples, batch_size=10, local_epochs=1, seed=0
+    )
 
 
 def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafPlan:
     """The plan a leaf of one (alone on this host and GPU) takes for ``devices`` at once (``plan_leaf``)."""
     first = TaskDeviceProcessor.from_settings(leaf_settings(model_name, devices, samples), compute_device=device)
     first.setup()
-    return plan_leaf(
-        device=device,
-        num_params=int(first.num_params),
-        batch_size=10,
-        device_batch_setting="auto",
-        obstacle=functools.partial(first.batching_obstacle, timed=True),
-        device_bytes=first.batched_device_bytes(),
-        devices_at_once=devices,
-    )
+    timed = functools.partial(first.batching_obstacle, timed=True)
+    sizes = dict(num_params=int(first.num_params), device_bytes=first.batched_device_bytes(), devices_at_once=devices)
+    return plan_leaf(device=device, batch_size=10, device_batch_setting="auto", obstacle=timed, **sizes)
 
 
-def leaf_rate(
-    model_name: str,
-    device: str,
-    devices: int,
-    samples: int,
-    workers: int,
-    device_batch: int,
-    rounds: int = 3,
-    fill_groups: bool = False,
-) -> tuple[float, dict]:
+def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False):
     """``benchmarks/batched_devices.py``'s leaf rate (median device-samples/s of rounds 2.., and the last round's
-    leaf delta sum) of this suite's leaf settings, batch 10, one epoch."""
-    settings = leaf_settings(model_name, devices, samples)
-    return batched_leaf_rate(settings, device, devices, workers, device_batch, rounds, fill_groups)
+    leaf delta sum) of this suite's leaf settings, batch 10, one epoch, 3 rounds."""
+    return batched_leaf_rate(leaf_settings(model, devices, samples), device, devices, workers, batch, 3, fill)
 
 
 def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
@@ -238,23 +182,13 @@ def section_throughput(args, size: dict) -> dict:
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
         plan = auto_plan(model_name, args.device, devices, samples)
         auto, _ = leaf_rate(
-            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
+            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups
         )
-        out[model_name] = {
-            "devices": devices,
-            "samples_per_device": samples,
-            "centralized_batch10": central_10,
-            f"centralized_batch{LIMIT_BATCH}": central_limit,
-            "pool_workers": workers,
-            "pool": pool,
-            "batched_1_worker": batched,
-            "auto_plan": plan.reason,
-            "auto": auto,
-            "pool_vs_limit": pool / central_limit,
-            "batched_vs_limit": batched / central_limit,
-            "auto_vs_limit": auto / central_limit,
-            "batched_vs_pool": batched / pool,
-        }
+        row = dict(devices=devices, samples_per_device=samples, centralized_batch10=central_10)
+        row[f"centralized_batch{LIMIT_BATCH}"] = central_limit
+        row.update(pool_workers=workers, pool=pool, batched_1_worker=batched, auto_plan=plan.reason, auto=auto)
+        row.update(pool_vs_limit=pool / central_limit, batched_vs_limit=batched / central_limit)
+        out[model_name] = row | dict(auto_vs_limit=auto / central_limit, batched_vs_pool=batched / pool)
     return out
 
 
@@ -267,22 +201,17 @@ def section_tf32(args, size: dict) -> dict:
     try:
         for model_name in size["tf32_models"]:
             devices, samples = leaf_shape(size, model_name)
-            row: dict = {}
-            sums = {}
-            for on in (False, True):
+            row, sums = {}, {}
+            for on, name in ((False, "off"), (True, "on")):
                 apply_tf32(on)
-                name = "on" if on else "off"
                 row[f"leaf_{name}"], sums[name] = leaf_rate(model_name, args.device, devices, samples, 1, devices)
                 row[f"centralized_{name}"] = centralized_rate(
                     model_name, args.device, LIMIT_BATCH, size["central_samples"]
                 )
             scale = max(float(abs(v).max()) for v in sums["off"].values())
-            row["leaf_gain"] = row["leaf_on"] / row["leaf_off"]
-            row["centralized_gain"] = row["centralized_on"] / row["centralized_off"]
-            row["max_relative_difference"] = (
-                max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
-            )
-            out[model_name] = row
+            difference = max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
+            row.update(leaf_gain=row["leaf_on"] / row["leaf_off"], max_relative_difference=difference)
+            out[model_name] = row | {"centralized_gain": row["centralized_on"] / row["centralized_off"]}
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     return out
@@ -305,22 +234,13 @@ def section_worker_sweep(args, size: dict) -> dict:
     for workers in size["sweep_groups"]:
         if time.monotonic() < args.section_deadline:
             batch = -(-devices // workers)
-            rates[f"groups {workers}x{batch}"] = leaf_rate(
-                "cnn", args.device, devices, samples, workers, batch, fill_groups=True
-            )[0]
-    auto = leaf_rate(
-        "cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, fill_groups=plan.fill_groups
-    )[0]
+            rate, _ = leaf_rate("cnn", args.device, devices, samples, workers, batch, True)
+            rates[f"groups {workers}x{batch}"] = rate
+    auto, _ = leaf_rate("cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups)
     best = max(rates, key=rates.get)
-    return {
-        "auto_plan": plan.reason,
-        "auto_workers": plan.num_workers,
-        "auto_device_batch": plan.device_batch,
-        "auto_samples_per_s": auto,
-        "samples_per_s": rates,
-        "best": best,
-        "auto_vs_best": auto / max(rates[best], auto),
-    }
+    out = dict(auto_plan=plan.reason, auto_workers=plan.num_workers, auto_device_batch=plan.device_batch)
+    out.update(auto_samples_per_s=auto, samples_per_s=rates, best=best)
+    return out | {"auto_vs_best": auto / max(rates[best], auto)}
 
 
 def section_fedavg_e2e(args, size: dict) -> dict:
@@ -437,26 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="dry-run sizes (seconds on a CPU)")
-    parser.add_argument(
-        "--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list out of {', '.join(SECTIONS)}"
-    )
+    parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--out", default=None, help="JSON file of figures (default: $OUT/gpu_suite.json or stdout)")
     parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds each job run may take (default: twice its section's budget, within what is left of --budget)",
+        "--timeout", type=float, help="seconds a job run may take (default: twice its section's budget)"
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=SUITE_BUDGET,
-        help="seconds for the whole suite: a section starts only while at least half its budget is left (0: no limit)",
-    )
+    parser.add_argument("--budget", type=float, default=SUITE_BUDGET, help="seconds for the whole suite (0: no limit)")
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - set(SECTIONS))
-    if unknown:
+    if unknown := sorted(set(chosen) - set(SECTIONS)):
         parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu for the dry run")

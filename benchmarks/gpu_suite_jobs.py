@@ -81,18 +81,15 @@ def job_figures(run: dict, selected_samples: int) -> dict:
     steady = rounds[1:] or rounds
     parts = {k: statistics.mean(r["timing"]["parts"][k] for r in steady) for k in steady[0]["timing"]["parts"]}
     train = statistics.median(r["train_seconds"] for r in steady)
-    return {
-        "wall_seconds": run["wall"],
-        "first_round_seconds": run["first_round"],
-        "round_seconds_median": statistics.median(r["round_seconds"] for r in steady),
-        "train_seconds_median": train,
-        "device_samples_per_s": selected_samples / train,
-        "timing_mean_parts": parts,
-        "final_accuracy": rounds[-1].get("accuracy"),
-        "worker_plans": run["worker_lines"],
-        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run.get("startup"),
-    }
+    out = _run_facts(run) | dict(round_seconds_median=statistics.median(r["round_seconds"] for r in steady))
+    out.update(train_seconds_median=train, device_samples_per_s=selected_samples / train, timing_mean_parts=parts)
+    return out | dict(final_accuracy=rounds[-1].get("accuracy"), worker_plans=run["worker_lines"])
+
+
+def _run_facts(run: dict) -> dict:
+    """A job run's wall and first-round seconds, peak GPU memory and start-up breakdown."""
+    facts = dict(wall_seconds=run["wall"], first_round_seconds=run["first_round"], startup=run.get("startup"))
+    return facts | {"peak_gpu_memory_mib": run["peak_gpu_memory_mib"]}
 
 
 def section_fedrevive(args, size: dict) -> dict:
@@ -112,15 +109,8 @@ def section_fedrevive(args, size: dict) -> dict:
         flags += ["--model", "cnn", "--synthetic-test-size", "100"]
     run = run_job("pt_job_fedrevive.py", flags, job_env(args), args.timeout)
     summary = run["summary"]
-    return {
-        "wall_seconds": run["wall"],
-        "first_round_seconds": run["first_round"],
-        "summary": summary,
-        "revive_seconds_per_arrival": summary.get("revive_seconds_per_arrival"),
-        "server_device": args.device,
-        "peak_gpu_memory_mib": run["peak_gpu_memory_mib"],
-        "startup": run.get("startup"),
-    }
+    per_arrival = summary.get("revive_seconds_per_arrival")
+    return _run_facts(run) | dict(summary=summary, revive_seconds_per_arrival=per_arrival, server_device=args.device)
 
 
 def section_shared_gpu(args, size: dict) -> dict:
@@ -133,13 +123,9 @@ def section_shared_gpu(args, size: dict) -> dict:
     one = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "1", *gpu], job_env(args), args.timeout)
     two = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "2", *gpu], job_env(args), args.timeout)
     per_leaf = 20 * one["config"]["samples_per_device"]
-    alone = job_figures(one, per_leaf)
-    shared = job_figures(two, 2 * per_leaf)
-    return {
-        "one_leaf": alone,
-        "two_leaves": shared,
-        "two_leaves_vs_one_total_throughput": shared["device_samples_per_s"] / alone["device_samples_per_s"],
-    }
+    alone, shared = job_figures(one, per_leaf), job_figures(two, 2 * per_leaf)
+    ratio = shared["device_samples_per_s"] / alone["device_samples_per_s"]
+    return {"one_leaf": alone, "two_leaves": shared, "two_leaves_vs_one_total_throughput": ratio}
 
 
 def script_json(args, script: str, flags: list[str]) -> dict:

@@ -5,19 +5,23 @@ Every benchmark script holds only its measurement and goes through this module f
 - ``run_job(script, flags, workdir)`` runs ``jobs/<script>`` (NVFlare's simulator unless the flags say otherwise)
   in its own process group with HOME, workspace and output inside ``workdir``, and returns its ``results.json``
   with ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1``/``version 1``
-  progress line, None when none was printed) and the leaves' ``workers=`` plan lines. ``run_isolated`` is the same
-  for any command; whatever happens, every process either started is gone when it returns (NVFlare's simulator
-  starts its leaf processes in new sessions, so they are tracked by pid and creation time, never a recycled pid).
-- ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown
-  table. ``run_child(script, args)`` runs a measurement in a fresh Python process and returns the JSON it printed;
-  ``worktree(rev)`` checks out a baseline commit in a temporary git worktree for the duration of a block.
+  progress line, None when none was printed) and the leaves' ``workers=`` plan lines; ``run_jobs`` runs named
+  jobs in turn. ``run_isolated`` is the same for any command; whatever happens, every process either started is
+  gone when it returns (NVFlare's simulator starts its leaf processes in new sessions, so they are tracked by pid
+  and creation time, never a recycled pid). ``run_child(script, args)`` runs a measurement in a fresh Python
+  process and returns the JSON it printed.
+- ``arguments(__doc__)`` is a script's parser with its ``--json`` flag, ``items`` reads a comma-list flag,
+  ``baseline(parser, rev)`` checks out ``--baseline-commit`` in a temporary git worktree for a block;
+  ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown table.
 - ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
   ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
-  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table.
+  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table
+  (``DEVSIM_BENCHMARK_RESULTS=DIR``: under DIR instead, for a trial run that publishes nothing).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import json
@@ -39,7 +43,7 @@ K = TypeVar("K")
 T = TypeVar("T")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+RESULTS = os.environ.get("DEVSIM_BENCHMARK_RESULTS") or os.path.join(REPO, "benchmarks", "results")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
 FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
 WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
@@ -72,10 +76,50 @@ def invocation(
     return " ".join([*prefix, ".venv/bin/python", shlex.join([script, *(sys.argv[1:] if argv is None else argv)])])
 
 
+def _line_buffered() -> None:
+    """This process's output line-buffered from here on: a benchmark's progress shows as it happens, also through a
+    pipe (a stream without ``reconfigure``, e.g. a test's capture, is left as it is)."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def print_table(columns: list[str], rows: list[list[Any]]) -> None:
     """Print a Markdown table: ``columns`` as its header, then one line per row (cells as ``str`` gives them)."""
     for cells in (columns, ["---"] * len(columns), *rows):
-        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        print_row(cells)
+
+
+def print_row(cells: list[Any]) -> None:
+    """Print one row of a Markdown table (a table's rows printed as they come, after ``print_table(columns, [])``)."""
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def arguments(doc: str, json_help: str = "write the figures under benchmarks/results/") -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag; from
+    here on this process's output is line-buffered (progress shows as it happens, also through a pipe)."""
+    _line_buffered()
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    return parser
+
+
+def items(parser: argparse.ArgumentParser, flag: str, text: str, kind: Callable[[str], T] = str, allowed=()) -> list:
+    """The values of a comma-list flag, each ``kind(value)``; a one-line parser error naming ``flag`` (and the
+    ``allowed`` values, when given) for an empty list or a value that is not one of them."""
+    try:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        parser.error(f"{flag}: {text!r} is not a comma list{'' if kind is str else f' of {kind.__name__} values'}")
+    if bad := [v for v in values if allowed and v not in allowed]:
+        parser.error(f"{flag}: {', '.join(map(str, bad))} not allowed; allowed: {', '.join(map(str, allowed))}")
+    return values
+
+
+def best_accuracy(results: dict[str, Any]) -> float:
+    """The best accuracy of a job's evaluated rounds (its results.json)."""
+    return max(r["accuracy"] for r in results["rounds"] if "accuracy" in r)
 
 
 def short_commit(tree: str = REPO) -> str:
@@ -128,6 +172,20 @@ def worktree(rev: str) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def baseline(parser: argparse.ArgumentParser, rev: str | None) -> Iterator[tuple[str | None, str | None]]:
+    """``--baseline-commit rev`` for a block: (its short commit, a temporary worktree of it), (None, None) without
+    ``rev``; a one-line parser error when ``rev`` names no commit of this repository."""
+    if not rev:
+        yield None, None
+        return
+    commit = commit_of(rev)
+    if commit is None:
+        parser.error(f"--baseline-commit: {rev!r} names no commit of this repository")
+    with worktree(commit) as folder:
+        yield commit, folder
+
+
 class Session:
     """One benchmark invocation: ``date``, ``load_start`` and ``command`` (this script's command line, with those of
     ``env`` that are set in front) are read when it is made; ``figure`` stamps a figure with them and the load now,
@@ -140,6 +198,7 @@ class Session:
         argv: list[str] | None = None,
         env: tuple[str, ...] = ("OMP_NUM_THREADS",),
     ):
+        _line_buffered()
         self.benchmark = benchmark
         self.date = time.strftime("%Y-%m-%d")
         self.load_start = load()
@@ -353,3 +412,20 @@ def run_job(
     results["first_round"] = first[0] if first else None
     results["worker_lines"] = sorted(workers)
     return results
+
+
+def run_jobs(
+    jobs: dict[str, tuple[str, list[str]]],
+    timeout: float = 3600.0,
+    env: dict[str, str] | None = None,
+    workdir: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Each named ``(script, flags)`` job through :func:`run_job`, in turn, under ``workdir`` (default a temporary
+    folder, removed after): name -> its results; one line printed as each ends (wall seconds, final accuracy)."""
+    done = {}
+    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as scratch:
+        for name, (script, flags) in jobs.items():
+            results = done[name] = run_job(script, flags, workdir or scratch, re.sub(r"\W+", "-", name), timeout, env)
+            accuracy = (results.get("summary") or {}).get("final_accuracy")
+            print(f"  {name}: {results['wall']:.0f} s wall, final accuracy {accuracy}", flush=True)
+    return done

@@ -21,7 +21,6 @@ and to the last round) to ``benchmarks/results/memory_growth-<date>.json``:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -31,11 +30,10 @@ import threading
 import time
 from typing import NamedTuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.harness import print_table  # noqa: E402
+from benchmarks.harness import arguments, print_table  # noqa: E402
 from devsim.population.devices import natural_sort  # noqa: E402
 from devsim_flare.recipe import RUNTIME_ENV_DEFAULTS, apply_runtime_env_defaults  # noqa: E402
 from devsim_flare.runtime_defaults import RUNTIME_ENV_DEFAULTS_SWITCH  # noqa: E402
@@ -53,14 +51,6 @@ class Usage(NamedTuple):
     threads: int
     anon: float
     file: float
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as stream:
-            return stream.read().decode("utf-8", "replace")
-    except OSError:
-        return None
 
 
 def find_roles(root: int) -> dict[str, int]:
@@ -93,18 +83,17 @@ def find_roles(root: int) -> dict[str, int]:
 
 def read_usage(pid: int) -> Usage | None:
     """Resident memory, open fds and live threads of ``pid``, or None when it is gone."""
-    status = _read(f"/proc/{pid}/status")
-    if status is None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as stream:
+            status = stream.read().decode("utf-8", "replace")
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
         return None
 
     def field(name: str) -> int:
         match = re.search(rf"^{name}:\s+(\d+)", status, re.MULTILINE)
         return int(match.group(1)) if match else 0
 
-    try:
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
     return Usage(field("VmRSS") / 1024.0, fds, field("Threads"), field("RssAnon") / 1024.0, field("RssFile") / 1024.0)
 
 
@@ -144,7 +133,7 @@ def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
     effective = dict(os.environ, **env)
     apply_runtime_env_defaults(effective)  # what the job's build_env will do, on a copy
     runtime = {name: effective.get(name, "(unset)") for name in RUNTIME_ENV_DEFAULTS}
-    print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()), flush=True)
+    print("runtime environment: " + ", ".join(f"{k}={v}" for k, v in runtime.items()))
     round_times: dict[int, float] = {}
     samplers: list[Sampler] = []
 
@@ -254,15 +243,9 @@ def part_rounds(args) -> dict:
             when = f"{round_times[rnd] - sampler.started:.1f}" if rnd in round_times else "-"
             table.append([rnd, when, *(f"{u.rss:.1f} / {u.fds} / {u.threads}" if u else "-" for u in usages)])
         print_table(["round", "s", *roles], table)
-    return {
-        "rounds": last,
-        "wall_s": wall,
-        "samples": len(sampler.samples),
-        "usage": {
-            role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles
-        },
-        "peak": {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()},
-    }
+    usage = {role: {str(rnd): (u._asdict() if u else None) for rnd, u in usage_at[role].items()} for role in roles}
+    peaks = {role: dict(zip(("rss", "fds", "threads"), p, strict=True)) for role, p in peak.items()}
+    return dict(rounds=last, wall_s=wall, samples=len(sampler.samples), usage=usage, peak=peaks)
 
 
 def figures(args, rounds: dict, session: harness.Session) -> list[dict[str, str]]:
@@ -280,7 +263,7 @@ def figures(args, rounds: dict, session: harness.Session) -> list[dict[str, str]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=20)
@@ -288,20 +271,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20, help="samples per device in the job")
     parser.add_argument("--eval-frequency", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between /proc samples")
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=5,
-        help="report round r as the medians of the samples over rounds r-N..r+N (0: the last sample before r)",
-    )
+    parser.add_argument("--window", type=int, default=5, help="round r: medians over rounds r-N..r+N (0: at r)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is abandoned")
     parser.add_argument("--trajectory", type=int, default=0, help="also print RSS every N rounds (0: off)")
-    parser.add_argument(
-        "--nvflare-defaults",
-        action="store_true",
-        help=f"run the job with {RUNTIME_ENV_DEFAULTS_SWITCH}=0: NVFlare's and glibc's defaults, not the project's",
-    )
-    parser.add_argument("--json", action="store_true", help="write the usage and figure under benchmarks/results/")
+    parser.add_argument("--nvflare-defaults", action="store_true", help=f"run with {RUNTIME_ENV_DEFAULTS_SWITCH}=0")
     args = parser.parse_args()
     session = harness.Session("memory_growth")
     payload = {"settings": vars(args), "rounds": part_rounds(args)}

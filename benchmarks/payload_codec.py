@@ -15,7 +15,6 @@ encode time and bytes) to ``benchmarks/results/payload_codec-<date>.json``:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -27,10 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, print_table  # noqa: E402
 from devsim.codec import float_state_keys, model_to_numpy, numpy_to_tensors  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 
@@ -40,16 +38,9 @@ class MidConvNet(nn.Module):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
+        stages = ((3, 32), (32, 64), (64, 128))
         self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
+            *(layer for i, o in stages for layer in (nn.Conv2d(i, o, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)))
         )
         self.fc1 = nn.Linear(128 * 4 * 4, 448)
         self.fc2 = nn.Linear(448, num_classes)
@@ -137,11 +128,10 @@ def bench_size(name: str, repeats: int, list_repeats: int, fobs) -> tuple[int, l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per NumPy figure (after 3 warm-ups)")
     parser.add_argument("--list-repeats", type=int, default=3, help="timed runs per list figure (after 1 warm-up)")
     parser.add_argument("--sizes", default="cnn,mid,resnet18", help="comma list of cnn, mid (~1M), resnet18")
-    parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     args = parser.parse_args()
     session = Session("payload_codec")
 

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.harness import Session, print_table, run_child  # noqa: E402
+from benchmarks.harness import Session, arguments, print_table, run_child  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -67,15 +67,9 @@ def child(mode: str, devices: int, select: int, busy: int, repeats: int, trace_p
         population = DevicePopulation(1, devices, seed=0)
         population.select(0, select)
         built = time.perf_counter() - started
-        out = {"select_ms": median_ms(lambda t: population.select(int(t), select), times)}
-        return {
-            "mode": mode,
-            "build_s": built,
-            "rss_mb": rss_mb(),
-            "base_rss_mb": base_rss,
-            "peak_mb": peak_mb(),
-            **out,
-        }
+        select_ms = median_ms(lambda t: population.select(int(t), select), times)
+        memory = dict(rss_mb=rss_mb(), base_rss_mb=base_rss, peak_mb=peak_mb())
+        return dict(mode=mode, build_s=built, **memory, select_ms=select_ms)
     if mode in ("diurnal", "write"):
         availability = diurnal_availability(devices, seed=0)
         speed = derive_rng(0, "speed").lognormal(0.0, 0.5, size=devices).astype(np.float32)
@@ -100,17 +94,9 @@ def child(mode: str, devices: int, select: int, busy: int, repeats: int, trace_p
         "select_busy_ms": median_ms(lambda t: model.select_online(rng, t, select, exclude=exclude), times),
         "plan_round_ms": median_ms(lambda t: model.plan_round(int(t), t, select, work=100.0), times),
     }
-    return {
-        "mode": mode,
-        "build_s": built,
-        "index_s": built_with_index - built,
-        "intervals": int(model.availability.starts.size),
-        "array_mb": model.nbytes / 1e6,
-        "rss_mb": rss_mb(),
-        "base_rss_mb": base_rss,
-        "peak_mb": peak_mb(),
-        **out,
-    }
+    sizes = dict(intervals=int(model.availability.starts.size), array_mb=model.nbytes / 1e6)
+    memory = dict(rss_mb=rss_mb(), base_rss_mb=base_rss, peak_mb=peak_mb())
+    return dict(mode=mode, build_s=built, index_s=built_with_index - built, **sizes, **memory, **out)
 
 
 def child_run(args: argparse.Namespace, mode: str, trace_path: str) -> dict:
@@ -121,12 +107,11 @@ def child_run(args: argparse.Namespace, mode: str, trace_path: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--devices", type=int, default=1_000_000, help="population size")
     parser.add_argument("--select", type=int, default=100, help="devices per selection")
     parser.add_argument("--busy", type=int, default=100, help="in-flight devices excluded in the async selection")
     parser.add_argument("--repeats", type=int, default=24, help="selection times, spread over one day")
-    parser.add_argument("--json", action="store_true", help="write the rows and figures under benchmarks/results/")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--trace-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()

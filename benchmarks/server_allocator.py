@@ -20,10 +20,9 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, alternate, run_child  # noqa: E402
+from benchmarks.harness import Session, alternate, arguments, run_child  # noqa: E402
 
 PINNED_BYTES = 128 * 1024
 WORKLOADS = ("fedbuff arrival", "evaluation", "fedrevive synthesis", "fedrevive kd")
@@ -88,10 +87,9 @@ def evaluation() -> float:
 def fedrevive() -> tuple[float, float]:
     """Milliseconds per synthesis and per distillation at ``fedrevive_small_cpu``'s DFKD settings (the job's
     defaults), both on every arrival, read from the reviver's own counters over 20 arrivals after the gates."""
-    from benchmarks.fedrevive_profile import PRESET, drive, make_reviver
+    from benchmarks.fedrevive_profile import drive, load_preset, make_reviver
 
-    with open(PRESET, encoding="utf-8") as stream:
-        preset = json.load(stream)
+    preset = load_preset()
     reviver = make_reviver(preset, "synthesis", kd_interval=1, generation_interval=1)
     start = preset["warmup_version"] + 5
     drive(reviver, range(start), 0)
@@ -122,9 +120,8 @@ def arm_run(pinned: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--alternations", type=int, default=2, help="pinned / dynamic pairs, run in turn")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/server_allocator-<date>.json")
     parser.add_argument("--child", choices=("pinned", "dynamic"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

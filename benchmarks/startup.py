@@ -18,8 +18,6 @@ whole run's CPU seconds (comparable on a loaded machine where walls are not). ``
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import functools
 import json
 import os
@@ -32,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, commit_of, print_table, worktree  # noqa: E402
+from benchmarks.harness import REPO, Session, alternate, arguments, baseline, items, print_table  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -50,13 +48,8 @@ ARMS = {
     "nvflare-waits": {"DEVSIM_RUNTIME_ENV_DEFAULTS": "0"},
 }
 """Arm -> the environment variables it sets (over the caller's, without those any arm sets)."""
-STAGES = (
-    "command_to_server_process",
-    "server_process_to_run",
-    "run_to_ready",
-    "command_to_first_round",
-    "last_round_to_exit",
-)
+STAGES = ("command_to_server_process", "server_process_to_run", "run_to_ready")
+STAGES += ("command_to_first_round", "last_round_to_exit")
 FIGURE = "{job} start-up: command -> first round / last round -> exit"
 LABELS = {"digits": "digits demo", "penguins": "tabular task (penguins)", "fedbuff": "digits FedBuff"}
 TARGET = "<= 5 s / <= 1 s"
@@ -101,7 +94,7 @@ def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs:
     file, the probe's verdict): arm -> its runs' stages."""
 
     def done(index: int, name: str, sample: dict) -> None:
-        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round", flush=True)
+        print(f"run {index + 1}/{runs} {name}: {sample['command_to_first_round']:.1f} s to the first round")
 
     with tempfile.TemporaryDirectory(prefix="devsim-startup-") as root:
         chosen_runs = {
@@ -114,26 +107,20 @@ def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--job", choices=sorted(JOBS), default="digits", help="the run to start (default digits)")
     parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
     parser.add_argument("--arms", default="project,spawned", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is one more arm")
-    parser.add_argument("--json", action="store_true", help="write benchmarks/results/startup[-<job>]-<date>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")
-    names = [name.strip() for name in args.arms.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ARMS]
-    if unknown or "project" not in names:
-        parser.error(f"--arms: {','.join(unknown) or args.arms} not allowed; 'project' and any of {', '.join(ARMS)}")
+    names = items(parser, "--arms", args.arms, allowed=tuple(ARMS))
+    if "project" not in names:
+        parser.error(f"--arms: {args.arms} lacks project; allowed: 'project' and any of {', '.join(ARMS)}")
     job = JOBS[args.job]
-    base_commit = commit_of(args.baseline_commit) if args.baseline_commit else None
-    if args.baseline_commit and base_commit is None:
-        parser.error(f"--baseline-commit: {args.baseline_commit!r} names no commit of this repository")
     session = Session("startup" if args.job == "digits" else f"startup-{args.job}")
-    with contextlib.ExitStack() as stack:
-        baseline_tree = stack.enter_context(worktree(base_commit)) if base_commit else None
+    with baseline(parser, args.baseline_commit) as (base_commit, baseline_tree):
         if baseline_tree and not os.path.isfile(os.path.join(baseline_tree, job[0])):
             parser.error(f"--baseline-commit: {base_commit} has no {job[0]}")
         chosen = arms(names, baseline_tree)
@@ -158,19 +145,10 @@ def main() -> int:
             if name != "project"
         )
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
-        value = (
-            f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; {others})"
-        )
-        figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value, TARGET)]
-        payload = {
-            "job": job,
-            "runs": args.runs,
-            "arms": {name: ARMS.get(name, {}) for name in chosen},
-            "baseline_commit": base_commit,
-            "samples": samples,
-            "medians": medians,
-            "final_metrics": finals,
-        }
+        value = f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; "
+        figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value + f"{others})", TARGET)]
+        payload = dict(job=job, runs=args.runs, arms={name: ARMS.get(name, {}) for name in chosen})
+        payload.update(baseline_commit=base_commit, samples=samples, medians=medians, final_metrics=finals)
         session.write(payload, figures)
     return 0
 

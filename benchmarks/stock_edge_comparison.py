@@ -4,19 +4,17 @@ Three sides train the same workload (CNN, 2 leaves x ``--devices-per-leaf`` devi
 device, 1 epoch, batch 10, lr 0.05, Dirichlet 0.5 shards, seed 0), every device in every round (synchronous FedAvg),
 the global model evaluated on the same test set after every round, in NVFlare's simulator on this machine:
 
-- stock: NVFlare's edge components as ``EdgeFedBuffRecipe`` assembles them, in its flat simulator topology
-  (``jobs/pt_job_edge.py --runner stock --payloads lists``: NVFlare's ``TPORunner`` device simulator, with its
-  0.5 s pause per dispatched device and a processor copy per device, and ``BuffModelManager`` with list payloads),
+- stock: NVFlare's edge components as ``EdgeFedBuffRecipe`` assembles them (``jobs/pt_job_edge.py --runner stock
+  --payloads lists``: NVFlare's ``TPORunner`` and ``BuffModelManager`` with list payloads, see docs/environments.md),
   driving :class:`~processors.reference_edge_processor.ReferenceEdgeTaskProcessor`, a processor written the way
-  NVFlare's edge examples write theirs (model, Dataset and DataLoader built per task, weights as lists).
-  ``EdgeFedBuffRecipe`` itself imports torchvision, which this environment lacks;
+  NVFlare's edge examples write theirs (``EdgeFedBuffRecipe`` itself imports torchvision, which this environment
+  lacks);
 - edge: ``jobs/pt_job_edge.py`` with its defaults (fast device runner, NumPy payloads, this project's processor);
 - collab: ``jobs/pt_job_fedavg.py`` (this project's Collab FedAvg job) with all devices selected.
 
-Figures: steady-state seconds per round (edge jobs: ``since_previous_s`` between global model versions in
-``edge_results.json``; Collab: ``round_seconds`` in ``results.json``; both include the evaluation), median over the
-rounds after ``--warmup-rounds``, and the speed-ups stock / edge and stock / collab. Each side runs through
-``benchmarks/harness.py``'s ``run_isolated`` (own process group, HOME and workspace in a temporary folder).
+Figures: steady-state seconds per round (edge jobs: ``since_previous_s`` between global model versions; Collab:
+``round_seconds``; both include the evaluation), median over the rounds after ``--warmup-rounds``, and the
+speed-ups stock / edge and stock / collab. Each side runs through ``harness.run_isolated``.
 
     .venv/bin/python benchmarks/stock_edge_comparison.py --json
     .venv/bin/python benchmarks/stock_edge_comparison.py --devices-per-leaf 4 --rounds 3   # smoke test
@@ -31,10 +29,9 @@ import statistics
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, load, run_isolated  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, load, run_isolated  # noqa: E402
 from devsim_flare.edge.job import find_results  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
@@ -90,18 +87,17 @@ def run_stock_child(job_args: list[str]) -> int:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
         return run_stock_child(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--devices-per-leaf", type=int, default=32, help="all are selected every round")
     parser.add_argument("--samples", type=int, default=100, help="samples per device")
     parser.add_argument("--rounds", type=int, default=5, help="trained rounds (global model versions) per side")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the median")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per side before it is killed")
-    parser.add_argument("--json", action="store_true", help="write the sides and figure under benchmarks/results/")
     args = parser.parse_args()
     if args.rounds <= args.warmup_rounds:
         parser.error("--rounds must exceed --warmup-rounds")
     session = Session("stock_edge_comparison")
-    print(f"2 leaves x {args.devices_per_leaf} devices, all selected; machine: {session.where()}", flush=True)
+    print(f"2 leaves x {args.devices_per_leaf} devices, all selected; machine: {session.where()}")
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-edgecmp-") as root:
         for side in SIDES:
@@ -115,7 +111,7 @@ def main() -> int:
             steady = rounds[args.warmup_rounds :]
             median = statistics.median(steady) if steady else float("nan")
             results[side] = {"rounds": rounds, "median": median, "wall": wall, "status": status}
-            print(f"[{side}] {status}, {wall:.1f} s wall; round s: {', '.join(f'{t:.2f}' for t in rounds)}", flush=True)
+            print(f"[{side}] {status}, {wall:.1f} s wall; round s: {', '.join(f'{t:.2f}' for t in rounds)}")
     samples = 2 * args.devices_per_leaf * args.samples
     stock = results["stock"]["median"]
     print(f"\n{'side':<8} {'steady s/round':>15} {'samples/s':>11} {'stock / side':>13}")

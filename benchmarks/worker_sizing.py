@@ -13,7 +13,6 @@ settings. ``--json`` writes the rows and the figure (auto over the best fixed co
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import re
@@ -21,10 +20,9 @@ import statistics
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import Session, alternate, print_table, run_job  # noqa: E402
+from benchmarks.harness import Session, alternate, arguments, items, print_table, run_job  # noqa: E402
 
 
 def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
@@ -33,10 +31,9 @@ def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
     flags = [
         *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
         *("--device-selection-size", str(selected), "--samples-per-device", str(args.samples)),
-        *("--num-rounds", str(args.rounds), "--eval-frequency", str(args.rounds)),
+        *("--num-rounds", str(args.rounds), "--eval-frequency", str(args.rounds), "--checkpoint-frequency", "0"),
         *("--batch-size", str(args.batch_size), "--model", args.model, "--partition", "iid"),
         *("--synthetic-train-size", str(max(20000, selected * args.samples))),
-        *("--checkpoint-frequency", "0"),
         *(["--num-workers", str(workers)] if workers is not None else []),
     ]
     with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
@@ -45,7 +42,7 @@ def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--counts", default="1,2,4", help="comma list of --num-workers values to try")
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--devices-per-leaf", type=int, default=40, help="all are selected every round")
@@ -55,16 +52,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--passes", type=int, default=1, help="run all settings this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run before it is abandoned")
-    parser.add_argument("--json", action="store_true", help="write the rows and figure under benchmarks/results/")
     args = parser.parse_args()
     session = Session("worker_sizing")
-
-    settings: list[int | None] = [int(c) for c in args.counts.split(",") if c.strip()] + [None]
+    settings: list[int | None] = [*items(parser, "--counts", args.counts, int), None]
     samples = args.leaves * args.devices_per_leaf * args.samples
     runs = alternate({workers: functools.partial(run_setting, args, workers) for workers in settings}, args.passes)
     # per setting: the steady rounds (round 1 warms up) of every pass, and the last pass's plan lines
     results = {w: ([t for rounds, _ in done for t in rounds[1:] or rounds], done[-1][1]) for w, done in runs.items()}
-
     print(
         f"workload: {args.leaves} leaves x {args.devices_per_leaf} devices (all selected) x {args.samples} samples "
         f"x 1 epoch, model {args.model}, batch {args.batch_size}: {samples} device-samples per round, "
@@ -80,15 +74,13 @@ def main() -> None:
     ]
     print_table(["setting", "round 2.. times (s)", "median s", "samples/s", "vs best"], table)
     print("automatic choice, as printed by the leaves:\n  " + "\n  ".join(results[None][1]))
-    print(
-        f"auto throughput / best ({label[best]}): {throughput[None] / throughput[best]:.2f} "
-        f"({throughput[None]:,.0f} vs {throughput[best]:,.0f} samples/s)"
-    )
+    print(f"auto / best ({label[best]}): {throughput[None] / throughput[best]:.2f} ({throughput[None]:,.0f} samples/s)")
     chosen = {int(m.group(1)) for line in results[None][1] if (m := re.search(r"workers=(\d+)", line))}
     if len(chosen) == 1 and (same := chosen.pop()) in throughput:
         print(
-            f"auto chose workers={same} on every leaf, the same as the fixed setting: auto / workers={same} = "
-            f"{throughput[None] / throughput[same]:.2f} is this run's noise between identical settings"
+            f"auto chose workers={same} on every leaf: auto / workers={same} = "
+            f"{throughput[None] / throughput[same]:.2f}"
+            " is this run's noise between identical settings"
         )
     if args.json:
         rows = [

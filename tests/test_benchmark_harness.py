@@ -124,3 +124,30 @@ def test_session_command_names_the_watched_environment_that_is_set(monkeypatch):
     script = os.path.join(harness.REPO, "benchmarks", "demo.py")
     session = harness.Session("demo", script=script, argv=["--json"], env=("DEVSIM_TEST_CHUNK", "DEVSIM_TEST_UNSET"))
     assert session.command == "DEVSIM_TEST_CHUNK='1 2' .venv/bin/python benchmarks/demo.py --json"
+
+
+def test_items_reads_a_comma_list_and_names_the_flag_on_bad_input(capsys):
+    parser = harness.arguments("demo")
+    assert harness.items(parser, "--seeds", "0, 1,2,", int) == [0, 1, 2]
+    assert harness.items(parser, "--arms", "a,b", allowed=("a", "b", "c")) == ["a", "b"]
+    for text, kind, allowed, message in (
+        ("0,x", int, (), "--seeds: '0,x' is not a comma list of int values"),
+        (" , ", str, (), "--seeds: ' , ' is not a comma list"),
+        ("a,z", str, ("a", "b"), "--seeds: z not allowed; allowed: a, b"),
+    ):
+        with pytest.raises(SystemExit):
+            harness.items(parser, "--seeds", text, kind, allowed)
+        assert message in capsys.readouterr().err
+
+
+def test_baseline_without_a_commit_is_none_and_an_unknown_one_is_one_error(capsys):
+    parser = harness.arguments("demo")
+    with harness.baseline(parser, None) as (commit, folder):
+        assert (commit, folder) == (None, None)
+    with pytest.raises(SystemExit), harness.baseline(parser, "no-such-rev-47"):
+        pass
+    assert "--baseline-commit: 'no-such-rev-47' names no commit of this repository" in capsys.readouterr().err
+
+
+def test_best_accuracy_skips_rounds_without_one():
+    assert harness.best_accuracy({"rounds": [{"accuracy": 0.5}, {"round": 2}, {"accuracy": 0.75}]}) == 0.75

@@ -50,11 +50,16 @@ def published_scripts(results_dir: str = os.path.join(BENCHMARKS, "results")) ->
 
 
 def defines_json_flag(source: str) -> bool:
-    """Whether an ``add_argument`` call of the source declares ``--json``."""
+    """Whether the source declares ``--json``: an ``add_argument("--json", ...)`` call, or its parser made by
+    ``harness.arguments`` (which adds the flag)."""
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            if any(isinstance(a, ast.Constant) and a.value == "--json" for a in node.args):
-                return True
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name == "arguments" or (
+            name == "add_argument" and any(isinstance(a, ast.Constant) and a.value == "--json" for a in node.args)
+        ):
+            return True
     return False
 
 
@@ -98,6 +103,7 @@ def test_the_scripts_without_figures_exist():
 def test_the_checks_fail_on_a_script_without_the_flag(tmp_path):
     assert not defines_json_flag('p.add_argument("--rounds")\nprint("--json")\n')
     assert defines_json_flag('p.add_argument("--json", action="store_true")\n')
+    assert defines_json_flag("p = harness.arguments(__doc__)\n") and defines_json_flag("p = arguments(__doc__)\n")
     results = tmp_path / "results"
     results.mkdir()
     figure = {"figure": "x", "command": ".venv/bin/python benchmarks/no_such.py --sweep"}

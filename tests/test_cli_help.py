@@ -17,7 +17,8 @@ SCRIPTS = sorted(
     path
     for folder in ("benchmarks", "jobs", "scripts")
     for path in (ROOT / folder).glob("*.py")
-    if "argparse" in path.read_text() or "command_line()" in path.read_text() or "cli import main" in path.read_text()
+    if "__main__" in path.read_text()
+    and any(mark in path.read_text() for mark in ("argparse", "command_line()", "cli import main", "arguments(__doc__"))
 )
 
 

@@ -4,7 +4,7 @@ Not an example of real data (see examples/): a seeded stand-in with the shape of
 enough that a round's training, not messaging, sets its time. 2,000 owners hold 20-180 readings each (about 200,000
 in all); a reading is 24 features (a window of 8 readings of a 3-axis sensor, flattened) whose class (one of 6
 activities) shifts the axes' means; each owner adds their own offset, so shards differ as users do.
-``benchmarks/task_round.py --task benchmarks/tasks/sensor_mlp_task.py`` measures its round against the tight loop.
+``benchmarks/round_overhead.py --task benchmarks/tasks/sensor_mlp_task.py`` measures its round against the tight loop.
 """
 
 from __future__ import annotations
