@@ -52,6 +52,7 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         leftovers = end_leftovers(str(tmp_path), wait=2)
+    print(f"Ctrl-C at round 2: exit {proc.returncode} in {seconds:.2f}s")
     assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
     assert not leftovers, leftovers
     assert not [n for n in _exchange_folders() if n.split("-")[2] in {str(pid) for pid in server_pids}]
@@ -107,6 +108,7 @@ def _ctrl_c_while_the_poc_system_starts(args: list[str], tmp_path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         leftovers = end_leftovers(str(tmp_path), wait=2)
+    print(f"Ctrl-C while the POC system starts: exit {proc.returncode} in {seconds:.2f}s")
     assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
     assert "still starting" in output and not leftovers, leftovers
 
@@ -181,6 +183,7 @@ def test_poc_run_goes_on_past_a_killed_leaf_job_process(tmp_path):
         killed_at = time.monotonic()
         rounds = _wait_for_round(run_dir, 3, proc, timeout=120)
         stall = time.monotonic() - killed_at
+        print(f"stall from the kill at round 2 to round 3: {stall:.2f}s")
         output, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, output[-4000:]
         results = find_results(run_dir)
