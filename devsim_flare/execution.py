@@ -213,8 +213,9 @@ def run_recipe(
     poc_root = os.environ.get("NVFLARE_POC_WORKSPACE") if args.env == "poc" else None
     processes = (lambda: processes_under(poc_root)) if poc_root else None
     since = time.time()
+    recorded = functools.partial(_results_say, config, since, "rounds")  # before a round: nothing to save
     ended = functools.partial(_run_ended, config, since)
-    stopper = StopOnSignals(config.output_dir, server_stopped=ended, processes=processes)
+    stopper = StopOnSignals(config.output_dir, server_stopped=ended, processes=processes, ask_server=recorded)
     with services_stopped_at_exit(poc_root), stopper as signals:
         code = _run_attempts(make_recipe, args, config, env, workspace, signals)
     remove_orphan_exchanges()
@@ -253,6 +254,8 @@ def _report_stop(config: SimulationConfig, signals) -> int:
 
 def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: str, signals) -> int:
     """Execute the job (twice in sim when a leaf lost its port at start); wait for it outside sim; report."""
+    from devsim_flare.run_signals import StartInterrupted
+
     attempts = 2 if args.env == "sim" else 1
     for attempt in range(1, attempts + 1):
         started, submitted = time.perf_counter(), time.time()
@@ -269,7 +272,10 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                         run = None  # stopped on purpose once the results were complete, or on a signal
             else:
                 try:
-                    run = make_recipe().execute(env)
+                    with signals.starting():  # poc: a signal ends the start at once (StartInterrupted)
+                        run = make_recipe().execute(env)
+                except StartInterrupted:
+                    return signals.exit_code  # run_recipe stops the services and reports
                 except Exception:  # poc: a signal while the system starts (its services were stopped under it)
                     if signals.signum is None:
                         raise
@@ -298,7 +304,7 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
 
         from devsim_flare.deployment.poc import BackgroundStatus
 
-        followed = BackgroundStatus(run, poc_root=os.environ.get("NVFLARE_POC_WORKSPACE"))
+        followed = BackgroundStatus(run, poc_root=os.environ.get("NVFLARE_POC_WORKSPACE"), output_dir=config.output_dir)
         status, result = wait_for_job(
             followed, args.job_timeout, lambda: _run_ended(config, since=submitted), stopped=stopped
         )

@@ -33,6 +33,7 @@ from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group
 from devsim.resources.precision import apply_tf32
 from devsim.shared_arrays import received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
+from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unmark_lost
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
 
@@ -60,11 +61,14 @@ class LeafNode:
         self.processor = processor
         self._runner: LeafRoundRunner | None = None
         self._startup: dict[str, float] | None = None
+        self._lost_mark: str | None = None
 
     @collab.init
     def start(self) -> None:
         """Load data, size and build the worker pool (runs once when the job starts on this site)."""
         started = time.time()
+        if in_job_process():  # POC, prod: a killed job process reads as a lost leaf, not as a failed job
+            self._lost_mark = mark_lost_if_killed(collab.context.workspace.get_run_dir(collab.fl_ctx.get_job_id()))
         parts = SetupParts()
         with parts.measure("import"):  # the project's modules, from the job's custom/ folder
             processor_cls = _import_class(self.processor)
@@ -291,6 +295,8 @@ class LeafNode:
 
     @collab.final
     def stop(self) -> None:
+        if self._lost_mark is not None:
+            unmark_lost(self._lost_mark)
         if self._runner is not None:
             self._runner.close()
             self._runner = None

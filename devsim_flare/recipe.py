@@ -30,6 +30,10 @@ SHIPPED_DATA = ("app_configs",)
 # runtime starts each client with two pulled tasks (sync, setup), so the default costs ~2 s of idle start-up
 # per job; device jobs themselves travel as Collab calls, not pulled tasks.
 TASK_REQUEST_INTERVAL = 0.2
+DEAD_CLIENT_GRACE_SECONDS = 1e9
+"""NVFlare's ``dead_client_grace_period`` for the job's server: seconds after a client's death is reported before
+its controller counts the client disconnected and aborts the job when fewer than the job's ``min_clients`` (every
+leaf) remain (60 s by default). The run's own rule, ``--min-leaves``, decides about lost leaves instead."""
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,6 +62,7 @@ class DevsimRecipe(CollabRecipe):
         # and all they import to find what to copy (~0.6 s of the command's CPU before the simulator starts)
         job.set_app_packages(list(SHIPPED_PACKAGES))
         job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
+        job.to_server({"dead_client_grace_period": DEAD_CLIENT_GRACE_SECONDS})
         targets = self.configured_sites() or [ALL_SITES]
         if self.app_params:
             job.to_server(dict(self.app_params))

@@ -12,6 +12,12 @@ command runs a job, :class:`StopOnSignals` takes both signals:
    anyway; the run's last periodic checkpoint and every round already in ``results.json`` remain.
 2. A second signal stops every process at once (SIGKILL).
 
+While the run's environment is still starting (POC: provisioning and starting the POC services and submitting the
+job, inside NVFlare's ``execute``; see :meth:`StopOnSignals.starting`), no server runs the job yet and there is
+nothing to save: the first signal ends the start at once with :class:`StartInterrupted`, raised in the main thread,
+and the caller stops what the start had launched (NVFlare's job submission would otherwise retry the stopped
+server for about 10 s).
+
 The command then exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it.
 """
 
@@ -23,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from devsim_flare.stop_request import clear_stop, request_stop
 
@@ -33,6 +40,13 @@ TERM_SECONDS = 1.0
 KILL_WAIT_SECONDS = 1.0
 """Seconds :func:`stop_processes` waits, at most, for processes to be gone after SIGKILL."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StartInterrupted(BaseException):
+    """A signal arrived while the run's environment was still starting (see :meth:`StopOnSignals.starting`).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: NVFlare's start-up code retries on ``Exception``, which would
+    swallow it."""
 
 
 def signal_name(signum: int) -> str:
@@ -191,6 +205,8 @@ class StopOnSignals:
     its workspace); ``force`` stops them (default: :func:`stop_processes`), given the seconds between SIGTERM
     and SIGKILL. ``ask_server=False`` (a server that cannot honour a stop request: the edge job): the first signal
     stops the processes at once (SIGTERM, SIGKILL :data:`TERM_SECONDS` later); what the server wrote is kept.
+    ``ask_server`` may be a callable, asked at the first signal (sim, POC: whether the server has recorded a round
+    yet; before that it has nothing to save, and the grace period would only delay the stop).
     :attr:`signum` is the first signal received (None when none), :attr:`exit_code` 128 + its number.
     """
 
@@ -201,7 +217,7 @@ class StopOnSignals:
         grace_seconds: float = STOP_GRACE_SECONDS,
         server_stopped=None,
         processes=None,
-        ask_server: bool = True,
+        ask_server: bool | Callable[[], bool] = True,
     ):
         self.output_dir = output_dir
         self.ask_server = ask_server
@@ -213,6 +229,7 @@ class StopOnSignals:
         self.forced = threading.Event()
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
+        self._starting = False
 
     @property
     def exit_code(self) -> int | None:
@@ -234,8 +251,27 @@ class StopOnSignals:
         if self.ask_server:
             clear_stop(self.output_dir)
 
+    @contextlib.contextmanager
+    def starting(self):
+        """While this ``with`` block runs (in the main thread), the first signal raises :class:`StartInterrupted`
+        there, and so does entering it after a signal came."""
+        if self.signum is not None:
+            raise StartInterrupted(signal_name(self.signum))
+        self._starting = True
+        try:
+            yield
+        finally:
+            self._starting = False
+
     def _handle(self, signum: int, frame) -> None:
         name = signal_name(signum)
+        if self.signum is None and callable(self.ask_server) and not self.ask_server():
+            self.ask_server = False  # nothing to save yet: stop the processes at once
+        if self.signum is None and self._starting:
+            self.signum = signum
+            self._starting = False
+            print(f"\n{name}: the run was still starting; stopping what it started", file=sys.stderr, flush=True)
+            raise StartInterrupted(name)
         if self.signum is None and not self.ask_server:
             self.signum = signum
             print(

@@ -16,7 +16,7 @@ from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_men
 def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
     """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) at round 2: exit 130 within 5 s, the
     server's results and checkpoint written, no process, /dev/shm folder or listening port left; ``--resume``
-    then completes the run in POC."""
+    then completes the run in POC. First, a Ctrl-C while the POC system starts ends the command as fast."""
     import subprocess
     import sys
 
@@ -26,6 +26,7 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
 
     run_dir = tmp_path / "run"
     args = [*SMALL_RUN, "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"]
+    _ctrl_c_while_the_poc_system_starts(args, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(run_dir)],
         cwd=tmp_path,
@@ -51,6 +52,7 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         leftovers = end_leftovers(str(tmp_path), wait=2)
+    print(f"Ctrl-C at round 2: exit {proc.returncode} in {seconds:.2f}s")
     assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
     assert not leftovers, leftovers
     assert not [n for n in _exchange_folders() if n.split("-")[2] in {str(pid) for pid in server_pids}]
@@ -74,6 +76,41 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
     finally:
         leftovers = end_leftovers(str(tmp_path))
     assert not leftovers, leftovers
+
+
+def _ctrl_c_while_the_poc_system_starts(args: list[str], tmp_path) -> None:
+    """Ctrl-C once the POC server's service runs, before any job: the command ends within 5 s with 130 and stops
+    every process it started (NVFlare's job submission would otherwise retry the stopped server for ~10 s)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, isolated_env
+
+    proc = subprocess.Popen(
+        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(tmp_path / "started")],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not [p for p in processes_mentioning(str(tmp_path / "poc")) if "server_train" in p]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        seconds = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    print(f"Ctrl-C while the POC system starts: exit {proc.returncode} in {seconds:.2f}s")
+    assert proc.returncode == 130 and seconds < 5, (proc.returncode, seconds, output[-3000:])
+    assert "still starting" in output and not leftovers, leftovers
 
 
 def _exchange_folders() -> list[str]:
@@ -115,7 +152,10 @@ def test_poc_runs_a_user_task_from_the_job_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_poc_run_survives_a_killed_leaf(tmp_path):
+def test_poc_run_goes_on_past_a_killed_leaf_job_process(tmp_path):
+    """SIGKILL of one leaf's NVFlare job process (as the OOM killer sends it) at round 2: NVFlare does not fail the
+    job, the server finds the leaf lost within seconds (not after the round timeout, 60 s or more here), and the
+    run reaches its last round without it."""
     import subprocess
     import sys
 
@@ -124,24 +164,8 @@ def test_poc_run_survives_a_killed_leaf(tmp_path):
     run_dir = tmp_path / "run"
     args = [
         *SMALL_RUN,
-        "--num-leaf-nodes",
-        "3",
-        "--num-rounds",
-        "8",
-        "--round-timeout",
-        "20",
-        "--min-leaves",
-        "1",
-        "--min-devices-fraction",
-        "0.3",
-        "--env",
-        "poc",
-        "--workspace",
-        str(tmp_path / "ws"),
-        "--output-dir",
-        str(run_dir),
-        "--job-timeout",
-        "600",
+        *("--num-leaf-nodes", "3", "--num-rounds", "8", "--min-leaves", "1", "--min-devices-fraction", "0.3"),
+        *("--env", "poc", "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir), "--job-timeout", "600"),
     ]
     proc = subprocess.Popen(
         [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args],
@@ -151,27 +175,42 @@ def test_poc_run_survives_a_killed_leaf(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    killed = []
     try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and not killed:
-            results = run_dir / "results.json"
-            if results.exists() and '"round": 2' in results.read_text():
-                for line in processes_mentioning(str(tmp_path)):
-                    pid, cmdline = line.split(":", 1)
-                    if "site-3" in cmdline:
-                        os.kill(int(pid), signal.SIGKILL)
-                        killed.append(cmdline)
-            time.sleep(0.5)
-        assert killed, "the job never reached round 2"
+        _wait_for_round(run_dir, 2, proc, timeout=400)
+        jobs = [p for p in processes_mentioning(str(tmp_path)) if "worker_process" in p and "site-3" in p]
+        assert len(jobs) == 1, jobs
+        os.kill(int(jobs[0].split(":", 1)[0]), signal.SIGKILL)
+        killed_at = time.monotonic()
+        rounds = _wait_for_round(run_dir, 3, proc, timeout=120)
+        stall = time.monotonic() - killed_at
+        print(f"stall from the kill at round 2 to round 3: {stall:.2f}s")
         output, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, output[-4000:]
-        assert "aborting the job" in output or "FINISHED" in output
         results = find_results(run_dir)
+        assert [r["round"] for r in results["rounds"]] == list(range(1, 9)), output[-4000:]
         assert results["rounds"][-1]["dead_leaves"] == ["site-3"], [r["dead_leaves"] for r in results["rounds"]]
-        assert [r["round"] for r in results["rounds"]] == list(range(1, 9))
         assert results["summary"]["final_accuracy"] > 0.3
+        assert "leaf site-3 lost (its job process's connection" in output, output[-4000:]  # the leaf and the cause
+        assert stall < 10, (stall, rounds)
     finally:
         if proc.poll() is None:
             proc.kill()
-        end_leftovers(str(tmp_path))
+        leftovers = end_leftovers(str(tmp_path))
+    assert not leftovers, leftovers
+
+
+def _wait_for_round(run_dir, k: int, proc, timeout: float) -> list[int]:
+    """Wait until results.json in ``run_dir`` holds round ``k``; returns the rounds it holds."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        try:
+            rounds = [r["round"] for r in json.loads((run_dir / "results.json").read_text()).get("rounds", [])]
+        except (OSError, ValueError):
+            rounds = []
+        if k in rounds:
+            return rounds
+        time.sleep(0.1)
+    raise AssertionError(f"no round {k} within {timeout:g}s")

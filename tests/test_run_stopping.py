@@ -13,8 +13,8 @@ import pytest
 
 from devsim.observe.round_timeout import FIRST_SECONDS, FLOOR_SECONDS, MULTIPLE, RoundTimeout
 from devsim_flare.leaf_calls import LeafCalls, LeafLost, LeafOutcome, RunStopped
-from devsim_flare.leaf_liveness import CONNECTION_CLOSED, DEAD_JOB_REPORTED, LeafLiveness
-from devsim_flare.run_signals import StopOnSignals, stop_processes
+from devsim_flare.leaf_liveness import CONNECTION_CLOSED, DEAD_JOB_REPORTED, JOB_CELL_GONE, LeafLiveness
+from devsim_flare.run_signals import StartInterrupted, StopOnSignals, stop_processes
 from devsim_flare.stop_request import STOP_FILE, StopRequest, clear_stop, request_stop
 
 
@@ -71,6 +71,134 @@ def test_liveness_reads_dead_job_reports():
     assert liveness.check() == {}
     reports.add("site-1")
     assert liveness.check() == {"site-1": DEAD_JOB_REPORTED}
+
+
+def test_liveness_probe_loses_a_leaf_whose_job_cell_left_its_client_twice_in_a_row():
+    answers: dict[str, bool | None] = {"site-1": True, "site-2": True, "site-3": None}
+    asked: list[dict] = []
+
+    def probe(job_cells):
+        asked.append(dict(job_cells))
+        return {leaf: answers[leaf] for leaf in job_cells}
+
+    cells = {leaf: f"{leaf}.job" for leaf in answers}
+    liveness = LeafLiveness(cells, lambda: [], probe=probe, probe_seconds=0.0)
+
+    def probed() -> dict[str, str]:  # one check, then its probe (a thread) answered
+        count = len(asked)
+        found = liveness.check()
+        deadline = time.monotonic() + 5
+        while (len(asked) == count or liveness._probing) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return found
+
+    probed()
+    assert asked[0] == cells and liveness._reached == {"site-1", "site-2"}  # site-3 never answered: no verdict
+    answers.update({"site-1": False, "site-2": False, "site-3": False})
+    assert probed() == {}
+    answers["site-1"] = True  # back (a client that reconnected): the count starts again
+    assert probed() == {}
+    assert probed() == {"site-2": JOB_CELL_GONE}  # two answers without its job cell, in a row
+    assert "site-1" not in liveness.lost and "site-3" not in liveness.lost  # never seen: never lost
+    assert "site-2" not in asked[-1]  # a lost leaf is no longer asked about
+
+
+def test_lost_leaf_calls_are_released_as_nvflare_ends_a_failed_request():
+    """The server job's requests to a lost leaf's job cell end at once with a communication error (NVFlare's own
+    waiter objects); requests to other cells, or whose reply is arriving, are left alone."""
+    from nvflare.fuel.f3.cellnet.cell import SimpleWaiter
+    from nvflare.fuel.f3.cellnet.defs import MessageHeaderKey, ReturnCode
+
+    from devsim_flare.leaf_liveness import release_calls
+
+    class Cell:
+        requests_dict = {
+            "a": SimpleWaiter("a", "site-2.job", None),
+            "b": SimpleWaiter("b", "site-1.job", None),
+            "c": SimpleWaiter("c", "site-2.job", None),
+        }
+
+    Cell.requests_dict["c"].in_receiving.set()  # its reply is being received
+    assert release_calls(Cell(), "site-2.job", "leaf lost") == 1
+    released = Cell.requests_dict["a"]
+    assert released.in_receiving.is_set() and released.stream_error == "leaf lost"
+    assert released.result.get_header(MessageHeaderKey.RETURN_CODE) == ReturnCode.COMM_ERROR
+    assert not Cell.requests_dict["b"].in_receiving.is_set() and Cell.requests_dict["c"].stream_error is None
+    assert release_calls(None, "site-2.job", "leaf lost") == 0
+
+
+def test_liveness_releases_each_lost_leaf_once():
+    released = []
+    reports = {"site-2"}
+    liveness = LeafLiveness(
+        {"site-1": "site-1.job", "site-2": "site-2.job"},
+        lambda: [],
+        lambda: reports,
+        release=lambda cell, cause: released.append((cell, cause)),
+    )
+    liveness.check()
+    liveness.check()
+    assert released == [("site-2.job", DEAD_JOB_REPORTED)]
+
+
+def test_liveness_probe_failure_is_no_verdict():
+    def probe(job_cells):
+        raise RuntimeError("no cell")
+
+    liveness = LeafLiveness({"site-1": "site-1.job"}, lambda: [], probe=probe, probe_seconds=0.0)
+    for _ in range(5):
+        assert liveness.check() == {}
+        time.sleep(0.01)
+    assert liveness.lost == {}
+
+
+_JOB_PROCESS = """
+import os, signal, sys
+from nvflare.fuel.f3.mpm import MainProcessMonitor as mpm
+from devsim_flare.leaf_liveness import mark_lost_if_killed
+
+def main(mode):
+    mark_lost_if_killed(sys.argv[2])
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "raise":
+        raise RuntimeError("a real failure of the job process")
+    return 0
+
+sys.exit(mpm.run(main_func=main, run_dir=sys.argv[2], shutdown_grace_time=0, cleanup_grace_time=1, mode=sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize(("mode", "reported"), [("kill", 137), ("raise", 101), ("return", 0)])
+def test_killed_leaf_job_process_reads_as_lost_not_failed_and_real_failures_still_count(tmp_path, mode, reported):
+    """NVFlare's job-process entry (``mpm.run``) with the leaf's mark: the client parent's reading of the exit code
+    (NVFlare's ``get_return_code``) gives 137 for a killed process, which the server does not fail the job for,
+    and the process's own code for an orderly exit, an exception included."""
+    import logging
+
+    from nvflare.apis.job_launcher_spec import JobReturnCode
+    from nvflare.app_common.job_launcher.process_launcher import JOB_RETURN_CODE_MAPPING
+    from nvflare.private.fed.client.client_executor import REPORTABLE_JOB_FAILURES
+    from nvflare.private.fed.utils.fed_utils import get_return_code
+
+    from tests.conftest import REPO
+
+    run_dir = tmp_path / "job-1"
+    run_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": REPO}
+    child = subprocess.run([sys.executable, "-c", _JOB_PROCESS, mode, str(run_dir)], env=env, timeout=60)
+
+    class Handle:  # what NVFlare's ProcessHandle.poll gives for this exit
+        def poll(self):
+            return JOB_RETURN_CODE_MAPPING.get(child.returncode, JobReturnCode.EXECUTION_ERROR)
+
+    code = get_return_code(Handle(), "job-1", str(tmp_path), logging.getLogger("test"))
+    if mode == "raise":  # the launcher's code (1) is then read as the job's exception (101) while it ran
+        assert child.returncode == reported and code == JobReturnCode.EXECUTION_ERROR
+    else:
+        assert code == reported, (child.returncode, code)
+    assert (reported in REPORTABLE_JOB_FAILURES) == (mode == "raise")
+    assert not (run_dir / "_process_rc.txt").exists()  # read and removed by the parent, or never left
 
 
 class _FakeCalls(LeafCalls):
@@ -156,6 +284,27 @@ def test_first_signal_requests_a_stop_second_forces(tmp_path):
         assert forced == [0.0] and signals.forced.is_set()
     assert signal.getsignal(signal.SIGINT) is before  # restored
     assert not (tmp_path / STOP_FILE).exists()  # cleared for a later --resume
+
+
+def test_signal_while_starting_ends_the_start_at_once(tmp_path):
+    """A signal while the environment starts raises StartInterrupted in the main thread, through code that retries
+    on Exception (as NVFlare's job submission does), and no stop request is left for a server that never ran."""
+    retries = []
+    with StopOnSignals(str(tmp_path), force=lambda seconds: None, grace_seconds=30.0) as signals:
+        started = time.monotonic()
+        with pytest.raises(StartInterrupted):
+            with signals.starting():
+                threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+                while time.monotonic() - started < 10:
+                    try:
+                        time.sleep(0.05)
+                    except Exception:  # noqa: BLE001 - a retry loop of the kind StartInterrupted must pass through
+                        retries.append(1)
+        assert time.monotonic() - started < 2 and not retries
+        assert signals.exit_code == 130 and not (tmp_path / STOP_FILE).exists()
+        with pytest.raises(StartInterrupted):  # a start begun after the signal ends at once too
+            with signals.starting():
+                pass
 
 
 def test_grace_period_forces_the_stop(tmp_path):
@@ -296,6 +445,39 @@ def test_without_asking_the_server_the_first_signal_stops_the_processes(tmp_path
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_before_the_first_round_the_first_signal_stops_at_once(tmp_path, recorded):
+    """``ask_server`` as a callable: before the server has recorded a round there is nothing to save, and the
+    first signal stops the processes without the grace period; after one, it asks the server."""
+    forced = []
+    with StopOnSignals(str(tmp_path), force=forced.append, grace_seconds=30.0, ask_server=lambda: recorded) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not forced and not recorded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert signals.exit_code == 143
+        assert forced == ([] if recorded else [1.0])
+        assert (tmp_path / STOP_FILE).exists() == recorded
+
+
+def test_leaf_losses_are_printed_once_each_from_the_server_records(tmp_path, capsys):
+    import json
+
+    from devsim_flare.deployment.poc import LeafLosses
+
+    losses = LeafLosses(str(tmp_path))
+    assert losses.report() == []  # no results yet
+    records = [{"round": 1}, {"round": 2, "leaves_lost": {"site-3": JOB_CELL_GONE}}]
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": records}))
+    assert losses.report() == [f"[server] round 2: leaf site-3 lost ({JOB_CELL_GONE}); the run goes on without it"]
+    records.append({"version": 7, "leaves_lost": {"site-1": "stopped answering (x)", "site-3": "again"}})
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": records}))
+    os.utime(tmp_path / "results.json", (time.time() + 5, time.time() + 5))  # a later rewrite
+    lost = losses.report()
+    assert lost == ["[server] version 7: leaf site-1 lost (stopped answering (x)); the run goes on without it"]
+    assert losses.report() == [] and "site-3 lost" in capsys.readouterr().out
 
 
 def test_leaf_failure_names_the_leaf_and_why_nvflare_ended_the_job(tmp_path):

@@ -176,6 +176,7 @@ class AsyncLeafTraffic:
     def _mark_dead(self, leaf: str, why: str) -> None:
         """Drop ``leaf`` from the run; stops the run below ``--min-leaves``."""
         self.dead_leaves.add(leaf)
+        self.new_losses[leaf] = why.splitlines()[0] if why else why
         alive = len(self.leaves) - len(self.dead_leaves)
         if alive < self.config.min_leaves:
             raise AsyncRunError(

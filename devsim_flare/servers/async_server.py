@@ -153,6 +153,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         self._in_flight: set[JobKey] = set()
         """Jobs sent to a leaf whose call has not come back (at most ``--concurrency`` plus wrong guesses)."""
         self.dead_leaves: set[str] = set()
+        self.new_losses: dict[str, str] = {}  # leaf -> why, lost since the last record (leaves_lost)
         self.planned_losses = config.leaf_losses()
         self.lost_at: dict[str, float] = {}
         """Leaves lost by ``--lose-leaf`` -> the simulated time they were lost at."""
@@ -273,6 +274,8 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                         **self.method_record(),
                         **(self.privacy.last if self.privacy is not None else {}),
                     }
+                    if self.new_losses:  # read by the POC command, which does not see the server's console
+                        record["leaves_lost"], self.new_losses = self.new_losses, {}
                     recorder.add_round(record)
                     metrics.after_round(self.scheduler.version, record, prefix="version")
                     metrics.histogram(self.scheduler.version, "async/staleness", np.asarray(window_staleness))

@@ -175,6 +175,7 @@ class SyncServer:
         )
         self.exchange = open_exchange(config.shared_memory)
         self.dead_leaves: set[str] = set()
+        self.new_losses: dict[str, str] = {}  # leaf -> why, lost since the last round record (leaves_lost)
         self.validator = UpdateValidator(
             self.weights,
             max_norm=config.max_update_norm,
@@ -438,6 +439,8 @@ class SyncServer:
         answered = sum(len(p["device_metrics"]["device_id"]) for p in accepted.values())
         record.update(answered_devices=answered, rejected_leaves=rejected, **counts)
         record["dead_leaves"] = sorted(self.dead_leaves)
+        if self.new_losses:  # read by the POC command, which does not see the server's console
+            record["leaves_lost"], self.new_losses = self.new_losses, {}
         if selected or self.privacy is None:  # Poisson sampling may select nobody: then the round is noise only
             min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
         return accepted
@@ -479,6 +482,7 @@ class SyncServer:
                     self.exchange.discard(shared)
         if errors:
             self.dead_leaves.update(errors)
+            self.new_losses.update({leaf: str(error).splitlines()[0] for leaf, error in errors.items()})
             alive = len(self.leaves) - len(self.dead_leaves)
             reasons = "; ".join(f"{leaf}: {errors[leaf]}" for leaf in sorted(errors))
             if alive < self.config.min_leaves:
