@@ -102,6 +102,20 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
     return proc
 
 
+def start_job(script: str, args: list[str], tmp_path) -> subprocess.Popen:
+    """Start ``jobs/<script>`` in its own session, as a terminal runs a command (``os.killpg(proc.pid, SIGINT)`` is
+    its Ctrl-C), stdout and stderr merged into one text pipe; the caller stops it."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "jobs", script), *args],
+        cwd=tmp_path,
+        env=isolated_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_in_group(cmd: list[str], tmp_path, timeout: float, label: str) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group with an isolated HOME; the whole group is killed on timeout.
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import torch
 
 from devsim_flare.leaf_liveness import CONNECTION_CLOSED, DEAD_JOB_REPORTED
-from tests.conftest import REPO, SMALL_RUN, end_leftovers, find_results, isolated_env, run_job
+from tests.conftest import SMALL_RUN, end_leftovers, find_results, run_job, start_job
 
 RUN = [*SMALL_RUN, "--num-rounds", "30", "--device-batch", "off"]
 """One device at a time: with ``auto`` each leaf chooses batched training or not from a timing probe, so two runs
@@ -27,15 +25,7 @@ class _Job:
     """A job command in its own session (as a terminal runs it), its output read line by line."""
 
     def __init__(self, args: list[str], tmp_path, script: str = "pt_job_fedavg.py"):
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "jobs", script), *args],
-            cwd=tmp_path,
-            env=isolated_env(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        self.proc = start_job(script, args, tmp_path)
         self.lines: list[str] = []
         self.round_seen: dict[int, float] = {}
 

@@ -251,19 +251,11 @@ def test_ctrl_c_stops_the_edge_run_keeping_its_results(tmp_path):
     evaluated version in the results, no process of the run left."""
     import signal
 
-    from tests.conftest import end_leftovers, isolated_env
+    from tests.conftest import end_leftovers, start_job
 
     workspace, output = tmp_path / "ws", tmp_path / "out"
     args = [*EDGE_RUN, "--num-versions", "200", "--workspace", str(workspace), "--output-dir", str(output)]
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *args],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_job("pt_job_edge.py", args, tmp_path)
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240

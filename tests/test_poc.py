@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_mentioning, run_job
+from tests.conftest import SMALL_RUN, end_leftovers, find_results, processes_mentioning, run_job, start_job
 
 
 @pytest.mark.slow
@@ -17,25 +17,12 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
     """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) at round 2: exit 130 within 5 s, the
     server's results and checkpoint written, no process, /dev/shm folder or listening port left; ``--resume``
     then completes the run in POC. First, a Ctrl-C while the POC system starts ends the command as fast."""
-    import subprocess
-    import sys
-
     import psutil
-
-    from tests.conftest import REPO, isolated_env
 
     run_dir = tmp_path / "run"
     args = [*SMALL_RUN, "--env", "poc", "--workspace", str(tmp_path / "ws"), "--job-timeout", "600"]
     _ctrl_c_while_the_poc_system_starts(args, tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(run_dir)],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_job("pt_job_fedavg.py", [*args, "--output-dir", str(run_dir)], tmp_path)
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
@@ -81,20 +68,7 @@ def test_poc_run_stops_on_ctrl_c_then_resumes_completes_and_learns(tmp_path):
 def _ctrl_c_while_the_poc_system_starts(args: list[str], tmp_path) -> None:
     """Ctrl-C once the POC server's service runs, before any job: the command ends within 5 s with 130 and stops
     every process it started (NVFlare's job submission would otherwise retry the stopped server for ~10 s)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, isolated_env
-
-    proc = subprocess.Popen(
-        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args, "--output-dir", str(tmp_path / "started")],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_job("pt_job_fedavg.py", [*args, "--output-dir", str(tmp_path / "started")], tmp_path)
     try:
         deadline = time.monotonic() + 300
         while not [p for p in processes_mentioning(str(tmp_path / "poc")) if "server_train" in p]:
@@ -156,25 +130,13 @@ def test_poc_run_goes_on_past_a_killed_leaf_job_process(tmp_path):
     """SIGKILL of one leaf's NVFlare job process (as the OOM killer sends it) at round 2: NVFlare does not fail the
     job, the server finds the leaf lost within seconds (not after the round timeout, 60 s or more here), and the
     run reaches its last round without it."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, isolated_env
-
     run_dir = tmp_path / "run"
     args = [
         *SMALL_RUN,
         *("--num-leaf-nodes", "3", "--num-rounds", "8", "--min-leaves", "1", "--min-devices-fraction", "0.3"),
         *("--env", "poc", "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir), "--job-timeout", "600"),
     ]
-    proc = subprocess.Popen(
-        [sys.executable, f"{REPO}/jobs/pt_job_fedavg.py", *args],
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_job("pt_job_fedavg.py", args, tmp_path)
     try:
         _wait_for_round(run_dir, 2, proc, timeout=400)
         jobs = [p for p in processes_mentioning(str(tmp_path)) if "worker_process" in p and "site-3" in p]
