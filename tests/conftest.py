@@ -105,12 +105,18 @@ def run_job(script: str, args: list[str], tmp_path, timeout: float = 600) -> sub
 def start_job(script: str, args: list[str], tmp_path) -> subprocess.Popen:
     """Start ``jobs/<script>`` in its own session, as a terminal runs a command (``os.killpg(proc.pid, SIGINT)`` is
     its Ctrl-C), stdout and stderr merged into one text pipe; the caller stops it."""
+    return _in_own_session([sys.executable, os.path.join(REPO, "jobs", script), *args], tmp_path, subprocess.STDOUT)
+
+
+def _in_own_session(cmd: list[str], tmp_path, stderr: int) -> subprocess.Popen:
+    """``cmd`` in its own session (``os.killpg(proc.pid, ...)`` reaches all it starts) with an isolated HOME, run in
+    ``tmp_path``; stdout a text pipe, ``stderr`` a pipe of its own or merged into stdout."""
     return subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "jobs", script), *args],
+        cmd,
         cwd=tmp_path,
         env=isolated_env(tmp_path),
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
         text=True,
         start_new_session=True,
     )
@@ -121,15 +127,7 @@ def run_in_group(cmd: list[str], tmp_path, timeout: float, label: str) -> subpro
 
     Fails the test (naming ``label``, with the output tails) on a timeout or a non-zero exit.
     """
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=isolated_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _in_own_session(cmd, tmp_path, subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
