@@ -21,13 +21,14 @@ from devsim_flare.launch.forked_process import (
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE_MODULE = """
-import json, os, sys, time
+import gc, json, os, sys, time
 if sys.argv[1] == "sleep":
     time.sleep(60)
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2], "marker": os.environ.get("PROBE_MARKER"),
     "project_loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("devsim", "devsim_flare")),
     "own_session": os.getsid(0) == os.getpid(), "main": __name__, "name": open("/proc/self/comm").read().strip(),
+    "frozen": gc.get_freeze_count() > 0,
 }), flush=True)
 sys.exit(3)
 """
@@ -38,19 +39,19 @@ sys.path.insert(0, {repo!r})
 from devsim_flare.launch.fork_server import start_fork_server
 from devsim_flare.launch.forked_process import ForkedProcess, SOCKET_ENV
 
-server = start_fork_server(warm_imports=(), later_imports=())
-assert server is not None and os.environ[SOCKET_ENV] == server.socket_path
+server = start_fork_server(server_imports=(), leaf_imports=())
+assert server is not None and server.leaves is not None and os.environ[SOCKET_ENV] == server.leaves.socket_path
 env = dict(os.environ, PYTHONPATH={folder!r}, PROBE_MARKER="from-the-request")
 os.chdir({folder!r})
 done = ForkedProcess(server.socket_path, [sys.executable, "-m", "probe_module", "a", "b"], env, setsid=True)
 code = done.wait(timeout=60)
-sleeper = ForkedProcess(server.socket_path, [sys.executable, "-m", "probe_module", "sleep"], env, setsid=False)
+sleeper = ForkedProcess(server.leaves.socket_path, [sys.executable, "-m", "probe_module", "sleep"], env, setsid=False)
 first_poll = sleeper.poll()
 sleeper.terminate()
 stopped = sleeper.wait(timeout=30)
 server.close(wait_seconds=10)
 left = os.path.exists(server.folder)
-alive = os.path.exists(f"/proc/{{server.pid}}")
+alive = any(os.path.exists(f"/proc/{{pid}}") for pid in (server.pid, server.leaves.pid))
 summary = {{"code": code, "first_poll": first_poll, "stopped": stopped, "folder_left": left, "server_alive": alive}}
 print(json.dumps(summary))
 """
@@ -71,6 +72,7 @@ def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_pa
         child["marker"] == "from-the-request" and child["own_session"] and child["name"] == "sim-probe_modul"
     )  # 15 bytes at most
     assert child["project_loaded"] == []  # the job's copies of the project are imported afresh
+    assert child["frozen"]  # what the fork server imported stays out of the child's garbage collections
     assert summary == {"code": 3, "first_poll": None, "stopped": -15, "folder_left": False, "server_alive": False}
 
 
@@ -127,7 +129,7 @@ def test_a_fork_server_is_not_started_beside_other_threads():
         sys.path.insert(0, {REPO!r})
         from devsim_flare.launch.fork_server import start_fork_server
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
-        print(start_fork_server(warm_imports=(), later_imports=()))
+        print(start_fork_server(server_imports=(), leaf_imports=()))
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -146,17 +148,18 @@ def test_a_fork_server_whose_command_died_ends_and_removes_its_socket():
         import os, sys
         sys.path.insert(0, {REPO!r})
         from devsim_flare.launch.fork_server import start_fork_server
-        server = start_fork_server(warm_imports=(), later_imports=())
-        print(server.folder, server.pid, flush=True)
+        server = start_fork_server(server_imports=(), leaf_imports=())
+        print(server.folder, server.pid, server.leaves.pid, flush=True)
         os._exit(0)  # no close(): the fork server sees its pipe from the command close
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    folder, pid = done.stdout.split()
+    folder, *pids = done.stdout.split()
+    left = [folder, *(f"/proc/{pid}" for pid in pids)]
     deadline = time.monotonic() + 20
-    while (os.path.exists(folder) or os.path.exists(f"/proc/{pid}")) and time.monotonic() < deadline:
+    while any(os.path.exists(path) for path in left) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(folder) and not os.path.exists(f"/proc/{pid}")
+    assert not any(os.path.exists(path) for path in left)
 
 
 def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
@@ -164,7 +167,7 @@ def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
     a renamed or added driver module in a newer NVFlare shows here."""
     import nvflare.fuel.f3.drivers as drivers
 
-    from devsim_flare.launch.fork_server import COMM_DRIVER_MODULES, WARM_IMPORTS
+    from devsim_flare.launch.fork_server import COMM_DRIVER_MODULES, LEAF_IMPORTS, SERVER_IMPORTS
 
     folder = os.path.dirname(drivers.__file__)
     with_driver = {
@@ -172,4 +175,5 @@ def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
         for name in os.listdir(folder)
         if name.endswith("_driver.py") and name != "base_driver.py"
     }
-    assert set(COMM_DRIVER_MODULES) == with_driver and set(COMM_DRIVER_MODULES) <= set(WARM_IMPORTS)
+    assert set(COMM_DRIVER_MODULES) == with_driver
+    assert set(COMM_DRIVER_MODULES) <= set(SERVER_IMPORTS) and set(COMM_DRIVER_MODULES) <= set(LEAF_IMPORTS)

@@ -1,13 +1,14 @@
-"""A fork server for NVFlare's simulator processes: forked from the job command, it holds PyTorch, NumPy and NVFlare's
-simulator modules already imported and forks each simulator process that NVFlare asks for.
+"""Fork servers for NVFlare's simulator processes: forked from the job command, they hold PyTorch, NumPy and NVFlare's
+simulator modules already imported and fork each simulator process that NVFlare asks for.
 
 NVFlare 2.9's simulator starts its server process and one worker process per leaf as new interpreters
 (``python -m nvflare.private.fed.app.simulator.simulator`` / ``...simulator_worker``); each imports PyTorch and
 NVFlare again before it reaches the job, about 1-2 s of CPU a process. :func:`start_fork_server` forks this
-(single-threaded) job command before it has run any PyTorch computation; the fork listens on a Unix socket and
-imports NVFlare's simulator modules and communication drivers while the command goes on validating the run
-(:data:`WARM_IMPORTS`), then, between requests once it has forked the simulator's server process, what the leaves'
-workers import (NVFlare's client side, ``torch._dynamo``: :data:`LATER_IMPORTS`).
+(single-threaded) job command twice before it has run any PyTorch computation: each fork listens on its own Unix
+socket and imports, while the command goes on validating the run, what its processes need: the server's fork server
+NVFlare's simulator modules and communication drivers (:data:`SERVER_IMPORTS`), the leaves' fork server
+``torch._dynamo`` and NVFlare's client side (:data:`LEAF_IMPORTS`), each on a core of its own. Before each fork
+the fork server freezes its objects (``gc.freeze``), so a child's garbage collections skip what was imported.
 For every request (:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what
 ``python -m <module> <args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder
 and session (``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's
@@ -27,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -61,21 +63,22 @@ COMM_DRIVER_MODULES = (
 """What NVFlare's driver manager imports in a process the first time it creates a cell's connector (each module of
 ``nvflare.fuel.f3.drivers``): in the simulator's server process on the way to its listeners, in each leaf's worker
 before it connects."""
-WARM_IMPORTS = (
+SERVER_IMPORTS = (
     "numpy",
     "torch",
     "nvflare.private.fed.app.simulator.simulator",
     "nvflare.private.fed.app.simulator.simulator_runner",
-    "torch.utils.tensorboard",  # the server's metrics writer
     *COMM_DRIVER_MODULES,
+    "torch.utils.tensorboard",  # the server's metrics writer
 )
-"""Imported by the fork server before its first request (the simulator's server process), one between two requests
-(a name that fails to import is skipped)."""
-LATER_IMPORTS = (
+"""Imported by the server's fork server, one between two requests (a name that fails to import is skipped): what the
+simulator's server process needs."""
+LEAF_IMPORTS = (
+    "torch._dynamo",  # imported by the first optimizer a process builds (1.3-1.9 s of CPU)
     "nvflare.private.fed.app.simulator.simulator_worker",
+    *COMM_DRIVER_MODULES,
     "nvflare.collab",
     "nvflare.apis.dxo",
-    "torch._dynamo",  # imported by the first optimizer a process builds (~1 s)
     "torch.func",
     "nvflare.edge.simulation.device_task_processor",
     "nvflare.edge.web.models.job_response",
@@ -83,9 +86,10 @@ LATER_IMPORTS = (
     "nvflare.app_opt.pt",  # named by the leaves' app configuration
     "safetensors.torch",
 )
-"""Imported once the first child is forked, for the leaves' workers asked for later: taken earlier, the simulator's
-request waited for ``torch._dynamo``'s import (command -> server process 23.9 s against 16.2 s without the fork
-server in the loaded side-by-side run)."""
+"""Imported by the leaves' fork server, one between two requests: what a leaf's worker process imports before and
+while it sets up. It runs beside the server's fork server, so ``torch._dynamo`` is imported on the other core while
+the simulator's server process starts (one fork server taking both lists made the leaves wait for it: 0.9 s of the
+digits demo's start)."""
 SHIPPED_PACKAGES = ("devsim", "devsim_flare", "processors")
 """Dropped from a child's ``sys.modules``: the job ships them in its ``custom/`` folder (see
 :data:`devsim_flare.recipe.SHIPPED_PACKAGES`)."""
@@ -95,16 +99,21 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter for MALLOC_ARENA_MAX
 
 
 class ForkServer:
-    """The job command's handle on its fork server: the socket path and the server's process."""
+    """The job command's handle on a fork server: its socket path and process; ``leaves``, the leaves' fork server
+    when it is another one (closed with this one)."""
 
-    def __init__(self, pid: int, folder: str, socket_path: str, lifeline: int):
+    def __init__(self, pid: int, folder: str, socket_path: str, lifeline: int, leaves: ForkServer | None = None):
         self.pid = pid
         self.folder = folder
         self.socket_path = socket_path
         self._lifeline = lifeline
+        self.leaves = leaves
 
     def close(self, wait_seconds: float = CHILD_EXIT_WAIT_SECONDS) -> None:
-        """Stop the fork server (after its children, within ``wait_seconds``), reap it, remove its socket."""
+        """Stop the fork server (after its children, within ``wait_seconds``), reap it, remove its socket; the
+        leaves' fork server first."""
+        if self.leaves is not None:
+            self.leaves.close(wait_seconds)
         unroute_popen(JOB_CONFIG_MODULE)
         if os.environ.get(SOCKET_ENV) == self.socket_path:
             del os.environ[SOCKET_ENV]
@@ -126,17 +135,28 @@ class ForkServer:
 
 
 def start_fork_server(
-    warm_imports: tuple[str, ...] = WARM_IMPORTS, later_imports: tuple[str, ...] = LATER_IMPORTS
+    server_imports: tuple[str, ...] = SERVER_IMPORTS, leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS
 ) -> ForkServer | None:
-    """Fork the fork server from this process, name its socket in :data:`SOCKET_ENV` for the processes this one
-    starts and route this process's start of the simulator to it. None (nothing started) when
-    ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use)
-    or when the platform cannot fork. ``warm_imports``: the modules the fork server imports before its first child;
-    ``later_imports``: after it."""
+    """Fork the fork servers from this process: one for the simulator's server process, importing ``server_imports``,
+    and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too). Names the
+    leaves' socket in :data:`SOCKET_ENV` for the processes this one starts and routes this process's start of the
+    simulator to the first. None (nothing started) when ``DEVSIM_FORK_SERVER=0``, when this process runs other
+    Python threads (a fork would copy their locks mid-use) or when the platform cannot fork."""
     if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
         return None
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
-    path = os.path.join(folder, "fork.sock")
+    leaves = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports)
+    server = _fork_one(folder, "server", server_imports, leaves)
+    os.environ[SOCKET_ENV] = (leaves or server).socket_path
+    importlib.import_module(JOB_CONFIG_MODULE)
+    route_popen(JOB_CONFIG_MODULE, server.socket_path)  # the simulator's server process, started by this command
+    return server
+
+
+def _fork_one(folder: str, name: str, imports: tuple[str, ...], leaves: ForkServer | None = None) -> ForkServer:
+    """Fork one fork server, listening on ``<folder>/<name>.sock``, that imports ``imports`` between requests;
+    ``leaves``: the fork server forked before it, whose lifeline it must not hold."""
+    path = os.path.join(folder, f"{name}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
@@ -148,23 +168,22 @@ def start_fork_server(
         code = 1
         try:
             os.close(write_end)
-            code = _serve(listener, read_end, warm_imports, later_imports)
+            if leaves is not None:  # its end of the other server's lifeline would keep that one from seeing EOF
+                os.close(leaves._lifeline)
+            code = _serve(listener, read_end, imports)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # also when the command died without closing it
             os._exit(code)
     listener.close()
     os.close(read_end)
-    os.environ[SOCKET_ENV] = path
-    importlib.import_module(JOB_CONFIG_MODULE)
-    route_popen(JOB_CONFIG_MODULE, path)  # the simulator's server process, started by this command
-    return ForkServer(pid, folder, path, write_end)
+    return ForkServer(pid, folder, path, write_end, leaves)
 
 
-def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...], later: tuple[str, ...]) -> int:
-    """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The warm
-    imports are taken one by one between requests, so a request that comes early (the simulator's server process)
-    waits for one import at most and gets what is imported by then (waiting for all of them made the digits demo's
-    command -> server process 0.8 s longer, median of 3); the ``later`` ones follow the first request."""
+def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...]) -> int:
+    """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The
+    ``imports`` are taken one by one between requests, so a request that comes early waits for one import at most and
+    gets what is imported by then (waiting for all of them made the digits demo's command -> server process 0.8 s
+    longer, median of 3)."""
     closing = []
     children: dict[int, socket.socket] = {}
 
@@ -176,7 +195,7 @@ def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit._clear()
-    warm, pending = list(warm_imports), []
+    pending = list(imports)
     closed_at = None
     while True:
         _reap(children)
@@ -188,16 +207,15 @@ def _serve(listener: socket.socket, lifeline: int, warm_imports: tuple[str, ...]
         if closed_at is not None:
             time.sleep(POLL_SECONDS)
             continue
-        readable = select.select([listener, lifeline], [], [], 0.0 if warm or pending else POLL_SECONDS)[0]
+        readable = select.select([listener, lifeline], [], [], 0.0 if pending else POLL_SECONDS)[0]
         if lifeline in readable:  # the job command closed its end (or died)
             closing.append(True)
         elif listener in readable:
             conn, _ = listener.accept()
             _start_child(conn, listener, lifeline, children)
-            warm, pending, later = [], [*warm, *pending, *later], ()
-        elif warm or pending:
+        elif pending:
             with contextlib.suppress(Exception):
-                importlib.import_module((warm or pending).pop(0))
+                importlib.import_module(pending.pop(0))
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -230,6 +248,7 @@ def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int, ch
         return
     stopping = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stopping)  # held until the child has its own handlers
+    gc.freeze()  # what is imported stays out of the child's collections (and its pages unwritten)
     pid = os.fork()
     if pid == 0:
         code = 1
