@@ -241,7 +241,7 @@ def run_job(
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
     simulated_here = args.env == "sim" and not exporting
-    server = start_fork_server() if fork_server and simulated_here else None
+    server = start_fork_server(leaves=config.num_leaf_nodes) if fork_server and simulated_here else None
     try:
         return _checked_run(parser, args, server_cls, config, gpu_ids, exporting, download_dir)
     finally:

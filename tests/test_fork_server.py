@@ -177,3 +177,32 @@ def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
     }
     assert set(COMM_DRIVER_MODULES) == with_driver
     assert set(COMM_DRIVER_MODULES) <= set(SERVER_IMPORTS) and set(COMM_DRIVER_MODULES) <= set(LEAF_IMPORTS)
+
+
+def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_path):
+    """The leaves' fork server stops its imports after the last leaf: what is left would only compete with the leaves'
+    timed set-up. A child forked after that has not got them."""
+    (tmp_path / "slow_first.py").write_text("import time\ntime.sleep(1.0)\n")
+    (tmp_path / "slow_second.py").write_text("import time\ntime.sleep(1.0)\n")
+    (tmp_path / "probe_module.py").write_text(
+        "import json, sys\nprint(json.dumps(sorted(n for n in sys.modules if n.startswith('slow_'))), flush=True)\n"
+    )
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {REPO!r})
+        sys.path.insert(0, {str(tmp_path)!r})
+        from devsim_flare.launch.fork_server import start_fork_server
+        from devsim_flare.launch.forked_process import ForkedProcess
+
+        server = start_fork_server(server_imports=(), leaf_imports=("slow_first", "slow_second"), leaves=1)
+        env = dict(os.environ, PYTHONPATH={str(tmp_path)!r})
+        os.chdir({str(tmp_path)!r})
+        for _ in range(2):  # the first comes while slow_first imports; slow_second is never imported
+            ForkedProcess(server.leaves.socket_path, [sys.executable, "-m", "probe_module"], env, True).wait(60)
+        server.close(wait_seconds=10)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [["slow_first"], ["slow_first"]]

@@ -135,27 +135,34 @@ class ForkServer:
 
 
 def start_fork_server(
-    server_imports: tuple[str, ...] = SERVER_IMPORTS, leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS
+    server_imports: tuple[str, ...] = SERVER_IMPORTS,
+    leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS,
+    leaves: int | None = None,
 ) -> ForkServer | None:
     """Fork the fork servers from this process: one for the simulator's server process, importing ``server_imports``,
-    and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too). Names the
+    and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too) until it
+    has started ``leaves`` workers (None: all of them; the imports left then would only compete with the leaves'
+    set-up, whose batching probe is timed). Names the
     leaves' socket in :data:`SOCKET_ENV` for the processes this one starts and routes this process's start of the
     simulator to the first. None (nothing started) when ``DEVSIM_FORK_SERVER=0``, when this process runs other
     Python threads (a fork would copy their locks mid-use) or when the platform cannot fork."""
     if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
         return None
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
-    leaves = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports)
-    server = _fork_one(folder, "server", server_imports, leaves)
-    os.environ[SOCKET_ENV] = (leaves or server).socket_path
+    leaf_server = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports, requests=leaves)
+    server = _fork_one(folder, "server", server_imports, leaf_server, requests=1)
+    os.environ[SOCKET_ENV] = (leaf_server or server).socket_path
     importlib.import_module(JOB_CONFIG_MODULE)
     route_popen(JOB_CONFIG_MODULE, server.socket_path)  # the simulator's server process, started by this command
     return server
 
 
-def _fork_one(folder: str, name: str, imports: tuple[str, ...], leaves: ForkServer | None = None) -> ForkServer:
-    """Fork one fork server, listening on ``<folder>/<name>.sock``, that imports ``imports`` between requests;
-    ``leaves``: the fork server forked before it, whose lifeline it must not hold."""
+def _fork_one(
+    folder: str, name: str, imports: tuple[str, ...], leaves: ForkServer | None = None, requests: int | None = None
+) -> ForkServer:
+    """Fork one fork server, listening on ``<folder>/<name>.sock``, that imports ``imports`` between requests until
+    it has served ``requests`` of them (None: no limit); ``leaves``: the fork server forked before it, whose lifeline
+    it must not hold."""
     path = os.path.join(folder, f"{name}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -170,7 +177,7 @@ def _fork_one(folder: str, name: str, imports: tuple[str, ...], leaves: ForkServ
             os.close(write_end)
             if leaves is not None:  # its end of the other server's lifeline would keep that one from seeing EOF
                 os.close(leaves._lifeline)
-            code = _serve(listener, read_end, imports)
+            code = _serve(listener, read_end, imports, requests)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # also when the command died without closing it
             os._exit(code)
@@ -179,11 +186,11 @@ def _fork_one(folder: str, name: str, imports: tuple[str, ...], leaves: ForkServ
     return ForkServer(pid, folder, path, write_end, leaves)
 
 
-def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...]) -> int:
+def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...], requests: int | None = None) -> int:
     """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The
     ``imports`` are taken one by one between requests, so a request that comes early waits for one import at most and
     gets what is imported by then (waiting for all of them made the digits demo's command -> server process 0.8 s
-    longer, median of 3)."""
+    longer, median of 3); none after ``requests`` requests (None: no limit)."""
     closing = []
     children: dict[int, socket.socket] = {}
 
@@ -195,7 +202,7 @@ def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...]) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit._clear()
-    pending = list(imports)
+    pending, served = list(imports), 0
     closed_at = None
     while True:
         _reap(children)
@@ -213,6 +220,9 @@ def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...]) -> 
         elif listener in readable:
             conn, _ = listener.accept()
             _start_child(conn, listener, lifeline, children)
+            served += 1
+            if requests is not None and served >= requests:
+                pending.clear()
         elif pending:
             with contextlib.suppress(Exception):
                 importlib.import_module(pending.pop(0))
