@@ -181,11 +181,15 @@ def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
 
 def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_path):
     """The leaves' fork server stops its imports after the last leaf: what is left would only compete with the leaves'
-    timed set-up. A child forked after that has not got them."""
+    timed set-up. A child forked after that has not got them. A module the fork server imported runs as
+    ``python -m`` would run it, without runpy's warning that it was imported already."""
     (tmp_path / "slow_first.py").write_text("import time\ntime.sleep(1.0)\n")
     (tmp_path / "slow_second.py").write_text("import time\ntime.sleep(1.0)\n")
-    (tmp_path / "probe_module.py").write_text(
-        "import json, sys\nprint(json.dumps(sorted(n for n in sys.modules if n.startswith('slow_'))), flush=True)\n"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "probe.py").write_text(
+        "import json, sys\nif __name__ == '__main__':\n"
+        "    print(json.dumps(sorted(n for n in sys.modules if n.startswith('slow_'))), flush=True)\n"
     )
     script = textwrap.dedent(
         f"""
@@ -195,14 +199,15 @@ def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_pat
         from devsim_flare.launch.fork_server import start_fork_server
         from devsim_flare.launch.forked_process import ForkedProcess
 
-        server = start_fork_server(server_imports=(), leaf_imports=("slow_first", "slow_second"), leaves=1)
+        server = start_fork_server(server_imports=(), leaf_imports=("pkg.probe", "slow_first", "slow_second"), leaves=1)
         env = dict(os.environ, PYTHONPATH={str(tmp_path)!r})
         os.chdir({str(tmp_path)!r})
         for _ in range(2):  # the first comes while slow_first imports; slow_second is never imported
-            ForkedProcess(server.leaves.socket_path, [sys.executable, "-m", "probe_module"], env, True).wait(60)
+            ForkedProcess(server.leaves.socket_path, [sys.executable, "-m", "pkg.probe"], env, True).wait(60)
         server.close(wait_seconds=10)
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [json.loads(line) for line in done.stdout.splitlines()] == [["slow_first"], ["slow_first"]]
+    assert "RuntimeWarning" not in done.stderr  # the module the fork server imported runs afresh as __main__

@@ -306,6 +306,7 @@ def _become(request: dict, fds: list[int]) -> int:
     shorten_before_start(request["module"])  # before its first wait; the module's own import comes too late
     for name in [n for n in sys.modules if n.split(".")[0] in SHIPPED_PACKAGES]:
         del sys.modules[name]
+    sys.modules.pop(request["module"], None)  # it runs afresh as __main__, as in a new interpreter (runpy warns)
     importlib.invalidate_caches()
     atexit._clear()
     root = logging.getLogger()
