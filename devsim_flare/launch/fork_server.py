@@ -141,16 +141,16 @@ def start_fork_server(
 ) -> ForkServer | None:
     """Fork the fork servers from this process: one for the simulator's server process, importing ``server_imports``,
     and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too) until it
-    has started ``leaves`` workers (None: all of them; the imports left then would only compete with the leaves'
-    set-up, whose batching probe is timed). Names the
-    leaves' socket in :data:`SOCKET_ENV` for the processes this one starts and routes this process's start of the
-    simulator to the first. None (nothing started) when ``DEVSIM_FORK_SERVER=0``, when this process runs other
-    Python threads (a fork would copy their locks mid-use) or when the platform cannot fork."""
+    has started ``leaves`` workers (None: no limit; the imports left then would only compete with the leaves' set-up,
+    whose batching probe is timed). Names the leaves' socket in :data:`SOCKET_ENV` for the processes this one starts
+    and routes this process's start of the simulator to the first. None (nothing started) when
+    ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use) or
+    when the platform cannot fork."""
     if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
         return None
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
     leaf_server = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports, requests=leaves)
-    server = _fork_one(folder, "server", server_imports, leaf_server, requests=1)
+    server = _fork_one(folder, "server", server_imports, leaf_server, requests=None if leaf_server is None else 1)
     os.environ[SOCKET_ENV] = (leaf_server or server).socket_path
     importlib.import_module(JOB_CONFIG_MODULE)
     route_popen(JOB_CONFIG_MODULE, server.socket_path)  # the simulator's server process, started by this command
