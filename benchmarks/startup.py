@@ -1,10 +1,12 @@
 """Where a short run's start-up goes, with and without this project's start-up cuts, measured side by side.
 
 Runs the job ``--runs`` times per arm, the arms in turn (``harness.alternate``), each arm in its own temporary
-workspace after one uncounted warm-up run (the shared digits file and the probe's verdict, as a user's first run
-writes them). Jobs (``--job``): ``digits`` (the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20
-rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py --dataset digits``). Arms (``--arms``): ``project`` (this checkout),
-``spawned`` (``DEVSIM_FORK_SERVER=0``), ``probe-off`` (``DEVSIM_CACHE_DIR=off``), ``nvflare-waits``
+workspace and cache folder after one uncounted warm-up run (the shared digits file, the probe's verdict and the warm
+parent, as a user's first run leaves them; every warm parent is stopped at the end). Jobs (``--job``): ``digits``
+(the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
+--dataset digits``). Arms (``--arms``): ``project`` (this checkout), ``cold`` (``DEVSIM_WARM=0``: no warm parent,
+every command imports PyTorch and NVFlare itself), ``spawned`` (``DEVSIM_FORK_SERVER=0``), ``probe-off``
+(``DEVSIM_CACHE_DIR=off``: no cache folder, so no warm parent either), ``nvflare-waits``
 (``DEVSIM_RUNTIME_ENV_DEFAULTS=0``: NVFlare's polls, sleeps and streaming defaults kept), and ``baseline``
 (``--baseline-commit REV``: the job from a temporary worktree).
 
@@ -13,7 +15,7 @@ command -> first round against ``project``'s, and every run's final metrics (the
 whole run's CPU seconds (comparable on a loaded machine where walls are not). ``--json`` writes
 ``benchmarks/results/startup[-<job>]-<date>.json`` with the figure:
 
-    .venv/bin/python benchmarks/startup.py --job digits --runs 5 --arms project,spawned --baseline-commit REV --json
+    .venv/bin/python benchmarks/startup.py --job digits --runs 5 --arms project,cold --baseline-commit REV --json
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import REPO, Session, alternate, arguments, baseline, items, print_table  # noqa: E402
+from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
@@ -43,6 +46,7 @@ JOBS = {
 }
 ARMS = {
     "project": {},
+    "cold": {"DEVSIM_WARM": "0"},
     "spawned": {"DEVSIM_FORK_SERVER": "0"},
     "probe-off": {"DEVSIM_CACHE_DIR": "off"},
     "nvflare-waits": {"DEVSIM_RUNTIME_ENV_DEFAULTS": "0"},
@@ -101,16 +105,20 @@ def measure(chosen: dict[str, tuple[str, dict[str, str]]], job: list[str], runs:
             name: functools.partial(run_once, tree, os.path.join(root, name), env, job)
             for name, (tree, env) in chosen.items()
         }
-        for run in chosen_runs.values():
-            run()
-        return alternate(chosen_runs, runs, done)
+        try:
+            for run in chosen_runs.values():
+                run()
+            return alternate(chosen_runs, runs, done)
+        finally:
+            for name in chosen_runs:
+                stop_parents({"DEVSIM_CACHE_DIR": os.path.join(root, name, "cache")})
 
 
 def main() -> int:
     parser = arguments(__doc__)
     parser.add_argument("--job", choices=sorted(JOBS), default="digits", help="the run to start (default digits)")
     parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
-    parser.add_argument("--arms", default="project,spawned", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default="project,cold", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is one more arm")
     args = parser.parse_args()
     if args.runs < 1:

@@ -374,10 +374,12 @@ def _record_exit(path: str, results: dict) -> str:
     """Add the command's exit to the results' ``startup`` section (see :mod:`devsim.observe.startup`) and return
     a one-line start-up summary ('' when the server wrote no start-up stamps)."""
     from devsim.observe.startup import add_exit
+    from devsim_flare.launch.warm_parent import CHILD_ENV
 
     if "startup" not in results or not results.get("summary"):
         return ""
-    results["startup"] = add_exit(results["startup"], time.time())
+    warm = bool(os.environ.get(CHILD_ENV))  # this command was forked by a warm parent
+    results["startup"] = {**add_exit(results["startup"], time.time()), "warm_parent": warm}
     with open(path, "w", encoding="utf-8") as stream:
         json.dump(results, stream, indent=1)
     seconds = results["startup"]["seconds"]
@@ -394,6 +396,7 @@ def _record_exit(path: str, results: dict) -> str:
     if seconds.get("command_to_first_round") is None:  # prod: the server's process started on its own host
         return f"start-up on the server: {inside}; {exit_part}"
     return (
-        f"start-up: {show('command_to_first_round')} from the command to the first round (server process "
+        f"start-up{' (warm parent)' if warm else ''}: {show('command_to_first_round')} from the command to the first "
+        f"round (server process "
         f"{show('command_to_server_process')}, {inside}); {exit_part}"
     )

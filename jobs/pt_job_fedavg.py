@@ -13,6 +13,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from devsim_flare.launch.warm_parent import run_in_warm_parent  # noqa: E402
+
+if __name__ == "__main__":
+    run_in_warm_parent()  # runs the command in a warm parent (PyTorch already imported) when one answers
+
 from devsim_flare.api import FedAvgRecipe  # noqa: E402  (the repo root must be importable first)
 
 if __name__ == "__main__":

@@ -58,6 +58,19 @@ def single_torch_thread():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def no_warm_parent():
+    """No job a test starts leaves a warm parent behind (``DEVSIM_WARM=0``; the warm parent's own tests turn it on
+    for themselves and stop what they started)."""
+    previous = os.environ.get("DEVSIM_WARM")
+    os.environ["DEVSIM_WARM"] = "0"
+    yield
+    if previous is None:
+        os.environ.pop("DEVSIM_WARM", None)
+    else:
+        os.environ["DEVSIM_WARM"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
 def probe_cache_in_tmp(tmp_path_factory):
     """The batching probe's verdict cache (``DEVSIM_CACHE_DIR``) in a temporary folder for the whole session, for
     this process and the jobs it starts, never in the user's cache."""

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from devsim_flare.launch.forked_process import (
     JOB_CONFIG_MODULE,
@@ -186,16 +187,34 @@ def _fork_one(
     return ForkServer(pid, folder, path, write_end, leaves)
 
 
-def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...], requests: int | None = None) -> int:
+def _serve(
+    listener: socket.socket,
+    lifeline: int | None,
+    imports: tuple[str, ...],
+    requests: int | None = None,
+    idle_seconds: float | None = None,
+    child_wait: float | None = CHILD_EXIT_WAIT_SECONDS,
+    stop_orphans: bool = False,
+    before_exit: Callable[[], None] | None = None,
+) -> int:
     """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The
     ``imports`` are taken one by one between requests, so a request that comes early waits for one import at most and
     gets what is imported by then (waiting for all of them made the digits demo's command -> server process 0.8 s
-    longer, median of 3); none after ``requests`` requests (None: no limit)."""
+    longer, median of 3); none after ``requests`` requests (None: no limit).
+
+    It ends when ``lifeline`` (a pipe's read end; None: none) reads EOF or on SIGTERM, after its children have exited
+    (waiting ``child_wait`` seconds at most; None: as long as they run), or after ``idle_seconds`` without a child
+    (None: never). With ``stop_orphans``, a child whose requester's connection closes before the child has exited
+    gets SIGTERM (its requester died or gave up on it). ``before_exit`` runs before a SIGTERM ends it at once (no
+    child running: the exit does not wait for an import in progress)."""
     closing = []
     children: dict[int, socket.socket] = {}
+    orphans: set[int] = set()
 
     def on_sigterm(*_) -> None:
         if not children:  # nothing to report: a command that ends early waits for nothing
+            if before_exit is not None:
+                before_exit()
             os._exit(0)
         closing.append(True)
 
@@ -204,18 +223,29 @@ def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...], req
     atexit._clear()
     pending, served = list(imports), 0
     closed_at = None
+    idle_since = time.monotonic()
+    watched = [listener] if lifeline is None else [listener, lifeline]
     while True:
         _reap(children)
+        if children:
+            idle_since = time.monotonic()
         if closing and closed_at is None:
             closed_at = time.monotonic()
             listener.close()
-        if closed_at is not None and (not children or time.monotonic() - closed_at > CHILD_EXIT_WAIT_SECONDS):
-            return 0
         if closed_at is not None:
-            time.sleep(POLL_SECONDS)
+            if not children or (child_wait is not None and time.monotonic() - closed_at > child_wait):
+                return 0
+            requesters = _requesters(children, orphans) if stop_orphans else {}
+            readable = select.select(list(requesters), [], [], POLL_SECONDS)[0] if requesters else []
+            if not requesters:
+                time.sleep(POLL_SECONDS)
+            _stop_children_of(readable, requesters, orphans)
             continue
-        readable = select.select([listener, lifeline], [], [], 0.0 if pending else POLL_SECONDS)[0]
-        if lifeline in readable:  # the job command closed its end (or died)
+        if idle_seconds is not None and not pending and time.monotonic() - idle_since > idle_seconds:
+            return 0
+        requesters = _requesters(children, orphans) if stop_orphans else {}
+        readable = select.select([*watched, *requesters], [], [], 0.0 if pending else POLL_SECONDS)[0]
+        if lifeline is not None and lifeline in readable:  # the job command closed its end (or died)
             closing.append(True)
         elif listener in readable:
             conn, _ = listener.accept()
@@ -224,8 +254,28 @@ def _serve(listener: socket.socket, lifeline: int, imports: tuple[str, ...], req
             if requests is not None and served >= requests:
                 pending.clear()
         elif pending:
+            name = pending.pop(0)
             with contextlib.suppress(Exception):
-                importlib.import_module(pending.pop(0))
+                importlib.import_module(name)
+            if threading.active_count() > 1 and not children:  # a fork would copy that thread's locks mid-use
+                print(f"fork server: importing {name} started a thread; no more forks from here", file=sys.stderr)
+                return 1
+        _stop_children_of(readable, requesters, orphans)
+
+
+def _requesters(children: dict[int, socket.socket], orphans: set[int]) -> dict[socket.socket, int]:
+    """Request connection -> child pid, for the children not yet sent SIGTERM."""
+    return {conn: pid for pid, conn in children.items() if pid not in orphans}
+
+
+def _stop_children_of(readable: list, requesters: dict[socket.socket, int], orphans: set[int]) -> None:
+    """SIGTERM each child whose requester's connection is readable: a requester never writes after its request, so
+    its connection closed (the requester died or gave up on the child)."""
+    for conn in readable:
+        if conn in requesters:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(requesters[conn], signal.SIGTERM)
+            orphans.add(requesters[conn])
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -244,7 +294,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int, children: dict) -> None:
+def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int | None, children: dict) -> None:
     """Read one request from ``conn``, fork its child and answer its pid (the connection then waits for its exit)."""
     try:
         request, fds = recv_frame(conn, max_fds=3)
@@ -265,7 +315,8 @@ def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int, ch
         try:
             for sock in (listener, conn, *children.values()):
                 sock.close()
-            os.close(lifeline)
+            if lifeline is not None:
+                os.close(lifeline)
             code = _become(request, fds)
         except BaseException:  # noqa: BLE001 - the child must end here whatever happened
             import traceback
@@ -284,7 +335,9 @@ def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int, ch
 
 
 def _become(request: dict, fds: list[int]) -> int:
-    """In the forked child: turn into ``python -m <module> <argv>`` as the request describes; run it; its exit code."""
+    """In the forked child: turn into what the request describes and run it; its exit code. A request names either
+    ``module`` (``python -m <module> <argv>``, its ``sys.path`` rebuilt from ``PYTHONPATH``) or ``script``
+    (``python <script>`` with the whole ``argv`` and the requester's ``sys_path``, from a warm parent)."""
     import runpy
 
     if request.get("setsid"):
@@ -297,26 +350,37 @@ def _become(request: dict, fds: list[int]) -> int:
     os.environ.update(env)
     _fresh_stdio(env)
     os.chdir(request["cwd"])
+    if request.get("umask") is not None:
+        os.umask(int(request["umask"]))
     for signum in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     _limit_arenas(env.get("MALLOC_ARENA_MAX"))
-    sys.path[:] = interpreter_path(request["cwd"], env.get("PYTHONPATH", ""), sys.path)
-    shorten_before_start(request["module"])  # before its first wait; the module's own import comes too late
+    _reseed_global_generators()
+    script, module = request.get("script"), request.get("module")
+    if script:
+        sys.path[:] = list(request["sys_path"])
+    else:
+        sys.path[:] = interpreter_path(request["cwd"], env.get("PYTHONPATH", ""), sys.path)
+        shorten_before_start(module)  # before its first wait; the module's own import comes too late
     for name in [n for n in sys.modules if n.split(".")[0] in SHIPPED_PACKAGES]:
         del sys.modules[name]
-    sys.modules.pop(request["module"], None)  # it runs afresh as __main__, as in a new interpreter (runpy warns)
+    if module:
+        sys.modules.pop(module, None)  # it runs afresh as __main__, as in a new interpreter (runpy warns)
     importlib.invalidate_caches()
     atexit._clear()
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    sys.argv = ["-m", *request["argv"]]
-    _name_process(request["module"], request["argv"])
+    sys.argv = list(request["argv"]) if script else ["-m", *request["argv"]]
+    _name_process(os.path.basename(script) if script else process_name(module, request["argv"]))
     code = 0
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = _exit_code(stop.code)
     except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
@@ -328,6 +392,19 @@ def _become(request: dict, fds: list[int]) -> int:
         with contextlib.suppress(Exception):
             stream.flush()
     return code
+
+
+def _reseed_global_generators() -> None:
+    """Seed Python's and NumPy's global random generators afresh, as a new interpreter does (a forked child would
+    otherwise draw the same numbers as its siblings). PyTorch's default generator starts from a fixed seed in every
+    interpreter, so it stays as imported."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
 
 
 PR_SET_NAME = 15
@@ -342,9 +419,10 @@ def process_name(module: str, argv: list[str]) -> str:
     return f"sim-{client or module.rpartition('.')[2]}"[:15]
 
 
-def _name_process(module: str, argv: list[str]) -> None:
+def _name_process(name: str) -> None:
+    """Set this process's name (``comm``, 15 bytes at most)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(PR_SET_NAME, process_name(module, argv).encode()[:15], 0, 0, 0)
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _exit_code(code) -> int:

@@ -35,22 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from devsim.cache_dir import CACHE_ENV, CACHE_OFF, cache_root  # noqa: F401  (re-exported)
 from devsim.training.probe.batch_probe import ProbeOutcome
 
-CACHE_ENV = "DEVSIM_CACHE_DIR"
-CACHE_OFF = "off"
 FOLDER = "batch-probe"
 FORMAT = 1
-
-
-def cache_root(environ=None) -> str | None:
-    """This user's cache folder for the project (None: ``DEVSIM_CACHE_DIR=off``)."""
-    environ = os.environ if environ is None else environ
-    chosen = environ.get(CACHE_ENV, "").strip()
-    if chosen:
-        return None if chosen == CACHE_OFF else os.path.abspath(chosen)
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "nvflare-devsim")
 
 
 def _source_digest(obj: Any) -> str:
