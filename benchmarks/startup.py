@@ -12,7 +12,8 @@ every command imports PyTorch and NVFlare itself), ``spawned`` (``DEVSIM_FORK_SE
 
 Prints per arm the medians (seconds) of results.json's ``startup`` stages and of the command's wall, each arm's
 command -> first round against ``project``'s, and every run's final metrics (the same in every arm); ``cpu_s`` is the
-whole run's CPU seconds (comparable on a loaded machine where walls are not). ``--json`` writes
+whole run's CPU seconds (comparable on a loaded machine where walls are not; a run that a warm parent forked
+descends from the warm parent, so its ``cpu_s`` is the waiting command's alone). ``--json`` writes
 ``benchmarks/results/startup[-<job>]-<date>.json`` with the figure:
 
     .venv/bin/python benchmarks/startup.py --job digits --runs 5 --arms project,cold --baseline-commit REV --json
