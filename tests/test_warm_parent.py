@@ -18,6 +18,7 @@ from devsim_flare.launch.warm_parent import (
     parent_key,
     running_parents,
     socket_path,
+    start_warm_parent,
     stop_parents,
     warm_enabled,
 )
@@ -156,3 +157,15 @@ def test_a_job_run_in_the_warm_parent_gives_the_cold_run_s_results(tmp_path, war
     assert (cold["startup"]["warm_parent"], warm["startup"]["warm_parent"]) == (False, True)
     assert warm["summary"]["final_metrics"] == cold["summary"]["final_metrics"]
     assert warm["summary"]["final_loss"] == cold["summary"]["final_loss"]
+
+
+def test_an_idle_warm_parent_ends_and_removes_its_socket(warm_env):
+    env = {**warm_env, "DEVSIM_WARM_IDLE": "1"}
+    path = socket_path(env)
+    pid = start_warm_parent(path, env, [])
+    deadline = time.monotonic() + 60  # its imports (PyTorch, NVFlare) first, then one idle second
+    while os.waitpid(pid, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:  # this process is its parent
+        time.sleep(0.1)
+    assert time.monotonic() < deadline, "the idle warm parent did not end"
+    assert not os.path.exists(path)
+    assert not running_parents(env)
