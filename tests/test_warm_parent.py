@@ -141,13 +141,15 @@ def test_a_later_command_runs_in_the_warm_parent_as_it_would_run_cold(tmp_path, 
 
 
 def test_a_job_run_in_the_warm_parent_gives_the_cold_run_s_results(tmp_path, warm_env):
-    def job(name: str) -> dict:
+    def job(name: str, *extra: str) -> dict | None:
         out = tmp_path / name
-        cmd = [sys.executable, "jobs/pt_job_fedavg.py", *SMALL_RUN, "--workspace", str(tmp_path / "ws")]
+        cmd = [sys.executable, "jobs/pt_job_fedavg.py", *SMALL_RUN, "--workspace", str(tmp_path / "ws"), *extra]
         proc = subprocess.run(
             [*cmd, "--output-dir", str(out)], cwd=REPO, env=warm_env, capture_output=True, text=True, timeout=240
         )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        if extra:
+            return None
         with open(out / "results.json", encoding="utf-8") as stream:
             return json.load(stream)
 
@@ -157,6 +159,10 @@ def test_a_job_run_in_the_warm_parent_gives_the_cold_run_s_results(tmp_path, war
     assert (cold["startup"]["warm_parent"], warm["startup"]["warm_parent"]) == (False, True)
     assert warm["summary"]["final_metrics"] == cold["summary"]["final_metrics"]
     assert warm["summary"]["final_loss"] == cold["summary"]["final_loss"]
+    # NVFlare reads --export from sys.argv when its recipe module is imported, which the warm parent had done
+    job("exported", "--export", "--export-dir", str(tmp_path / "job_folder"))
+    assert (tmp_path / "job_folder" / "devsim_fedavg" / "meta.json").is_file()
+    assert not (tmp_path / "exported").exists()
 
 
 def test_an_idle_warm_parent_ends_and_removes_its_socket(warm_env):

@@ -374,6 +374,8 @@ def _become(request: dict, fds: list[int]) -> int:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     sys.argv = list(request["argv"]) if script else ["-m", *request["argv"]]
+    if script:
+        _reread_argv_at_import()
     _name_process(os.path.basename(script) if script else process_name(module, request["argv"]))
     code = 0
     try:
@@ -392,6 +394,16 @@ def _become(request: dict, fds: list[int]) -> int:
         with contextlib.suppress(Exception):
             stream.flush()
     return code
+
+
+def _reread_argv_at_import() -> None:
+    """Read this command's ``sys.argv`` where an already-imported module read the warm parent's when it was imported:
+    NVFlare's recipe module strips ``--export`` / ``--export-dir`` from ``sys.argv`` at import and keeps what it
+    found (``nvflare.recipe.spec``; without this a warm run of ``--export`` ran the job instead)."""
+    spec = sys.modules.get("nvflare.recipe.spec")
+    if spec is not None and hasattr(spec, "_consume_recipe_args"):
+        spec._CONSUMED = False
+        spec._RECIPE_EXPORT, spec._RECIPE_EXPORT_DIR = spec._consume_recipe_args()
 
 
 def _reseed_global_generators() -> None:
