@@ -34,15 +34,15 @@ SCRIPT = textwrap.dedent(
         run_in_warm_parent()
         preloaded = "torch" in sys.modules
         import torch  # a cold run that imported PyTorch starts a warm parent when it ends
-        print(json.dumps({{
-            "argv": sys.argv[1:], "cwd": os.getcwd(), "warm": os.environ.get({child!r}), "pid": os.getpid(),
-            "main": __name__, "torch_preloaded": preloaded, "tty_free_stdout": not sys.stdout.isatty(),
-        }}), flush=True)
-        if sys.argv[1:2] == ["sleep"]:
-            try:
+        try:  # the test's SIGINT may come as soon as the line is out
+            print(json.dumps({{
+                "argv": sys.argv[1:], "cwd": os.getcwd(), "warm": os.environ.get({child!r}), "pid": os.getpid(),
+                "main": __name__, "torch_preloaded": preloaded,
+            }}), flush=True)
+            if sys.argv[1:2] == ["sleep"]:
                 time.sleep(120)
-            except KeyboardInterrupt:
-                sys.exit(130)
+        except KeyboardInterrupt:
+            sys.exit(130)
         sys.exit(5)
     """
 )

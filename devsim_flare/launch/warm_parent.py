@@ -56,10 +56,12 @@ CONNECT_SECONDS = 2.0
 REPLY_SECONDS = 10.0
 MAX_SOCKET_PATH = 100  # a Unix socket path is at most 107 bytes on Linux
 KEY_ENV_PREFIXES = (
-    *("PYTHON", "LD_", "MALLOC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR_", "BLIS_"),
-    *("TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "NCCL_", "NVFLARE", "TF_", "XLA_", "VIRTUAL_ENV"),
+    *("PYTHON", "LD_", "MALLOC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR_", "BLIS_", "NPY_"),
+    *("TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "NCCL_", "DNNL_", "ONEDNN_", "NVFLARE", "GRPC_", "TF_", "XLA_"),
+    *("TQDM_", "MPL", "VIRTUAL_ENV", "HOME", "XDG_", "LANG", "LC_", "TZ"),
 )
-"""Environment variables (by prefix) that the imports a warm parent holds may read: part of its key."""
+"""Environment variables (by prefix) that the imports a warm parent holds may read (tqdm reads ``TQDM_*`` and
+``time`` reads ``TZ`` when imported; the locale sets the standard streams' encoding): part of its key."""
 WARM_IMPORTS = ("numpy", "torch", "torch._dynamo", "torch.func", "torch.utils.tensorboard", "nvflare")
 """Imported by every warm parent first, before the modules its starting command had imported."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
