@@ -153,8 +153,10 @@ def run_in_warm_parent() -> None:
     os.umask(umask)
     request = {"script": os.path.abspath(script), "argv": sys.argv, "sys_path": sys.path, "cwd": os.getcwd()}
     request.update(env=env, umask=umask)
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)  # a signal during the hand-over waits for it
     pid, conn = _request_child(path, request)
     if conn is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
         return
     atexit.unregister(_start_after_cold_run)
     sys.exit(_wait_for_child(pid, conn))
@@ -191,6 +193,7 @@ def _wait_for_child(pid: int, conn: socket.socket) -> int:
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)  # one that came meanwhile is forwarded now
     message, _ = recv_frame(conn)
     conn.close()
     if message is None or "returncode" not in message:
