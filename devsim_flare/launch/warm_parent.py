@@ -173,7 +173,7 @@ def _request_child(path: str, request: dict) -> tuple[int, socket.socket | None]
         conn.settimeout(REPLY_SECONDS)
         send_frame(conn, request, STDIO_FDS)
         reply, _ = recv_frame(conn)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: an environment value JSON cannot carry (undecodable bytes)
         conn.close()
         return 0, None
     if not reply or "pid" not in reply:
