@@ -385,8 +385,7 @@ def _record_exit(path: str, results: dict) -> str:
     seconds = results["startup"]["seconds"]
 
     def show(name: str) -> str:
-        value = seconds.get(name)
-        return "n/a" if value is None else f"{value:.1f}s"
+        return "n/a" if seconds.get(name) is None else f"{seconds[name]:.1f}s"
 
     inside = (
         f"NVFlare and the leaves' set-up {show('server_process_to_run')}, task, model and first evaluation "
@@ -397,6 +396,5 @@ def _record_exit(path: str, results: dict) -> str:
         return f"start-up on the server: {inside}; {exit_part}"
     return (
         f"start-up{' (warm parent)' if warm else ''}: {show('command_to_first_round')} from the command to the first "
-        f"round (server process "
-        f"{show('command_to_server_process')}, {inside}); {exit_part}"
+        f"round (server process {show('command_to_server_process')}, {inside}); {exit_part}"
     )

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from devsim_flare.launch.fork_server import interpreter_path, process_name
+from devsim_flare.launch.forked_child import interpreter_path, process_name
 from devsim_flare.launch.forked_process import (
     SIMULATOR_MODULE,
     WORKER_MODULE,

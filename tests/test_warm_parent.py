@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -49,14 +51,16 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture
-def warm_env(tmp_path):
-    """An environment with warm parents on, kept in a temporary cache folder; every warm parent started there is
-    stopped afterwards."""
-    env = {**os.environ, "DEVSIM_WARM": "1", "DEVSIM_CACHE_DIR": str(tmp_path / "cache"), "DEVSIM_WARM_IDLE": "120"}
+def warm_env():
+    """An environment with warm parents on, kept in a temporary cache folder (a short path: pytest's own under
+    xdist is too long for a Unix socket); every warm parent started there is stopped afterwards."""
+    cache = tempfile.mkdtemp(prefix="devsim-warm-")
+    env = {**os.environ, "DEVSIM_WARM": "1", "DEVSIM_CACHE_DIR": cache, "DEVSIM_WARM_IDLE": "120"}
     env.pop(CHILD_ENV, None)
     yield env
     stop_parents(env)
     assert not running_parents(env)
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def _wait_for_parent(env: dict[str, str], timeout: float = 30.0) -> int:
@@ -94,7 +98,8 @@ def test_off_switches():
     assert not warm_enabled({"DEVSIM_WARM": "0", "HOME": "/h"})
     assert not warm_enabled({"DEVSIM_CACHE_DIR": "off"})
     assert warm_enabled({"DEVSIM_CACHE_DIR": "/tmp/c"})
-    assert socket_path({"DEVSIM_CACHE_DIR": "/tmp/" + "x" * 120}) is None  # too long for a Unix socket
+    assert socket_path({"DEVSIM_CACHE_DIR": "/tmp/" + "x" * 120}) is None  # too long for a Unix socket: off
+    assert socket_path({"DEVSIM_CACHE_DIR": "/tmp/" + "x" * 70}) is not None
 
 
 def test_a_later_command_runs_in_the_warm_parent_as_it_would_run_cold(tmp_path, warm_env):
@@ -137,7 +142,7 @@ def test_a_later_command_runs_in_the_warm_parent_as_it_would_run_cold(tmp_path, 
 
     assert stop_parents(warm_env) == [parent]
     assert not running_parents(warm_env)
-    assert not any(name.endswith(".sock") for name in os.listdir(tmp_path / "cache" / "warm"))
+    assert not any(name.endswith(".sock") for name in os.listdir(os.path.join(warm_env["DEVSIM_CACHE_DIR"], "warm")))
 
 
 def test_a_job_run_in_the_warm_parent_gives_the_cold_run_s_results(tmp_path, warm_env):

@@ -7,7 +7,7 @@ How a job command uses it (:func:`run_in_warm_parent`, the first thing a job scr
 - **A warm parent answers** (its Unix socket, named by :func:`parent_key`, exists under the cache folder): the command
   sends it its script, ``sys.argv``, ``sys.path``, working folder, environment, umask and stdin/stdout/stderr (passed
   as file descriptors); the warm parent forks a child that runs the script as ``__main__`` as a new interpreter would
-  (:func:`devsim_flare.launch.fork_server._become`: this project's modules imported afresh from the script's
+  (:func:`devsim_flare.launch.forked_child.become`: this project's modules imported afresh from the script's
   checkout, fresh signal handlers, exit handlers, logging and random seeds). The command waits, passes on SIGINT,
   SIGTERM, SIGHUP and SIGQUIT to the child, and exits with the child's status. When the command dies, its
   connection closes and the warm parent sends the child SIGTERM (the run stops as on SIGTERM).
@@ -54,7 +54,7 @@ FOLDER = "warm"
 CONNECT_SECONDS = 2.0
 """How long a command waits to connect to a warm parent, and then for the forked child's pid, before it runs cold."""
 REPLY_SECONDS = 10.0
-MAX_SOCKET_PATH = 100  # a Unix socket path is at most 107 bytes on Linux
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket path on Linux (a longer cache folder path: no warm parent)
 KEY_ENV_PREFIXES = (
     *("PYTHON", "LD_", "MALLOC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR_", "BLIS_", "NPY_"),
     *("TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "NCCL_", "DNNL_", "ONEDNN_", "NVFLARE", "GRPC_", "TF_", "XLA_"),
@@ -65,7 +65,7 @@ KEY_ENV_PREFIXES = (
 WARM_IMPORTS = ("numpy", "torch", "torch._dynamo", "torch.func", "torch.utils.tensorboard", "nvflare")
 """Imported by every warm parent first, before the modules its starting command had imported."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-LAUNCH_SOURCES = ("warm_parent.py", "fork_server.py", "forked_process.py")
+LAUNCH_SOURCES = ("warm_parent.py", "fork_server.py", "forked_child.py", "forked_process.py")
 """The code a warm parent runs for a command: part of its key (an edited checkout gets a new warm parent)."""
 
 _at_start: dict = {}
@@ -234,7 +234,7 @@ def idle_seconds(environ) -> float:
 def imported_modules() -> list[str]:
     """The modules this process has imported from the standard library and site-packages, in import order (never
     this project's, which a command imports from its own checkout, nor ``__main__``)."""
-    from devsim_flare.launch.fork_server import SHIPPED_PACKAGES
+    from devsim_flare.launch.forked_child import SHIPPED_PACKAGES
 
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
     names = []
