@@ -190,11 +190,13 @@ def _serve(
     child_wait: float | None = CHILD_EXIT_WAIT_SECONDS,
     stop_orphans: bool = False,
     before_exit: Callable[[], None] | None = None,
+    import_beside_children: bool = True,
 ) -> int:
     """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The
     ``imports`` are taken one by one between requests, so a request that comes early waits for one import at most and
     gets what is imported by then (waiting for all of them made the digits demo's command -> server process 0.8 s
-    longer, median of 3); none after ``requests`` requests (None: no limit).
+    longer, median of 3); none after ``requests`` requests (None: no limit), and, without ``import_beside_children``,
+    none while a child runs (they would take CPU from it; the imports go on once it has ended).
 
     It ends when ``lifeline`` (a pipe's read end; None: none) reads EOF or on SIGTERM, after its children have exited
     (waiting ``child_wait`` seconds at most; None: as long as they run), or after ``idle_seconds`` without a child
@@ -238,7 +240,8 @@ def _serve(
         if idle_seconds is not None and not pending and time.monotonic() - idle_since > idle_seconds:
             return 0
         requesters = _requesters(children, orphans) if stop_orphans else {}
-        readable = select.select([*watched, *requesters], [], [], 0.0 if pending else POLL_SECONDS)[0]
+        importing = bool(pending) and (import_beside_children or not children)
+        readable = select.select([*watched, *requesters], [], [], 0.0 if importing else POLL_SECONDS)[0]
         if lifeline is not None and lifeline in readable:  # the job command closed its end (or died)
             closing.append(True)
         elif listener in readable:
@@ -247,7 +250,7 @@ def _serve(
             served += 1
             if requests is not None and served >= requests:
                 pending.clear()
-        elif pending:
+        elif importing:
             name = pending.pop(0)
             with contextlib.suppress(Exception):
                 importlib.import_module(name)

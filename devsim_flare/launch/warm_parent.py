@@ -317,7 +317,14 @@ def serve(path: str, idle: float) -> int:
     imports = tuple(dict.fromkeys([*WARM_IMPORTS, *learned]))
     try:
         return _serve(
-            listener, None, imports, idle_seconds=idle, child_wait=None, stop_orphans=True, before_exit=remove_socket
+            listener,
+            None,
+            imports,
+            idle_seconds=idle,
+            child_wait=None,
+            stop_orphans=True,
+            before_exit=remove_socket,
+            import_beside_children=False,
         )
     finally:
         remove_socket()
