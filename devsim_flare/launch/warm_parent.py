@@ -260,7 +260,7 @@ def start_warm_parent(path: str, environ: dict[str, str], modules: list[str]) ->
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in environ.items() if not k.startswith("DEVSIM_FORK_SERVER") and k != CHILD_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, environ.get("PYTHONPATH"))))
-    with open(path[: -len(".sock")] + ".log", "ab") as log:
+    with open(path[: -len(".sock")] + ".log", "wb") as log:  # the last warm parent's messages, if any
         process = subprocess.Popen(
             [sys.executable, "-m", "devsim_flare.launch.warm_parent", "serve", path, str(idle_seconds(environ))],
             cwd="/",
@@ -289,7 +289,8 @@ def _answers(path: str) -> bool:
 
 def serve(path: str, idle: float) -> int:
     """The warm parent itself: bind ``path`` (ending at once when another warm parent answers there), import, fork a
-    command per request until ``idle`` seconds pass without one; the socket and its files are removed at the end."""
+    command per request until ``idle`` seconds pass without one. It reads and removes its module list at the start,
+    and removes its socket and an empty log at the end."""
     from devsim_flare.launch.fork_server import _serve
 
     if _answers(path):
@@ -303,15 +304,21 @@ def serve(path: str, idle: float) -> int:
     listener.listen(16)
     bound = os.stat(path).st_ino
 
-    def remove_socket() -> None:
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == bound:  # not another warm parent's, bound after this one
-                os.unlink(path)
+    stem = path[: -len(".sock")]
 
-    modules_file = path[: -len(".sock")] + ".modules"
+    def remove_socket() -> None:
+        """Remove the socket (unless another warm parent has bound the path since) and an empty log."""
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == bound:
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            if os.path.getsize(stem + ".log") == 0:
+                os.unlink(stem + ".log")
+
     try:
-        with open(modules_file, encoding="utf-8") as stream:
+        with open(stem + ".modules", encoding="utf-8") as stream:
             learned = [name for name in stream.read().split("\n") if name]
+        os.unlink(stem + ".modules")
     except OSError:
         learned = []
     imports = tuple(dict.fromkeys([*WARM_IMPORTS, *learned]))
