@@ -171,7 +171,13 @@ def interpreter_path(cwd: str, pythonpath: str, current: list[str]) -> list[str]
     """The ``sys.path`` of ``python -m`` started in ``cwd`` with ``PYTHONPATH=pythonpath``: the folder, the
     ``PYTHONPATH`` entries, then the interpreter's own entries (the standard library and site-packages: ``current``
     from its first entry under the interpreter's prefix on, which drops what a script put in front)."""
-    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    prefixes = interpreter_prefixes()
     first = next((i for i, entry in enumerate(current) if entry and entry.startswith(prefixes)), len(current))
     extra = [os.path.abspath(entry) for entry in pythonpath.split(os.pathsep) if entry]
     return [cwd, *extra, *[entry for entry in current[first:] if entry not in extra]]
+
+
+def interpreter_prefixes() -> tuple[str, ...]:
+    """The interpreter's own installation prefixes (the virtual environment's and the base interpreter's), sorted:
+    a ``sys.path`` entry or module file under one of them is the standard library's or site-packages'."""
+    return tuple(sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}))

@@ -41,6 +41,7 @@ import sys
 import time
 
 from devsim.cache_dir import cache_root
+from devsim_flare.launch.forked_child import SHIPPED_PACKAGES, interpreter_prefixes
 from devsim_flare.launch.forked_process import STDIO_FDS, recv_frame, send_frame
 
 WARM_ENV = "DEVSIM_WARM"
@@ -67,6 +68,9 @@ WARM_IMPORTS = ("numpy", "torch", "torch._dynamo", "torch.func", "torch.utils.te
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 LAUNCH_SOURCES = ("warm_parent.py", "fork_server.py", "forked_child.py", "forked_process.py")
 """The code a warm parent runs for a command: part of its key (an edited checkout gets a new warm parent)."""
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The checkout this module is in (a warm parent imports its launch code from there)."""
 
 _at_start: dict = {}
 """This command's key and environment as they were when it started (a run changes ``os.environ``)."""
@@ -103,7 +107,7 @@ def parent_key(environ=None) -> str:
     interpreter's own ``sys.path`` folders (site-packages change when a package is installed), the environment
     variables of :data:`KEY_ENV_PREFIXES` and the launch code's source."""
     environ = os.environ if environ is None else environ
-    prefixes = tuple(sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}))
+    prefixes = interpreter_prefixes()
     digest = hashlib.sha256()
     for part in (os.path.realpath(sys.executable), sys.version, *prefixes):
         digest.update(part.encode() + b"\0")
@@ -234,9 +238,7 @@ def idle_seconds(environ) -> float:
 def imported_modules() -> list[str]:
     """The modules this process has imported from the standard library and site-packages, in import order (never
     this project's, which a command imports from its own checkout, nor ``__main__``)."""
-    from devsim_flare.launch.forked_child import SHIPPED_PACKAGES
-
-    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    prefixes = interpreter_prefixes()
     names = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
@@ -254,13 +256,12 @@ def start_warm_parent(path: str, environ: dict[str, str], modules: list[str]) ->
         return None
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    modules_file = path[: -len(".sock")] + ".modules"
-    with open(modules_file, "w", encoding="utf-8") as stream:
+    stem = path.removesuffix(".sock")
+    with open(stem + ".modules", "w", encoding="utf-8") as stream:
         stream.write("\n".join(modules))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in environ.items() if not k.startswith("DEVSIM_FORK_SERVER") and k != CHILD_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, environ.get("PYTHONPATH"))))
-    with open(path[: -len(".sock")] + ".log", "wb") as log:  # the last warm parent's messages, if any
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (REPO_ROOT, environ.get("PYTHONPATH"))))
+    with open(stem + ".log", "wb") as log:  # the last warm parent's messages, if any
         process = subprocess.Popen(
             [sys.executable, "-m", "devsim_flare.launch.warm_parent", "serve", path, str(idle_seconds(environ))],
             cwd="/",
@@ -295,8 +296,7 @@ def serve(path: str, idle: float) -> int:
 
     if _answers(path):
         return 0
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path[:] = [entry for entry in sys.path if entry not in ("", "/", root)] + [root]  # site-packages first
+    sys.path[:] = [e for e in sys.path if e not in ("", "/", REPO_ROOT)] + [REPO_ROOT]  # site-packages first
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -304,7 +304,7 @@ def serve(path: str, idle: float) -> int:
     listener.listen(16)
     bound = os.stat(path).st_ino
 
-    stem = path[: -len(".sock")]
+    stem = path.removesuffix(".sock")
 
     def remove_socket() -> None:
         """Remove the socket (unless another warm parent has bound the path since) and an empty log."""
