@@ -47,6 +47,7 @@ RESULTS = os.environ.get("DEVSIM_BENCHMARK_RESULTS") or os.path.join(REPO, "benc
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
 FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
 WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
+WARM_PARENT_MODULE = "devsim_flare.launch.warm_parent"  # in the command line of a warm parent (python -m ...)
 
 
 def load() -> str:
@@ -266,14 +267,17 @@ def _descendants(pid: int) -> dict[int, float]:
     return found
 
 
-def _kill_tracked(tracked: dict[int, float]) -> None:
-    """Kill each tracked process that still runs (same pid and create time: never a recycled pid)."""
+def _kill_tracked(tracked: dict[int, float], spare_warm_parents: bool = False) -> None:
+    """Kill each tracked process that still runs (same pid and create time: never a recycled pid); with
+    ``spare_warm_parents`` not the warm parents a job command started (their caller stops them)."""
     import psutil
 
     killed = []
     for pid, created in tracked.items():
         try:
             process = psutil.Process(pid)
+            if spare_warm_parents and WARM_PARENT_MODULE in process.cmdline():
+                continue
             if process.create_time() == created:
                 process.kill()
                 killed.append(process)
@@ -314,14 +318,20 @@ def run_isolated(
     watch: Callable[[str, float], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> tuple[int | None, float, str]:
-    """Run ``cmd`` in its own process group with HOME inside ``workdir`` (``env`` added to this environment),
-    its output to ``workdir/log_name``; ``watch(line, seconds since launch)`` sees each output line as it comes,
+    """Run ``cmd`` in its own process group with HOME inside ``workdir`` unless ``env`` names one (``env`` added to
+    this environment; without
+    a ``DEVSIM_CACHE_DIR`` in ``env`` also ``DEVSIM_WARM=0``: the cache folder would lie in that throwaway HOME, so a
+    warm parent started there would serve no later run; with one, a warm parent the command starts is left to the
+    caller, ``devsim_flare.launch.warm_parent.stop_parents``), its output to ``workdir/log_name``;
+    ``watch(line, seconds since launch)`` sees each output line as it comes,
     ``on_start(pid)`` the command's process id once it runs.
     Returns (exit code, None on timeout; wall seconds; the output's last 4,000 characters). Every process it
     started is gone when this returns."""
     home = os.path.join(workdir, "home")
     os.makedirs(home, exist_ok=True)
-    full_env = dict(os.environ, HOME=home, PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = {**os.environ, "HOME": home, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if "DEVSIM_CACHE_DIR" not in (env or {}):
+        full_env.setdefault("DEVSIM_WARM", "0")
     started = time.perf_counter()
     tracked: dict[int, float] = {}
     tail: deque[str] = deque(maxlen=200)
@@ -365,7 +375,7 @@ def run_isolated(
                 tracked.update(_descendants(proc.pid))
                 _freeze_group(proc.pid, signal.SIGCONT)
                 _stop_group(proc)
-            _kill_tracked(tracked)
+            _kill_tracked(tracked, spare_warm_parents="DEVSIM_CACHE_DIR" in (env or {}))
             reader.join(timeout=10)
     return rc, time.perf_counter() - started, "".join(tail)[-4000:]
 

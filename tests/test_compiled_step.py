@@ -16,6 +16,8 @@ from devsim.training.compiled_step import (
     probe_compiled,
     resolve_compile,
 )
+from devsim.training.flat_step import batched_step
+from devsim.training.graphed_step import GRAPH_OPTIONS, GraphedStep
 from devsim.training.local import LocalTrainingSpec
 from devsim.training.probe.batch_probe import TOLERANCE
 
@@ -87,7 +89,7 @@ def test_probe_accepts_an_exact_step_and_names_what_rules_one_out():
         return BatchedTrainer(_model(), SPEC, torch.device("cpu"), compile_options=None if options is None else FAST)
 
     verdict = probe_compiled(build, pool, start, TOLERANCE)
-    assert verdict is None or verdict.startswith("compiled not faster on the probe")
+    assert verdict is None or verdict.startswith("replayed not faster on the probe")
 
     def broken(options):
         if options is not None:
@@ -99,17 +101,21 @@ def test_probe_accepts_an_exact_step_and_names_what_rules_one_out():
 
 def test_resolve_compile():
     assert not resolve_compile("off", "cuda").enabled
-    assert not resolve_compile("auto", "cpu").enabled and "eager on the CPU" in resolve_compile("auto", "cpu").reason
+    for setting in ("auto", "graphs"):
+        on_cpu = resolve_compile(setting, "cpu")
+        assert not on_cpu.enabled and "eager on the CPU" in on_cpu.reason
     on_cpu = resolve_compile("on", "cpu")
     assert on_cpu.enabled and on_cpu.options == {} and str(BUCKETS) in on_cpu.reason
     auto_gpu = resolve_compile("auto", "cuda:0", probe=lambda: None)
-    assert auto_gpu.enabled and auto_gpu.options == compile_options_for("cuda") == {"mode": "reduce-overhead"}
+    assert auto_gpu.enabled and auto_gpu.options == GRAPH_OPTIONS and "CUDA graphs" in auto_gpu.reason
+    assert resolve_compile("graphs", "cuda:0", probe=lambda: "never asked").options == GRAPH_OPTIONS
+    on_gpu = resolve_compile("on", "cuda:0", num_params=11_173_962)
+    assert on_gpu.enabled and on_gpu.options == compile_options_for("cuda") == {"mode": "reduce-overhead"}
     big = resolve_compile("auto", "cuda:0", probe=lambda: None, num_params=11_173_962)
-    assert not big.enabled and "--compile on forces it" in big.reason
-    assert resolve_compile("on", "cuda:0", num_params=11_173_962).enabled
-    refused = resolve_compile("auto", "cuda:0", probe=lambda: "compiled not faster")
-    assert not refused.enabled and "compiled not faster" in refused.reason
-    with pytest.raises(ValueError, match="compile must be one of off, auto, on"):
+    assert not big.enabled and "--compile graphs forces it" in big.reason
+    refused = resolve_compile("auto", "cuda:0", probe=lambda: "replayed not faster")
+    assert not refused.enabled and "replayed not faster" in refused.reason
+    with pytest.raises(ValueError, match="compile must be one of off, auto, graphs, on"):
         resolve_compile("sometimes", "cpu")
 
 
@@ -150,3 +156,67 @@ def test_a_failing_compiled_step_falls_back_to_eager_with_the_same_updates(capsy
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert capsys.readouterr().out.count("eager from now on") == 1
+
+
+def _bn_model() -> nn.Module:
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_graphed_step_copies_in_and_out_as_the_eager_step_computes():
+    """Without capture (the CPU), GraphedStep runs the step on its static tensors: same gradients, losses and
+    outputs as the eager step, buffers updated in place in the caller's tensors, one static set per shape."""
+    model = _bn_model()
+    params_keys = [n for n, _ in model.named_parameters()]
+    buffer_keys = [n for n, _ in model.named_buffers()]
+    step = batched_step(model, nn.functional.cross_entropy, params_keys, buffer_keys)
+    graphed = GraphedStep(step, capture=False)
+    gen = torch.Generator().manual_seed(3)
+    for devices in (3, 3, 5):
+        state = dict(model.named_parameters()) | dict(model.named_buffers())
+        stacked = {k: v.detach().unsqueeze(0).repeat(devices, *[1] * v.dim()).clone() for k, v in state.items()}
+        params = tuple(stacked[k] + 0.01 * torch.randn(stacked[k].shape, generator=gen) for k in params_keys)
+        buffers = tuple(stacked[k] for k in buffer_keys)
+        twins = tuple(b.clone() for b in buffers)
+        inputs = torch.randn(4, devices, 6, generator=gen)
+        targets = torch.randint(0, 3, (4, devices), generator=gen)
+        want_grads, (want_loss, want_out) = step(params, twins, inputs, targets)
+        got_grads, (got_loss, got_out) = graphed(params, buffers, inputs, targets)
+        for got, want in zip(
+            [*got_grads, got_loss, got_out, *buffers], [*want_grads, want_loss, want_out, *twins], strict=True
+        ):
+            assert torch.equal(got, want)
+    assert graphed.shapes == 2
+
+
+def test_graphed_trainer_trains_every_group_at_its_own_size_as_eager_does():
+    ids = [4, 5, 6]
+    pool, start = _pool(3), _start(_model())
+    want, _ = BatchedTrainer(_model(), SPEC, torch.device("cpu")).train_pool(
+        ids, start, pool, [torch.Generator().manual_seed(i) for i in ids]
+    )
+    trainer = BatchedTrainer(_model(), SPEC, torch.device("cpu"), compile_options=dict(GRAPH_OPTIONS))
+    groups = CompiledGroups(trainer)
+    assert trainer.graphed and groups.buckets == () and not groups.cudagraph_trees
+    got, _ = groups.train_pool(ids, start, pool, [torch.Generator().manual_seed(i) for i in ids])
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert groups.warm([3, 2, 1], _pool(2), start) == [2, 3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: captured CUDA graphs against the eager step")
+def test_captured_graphs_give_the_eager_updates_bit_for_bit():
+    device = torch.device("cuda")
+    pool = _pool(3)
+    pool = ShardPool(pool.inputs.to(device), pool.targets.to(device), [i.to(device) for i in pool.indices])
+    start = [t.to(device) for t in _start(_model())]
+    ids = [0, 1, 2]
+    want, _ = BatchedTrainer(_model(), SPEC, device).train_pool(
+        ids, start, pool, [torch.Generator().manual_seed(i) for i in ids]
+    )
+    groups = CompiledGroups(BatchedTrainer(_model(), SPEC, device, compile_options=dict(GRAPH_OPTIONS)))
+    for _ in range(3):
+        got, _ = groups.train_pool(ids, start, pool, [torch.Generator().manual_seed(i) for i in ids])
+    assert groups.trainer._step.shapes >= 1
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

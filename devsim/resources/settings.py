@@ -14,7 +14,7 @@ from typing import Any
 from devsim.sections import check_choice, check_min, check_positive_finite, meta
 
 DEVICE_BATCH_WORDS = ("auto", "off")
-COMPILE_SETTINGS = ("off", "auto", "on")
+COMPILE_SETTINGS = ("off", "auto", "graphs", "on")
 TENSOR_TRANSFERS = ("auto", "inline", "download")
 SHARED_MEMORY_MODES = ("auto", "on", "off")
 INLINE_TENSOR_MAX_BYTES = 2 * 2**20
@@ -52,8 +52,10 @@ class EnvironmentSettings:
     compile: str = field(
         default="auto",
         metadata=_environment(
-            "the batched step compiled for a few bucketed group sizes (padded devices never change real updates): "
-            "auto (CUDA graphs on a GPU where the probe finds them exact and faster; eager on the CPU), on, off"
+            "the batched step replayed or compiled for a few bucketed group sizes (padded devices never change real "
+            "updates): auto (CUDA graphs of the eager step on a GPU where the probe finds them exact and faster; "
+            "eager on the CPU), graphs (CUDA graphs, no probe), on (torch.compile: fused kernels, seconds of "
+            "compilation per bucket), off"
         ),
     )
     tf32: bool = field(

@@ -36,6 +36,7 @@ from devsim.codec import float_state_keys
 from devsim.data.device_shards import ShardPool
 from devsim.training.channels_last import fold_channels_last, folds_channels_last
 from devsim.training.flat_step import batched_step
+from devsim.training.graphed_step import GRAPH_OPTIONS, GraphedStep
 from devsim.training.local import DeviceMetrics, LocalTrainingSpec, Objective, batch_orders, crop_and_flip
 from devsim.training.stacked import OPTIMIZER_STATES, StackedOptimizer, StackedRows
 
@@ -107,10 +108,12 @@ class BatchedTrainer:
             crop and flip).
         example: one model input row ``(1, ...)``, to check which operations the model runs (see
             :func:`devsim.training.channels_last.folds_channels_last`); None trusts its layers alone.
-        compile_options: ``torch.compile`` keyword arguments for the vmapped step (e.g. ``{"mode":
-            "reduce-overhead"}``); None (the jobs' choice) runs it eagerly. Compiled, every group size and batch
-            size compiles once (seconds each) and rounds differently from eager. For measurements
-            (``benchmarks/gpu_suite.py``): docs/concepts.md says why the jobs do not compile.
+        compile_options: :data:`~devsim.training.graphed_step.GRAPH_OPTIONS` replays the vmapped step from CUDA
+            graphs captured per shape (:class:`~devsim.training.graphed_step.GraphedStep`; on the CPU the same
+            mechanism without the graph); any other dict is ``torch.compile`` keyword arguments (e.g. ``{"mode":
+            "reduce-overhead"}``: every group size and batch size compiles once, seconds each, and rounds
+            differently from eager); None runs it eagerly. The leaves choose with ``--compile``
+            (:mod:`devsim.training.compiled_step`).
 
     Raises:
         ValueError: with :func:`batching_obstacle`'s reason when the model or spec cannot be batched.
@@ -140,7 +143,10 @@ class BatchedTrainer:
         if missing:
             raise ValueError(f"batched training needs floating-point parameters; not float: {sorted(missing)}")
         self._step = batched_step(self.model, self.objective.loss, self.param_keys, self.buffer_keys)
-        if compile_options is not None:
+        self.graphed = compile_options == GRAPH_OPTIONS
+        if self.graphed:
+            self._step = GraphedStep(self._step, capture=self.device.type == "cuda")
+        elif compile_options is not None:
             self._step = torch.compile(self._step, **{"dynamic": False, **compile_options})
         self.fold_channels_last = self.device.type == "cpu" and folds_channels_last(self.model, example)
 

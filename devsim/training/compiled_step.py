@@ -1,22 +1,25 @@
-"""The batched step compiled (CUDA graphs on a GPU) for a few bucketed group sizes (``--compile off|auto|on``).
+"""The batched step replayed from CUDA graphs or compiled, for a few bucketed group sizes
+(``--compile off|auto|graphs|on``).
 
-:class:`CompiledGroups` wraps a :class:`~devsim.training.batched.BatchedTrainer` whose vmapped step is compiled
-(``compile_options``) and pads every group of D devices to the smallest bucket P >= D (:data:`BUCKETS`) with
-copies of its last device: same shard rows, a generator in the same state, the same start weights. vmap keeps every
-device's arithmetic to its own row, so the padded rows cannot change the real devices' updates; they are dropped
-from the result. A run then compiles one shape per bucket it meets (a handful) instead of one per group size, and
-:meth:`CompiledGroups.warm` compiles the buckets a leaf's plan expects at start-up.
+:class:`CompiledGroups` wraps a :class:`~devsim.training.batched.BatchedTrainer` whose vmapped step is captured
+(``graphs``: :class:`~devsim.training.graphed_step.GraphedStep`, CUDA graphs of the eager step, one per group
+size: a capture costs milliseconds) or compiled (``on``: ``torch.compile``, ``reduce-overhead`` on a GPU). A
+compiled step pads every group of D devices to the smallest bucket P >= D (:data:`BUCKETS`) with copies of its last
+device: same shard rows, a generator in the same state, the same start weights. vmap keeps every device's
+arithmetic to its own row, so the padded rows cannot change the real devices' updates; they are dropped from the
+result. A run then compiles one shape per bucket it meets (a handful) instead of one per group size.
+:meth:`CompiledGroups.warm` builds the shapes a leaf's plan expects at start-up.
 
-Whether compiling is used (:func:`resolve_compile`):
+Which path is used (:func:`resolve_compile`):
 
 - ``off``: eager.
-- ``on``: compiled on any device (``reduce-overhead``, i.e. CUDA graphs, on a GPU; inductor on the CPU).
-- ``auto``: compiled on a GPU when :func:`probe_compiled` finds the compiled, padded step exact (same deltas as
+- ``graphs``: CUDA graphs captured from the eager step on a GPU (eager's kernels, so eager's updates; a shape costs
+  a few eager steps to capture, not a compilation); eager on the CPU, which has no graphs.
+- ``on``: ``torch.compile`` on any device (``reduce-overhead``, i.e. inductor's kernels in CUDA graphs, on a GPU;
+  inductor on the CPU): fused kernels, but each bucket compiles for seconds (10-21 s a leaf's start on an H200).
+- ``auto``: ``graphs`` on a GPU when :func:`probe_compiled` finds the replayed, padded step exact (same deltas as
   eager within :data:`devsim.training.probe.batch_probe.TOLERANCE`) and faster warm, for models up to
-  :data:`AUTO_MAX_PARAMS` (launch-bound small models: the digits CNN's groups of 2-10 ran 4-7x faster with CUDA
-  graphs on an H100; a ResNet-18 compiles for much longer per bucket and has not been measured compiled); eager on
-  the CPU, where each shape compiles for 8-19 s and the gain does not repay it in a run's first thousands of updates
-  (docs/concepts.md).
+  :data:`AUTO_MAX_PARAMS` (launch-bound small models); eager on the CPU.
 
 Padding the whole group rather than each step keeps every step's state a view; a ragged group (unequal shards,
 short last batches) still takes some steps in smaller sub-groups, each a further shape.
@@ -33,6 +36,7 @@ import torch
 
 from devsim.data.device_shards import ShardPool
 from devsim.training.batched import BatchedTrainer
+from devsim.training.graphed_step import GRAPH_OPTIONS
 from devsim.training.local import DeviceMetrics
 
 __all__ = [
@@ -47,9 +51,10 @@ __all__ = [
     "resolve_compile",
 ]
 
-COMPILE_SETTINGS = ("off", "auto", "on")
+COMPILE_SETTINGS = ("off", "auto", "graphs", "on")
 BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
-"""Group sizes the compiled step is built for; a group of D devices runs padded to the smallest bucket >= D."""
+"""Group sizes the replayed or compiled step is built for; a group of D devices runs padded to the smallest
+bucket >= D."""
 
 AUTO_MAX_PARAMS = 2_000_000
 """``auto`` compiles models with at most this many float state entries (``on`` compiles any)."""
@@ -66,9 +71,14 @@ def bucket_for(count: int, buckets: tuple[int, ...] = BUCKETS) -> int:
 
 
 def compile_options_for(device: torch.device | str) -> dict:
-    """``torch.compile`` options of the batched step: CUDA graphs (``reduce-overhead``) on a GPU, inductor's default
-    mode on the CPU; static shapes."""
+    """``torch.compile`` options of the batched step (``--compile on``): CUDA graphs (``reduce-overhead``) on a GPU,
+    inductor's default mode on the CPU; static shapes."""
     return {"mode": "reduce-overhead"} if torch.device(device).type == "cuda" else {}
+
+
+def probe_options_for(device: torch.device | str) -> dict:
+    """The trainer options ``auto`` probes and adopts on ``device``: :data:`GRAPH_OPTIONS` on a GPU."""
+    return dict(GRAPH_OPTIONS) if torch.device(device).type == "cuda" else compile_options_for(device)
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ class CompileChoice:
 
 def resolve_compile(setting: str, device: torch.device | str, probe=None, num_params: int = 0) -> CompileChoice:
     """Resolve ``--compile`` for ``device`` and a model of ``num_params`` float state entries; ``probe`` (called only
-    when ``auto`` on a GPU still considers compiling) returns None when the compiled step is exact and faster, else
+    when ``auto`` on a GPU still considers CUDA graphs) returns None when the replayed step is exact and faster, else
     why not.
 
     Raises:
@@ -91,25 +101,30 @@ def resolve_compile(setting: str, device: torch.device | str, probe=None, num_pa
     if setting not in COMPILE_SETTINGS:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {setting!r}")
     on_gpu = torch.device(device).type == "cuda"
-    options = compile_options_for(device)
-    mode = "CUDA graphs" if on_gpu else "inductor"
     if setting == "off":
         return CompileChoice(False, None, "compile=off: eager batched step")
+    padded = f"groups padded to buckets {BUCKETS}"
+    exact = "one graph per group size"
     if setting == "on":
-        return CompileChoice(True, options, f"compile=on: {mode}, groups padded to buckets {BUCKETS}")
+        mode = "torch.compile reduce-overhead (inductor + CUDA graphs)" if on_gpu else "torch.compile (inductor)"
+        return CompileChoice(True, compile_options_for(device), f"compile=on: {mode}, {padded}")
     if not on_gpu:
-        return CompileChoice(False, None, "compile=auto -> eager on the CPU (each shape compiles for seconds)")
+        return CompileChoice(False, None, f"compile={setting} -> eager on the CPU (no CUDA graphs; on compiles)")
+    if setting == "graphs":
+        return CompileChoice(True, dict(GRAPH_OPTIONS), f"compile=graphs: CUDA graphs, {exact}")
     if num_params > AUTO_MAX_PARAMS:
         return CompileChoice(
             False,
             None,
-            f"compile=auto -> eager: {num_params:,} parameters (auto compiles models up to {AUTO_MAX_PARAMS:,}; "
-            "--compile on forces it)",
+            f"compile=auto -> eager: {num_params:,} parameters (auto captures models up to {AUTO_MAX_PARAMS:,}; "
+            "--compile graphs forces it)",
         )
     obstacle = probe() if probe is not None else None
     if obstacle is not None:
         return CompileChoice(False, None, f"compile=auto -> eager: {obstacle}")
-    return CompileChoice(True, options, f"compile=auto -> {mode} (exact and faster on the probe), buckets {BUCKETS}")
+    return CompileChoice(
+        True, dict(GRAPH_OPTIONS), f"compile=auto -> CUDA graphs (exact and faster on the probe), {exact}"
+    )
 
 
 def _raise_recompile_limit() -> None:
@@ -132,7 +147,8 @@ class CompiledGroups:
 
     Args:
         trainer: built with ``compile_options`` (see :func:`compile_options_for`).
-        buckets: the padded group sizes.
+        buckets: the padded group sizes; None: :data:`BUCKETS` for a compiled step, none (every group at its own
+            size) for CUDA graphs, whose capture of a new size costs milliseconds rather than padded arithmetic.
         fallback: builds an eager trainer of the same model; when a compiled call raises (a shape or thread the
             probe did not meet), the group is trained again eagerly, unpadded, and every later group too, with one
             printed line saying why. None: the error propagates.
@@ -141,16 +157,20 @@ class CompiledGroups:
     def __init__(
         self,
         trainer: BatchedTrainer,
-        buckets: tuple[int, ...] = BUCKETS,
+        buckets: tuple[int, ...] | None = None,
         fallback: Callable[[], BatchedTrainer] | None = None,
     ):
-        _raise_recompile_limit()
+        if not trainer.graphed:
+            _raise_recompile_limit()
         self.trainer = trainer
         self.fallback = fallback
         self.eager: BatchedTrainer | None = None
+        if buckets is None:
+            buckets = () if trainer.graphed else BUCKETS
         self.buckets = tuple(sorted(buckets))
         self.keys = trainer.keys
         self.cuda = trainer.device.type == "cuda"
+        self.cudagraph_trees = self.cuda and not trainer.graphed  # torch.compile's reduce-overhead marks each call
 
     def train_pool(
         self,
@@ -195,7 +215,7 @@ class CompiledGroups:
             generators = [*generators, *(_copy_generator(generators[-1]) for _ in range(padded))]
             if per_device_base:
                 global_tensors = [torch.cat([t, t[-1:].expand(padded, *t.shape[1:])]) for t in global_tensors]
-        if self.cuda:
+        if self.cudagraph_trees:
             torch.compiler.cudagraph_mark_step_begin()
         started = time.perf_counter()
         deltas, metrics = self.trainer.train_pool(device_ids, global_tensors, pool, generators, per_device_base)
@@ -221,9 +241,10 @@ class CompiledGroups:
 def probe_compiled(
     build_trainer, pool: ShardPool, global_tensors: list[torch.Tensor], tolerance: float, repeats: int = 3
 ) -> str | None:
-    """Why the compiled, padded step should not be used, or None: three probe devices (padded to 4) trained eager
-    and compiled from the same weights must agree within ``tolerance`` of the largest update, and the compiled
-    call (warm) must be faster than the eager one (best of ``repeats``).
+    """Why the replayed (or compiled), padded step should not be used, or None: three probe devices (padded to 4)
+    trained eager and through :func:`probe_options_for` (CUDA graphs on a GPU) from the same weights must agree
+    within ``tolerance`` of the largest update, and the replayed call (warm) must be faster than the eager one
+    (best of ``repeats``).
 
     Args:
         build_trainer: ``build_trainer(compile_options)`` -> a fresh :class:`BatchedTrainer` (None: eager).
@@ -233,10 +254,12 @@ def probe_compiled(
     """
     eager = build_trainer(None)
     device = eager.device
+    options = probe_options_for(device)
     try:
-        compiled = CompiledGroups(build_trainer(compile_options_for(device)))
+        compiled = CompiledGroups(build_trainer(options))
     except Exception as error:  # noqa: BLE001 - any failure to build means: stay eager
-        return f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}"
+        what = "CUDA graphs" if options == GRAPH_OPTIONS else "torch.compile"
+        return f"{what} failed: {type(error).__name__}: {str(error)[:200]}"
     probe = ShardPool(pool.inputs, pool.targets, list(pool.indices[:3]), pool.prepare)
     ids = [0, 1, 2]
 
@@ -255,11 +278,11 @@ def probe_compiled(
         eager_best = min(run(eager)[0] for _ in range(repeats))
         compiled_best = min(run(compiled)[0] for _ in range(repeats))
     except Exception as error:  # noqa: BLE001 - a model that does not compile stays eager
-        return f"the compiled step failed on the probe: {type(error).__name__}: {str(error)[:200]}"
+        return f"the replayed step failed on the probe: {type(error).__name__}: {str(error)[:200]}"
     largest = max(float(w.abs().max()) for w in want)
     worst = max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
     if worst > tolerance * max(largest, 1e-30):
-        return f"compiled updates differ from eager by {worst / max(largest, 1e-30):.1e} of the largest update"
+        return f"replayed updates differ from eager by {worst / max(largest, 1e-30):.1e} of the largest update"
     if compiled_best >= eager_best:
-        return f"compiled not faster on the probe ({compiled_best * 1e3:.1f} ms against {eager_best * 1e3:.1f} ms)"
+        return f"replayed not faster on the probe ({compiled_best * 1e3:.1f} ms against {eager_best * 1e3:.1f} ms)"
     return None
