@@ -37,7 +37,14 @@ from devsim.data.device_shards import ShardPool
 from devsim.training.channels_last import fold_channels_last, folds_channels_last
 from devsim.training.flat_step import batched_step
 from devsim.training.graphed_step import GRAPH_OPTIONS, GraphedStep
-from devsim.training.local import DeviceMetrics, LocalTrainingSpec, Objective, batch_orders, crop_and_flip
+from devsim.training.local import (
+    DeviceMetrics,
+    LocalTrainingSpec,
+    Objective,
+    batch_orders,
+    crop_and_flip,
+    host_to_device,
+)
 from devsim.training.stacked import OPTIMIZER_STATES, StackedOptimizer, StackedRows
 
 
@@ -335,7 +342,7 @@ class _Lockstep:
         """One optimizer step of the devices in ``rows`` (all with batches of the same size)."""
         trainer = self.trainer
         device = trainer.device
-        index = torch.stack(batches).to(device, non_blocking=True)
+        index = host_to_device(torch.stack(batches), device)
         group, batch = int(index.shape[0]), int(index.shape[1])
         flat = rows.take(self.device_rows).gather(1, index).t().reshape(-1)
         inputs = self.pool.inputs.index_select(0, flat).view(batch, group, *self.sample_shape)

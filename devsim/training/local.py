@@ -160,7 +160,7 @@ class LocalTrainer:
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
         seen = 0
         for batch_index in batch_orders(num_samples, steps, self.spec.batch_size, generator):
-            batch_index = batch_index.to(self.device, non_blocking=True)
+            batch_index = host_to_device(batch_index, self.device)
             batch_inputs, batch_targets = inputs[batch_index], targets[batch_index]
             if self.augment is not None:
                 batch_inputs = self.augment(batch_inputs, generator)
@@ -187,6 +187,16 @@ class LocalTrainer:
         with torch.no_grad():
             delta = torch._foreach_sub(self.state_tensors, global_tensors)
             torch._foreach_add_(accumulator, delta, alpha=float(weight))
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the CPU) on ``device`` without stalling the host: on a GPU through pinned memory (a copy from
+    pageable memory waits until the GPU has run everything queued before it, so the host could not queue the next
+    step meanwhile; PyTorch's pinned-memory cache keeps the staging buffer until the copy is done); as is on the
+    CPU."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def batch_orders(num_samples: int, steps: int, batch_size: int, generator: torch.Generator):
