@@ -2,9 +2,11 @@
 
 Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
 says what it measures): ``fedavg_e2e``, ``throughput``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
-``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least half of its
-budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at
-twice its budget, and the figures are written after every section. ``gpu_suite.py check FILE``
+``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least
+half of its budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), runs in its own
+child process (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is
+recorded under ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at
+twice what is left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
 (``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
 (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
 
@@ -21,15 +23,14 @@ import os
 import platform
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
+from benchmarks.gpu_suite_child import child_main, child_timeout, run_section  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
-    VramMonitor,
     job_env,
     job_figures,
     run_job,
@@ -363,14 +364,19 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, help="seconds a job run may take (default: twice its section's budget)"
     )
     parser.add_argument("--budget", type=float, default=SUITE_BUDGET, help="seconds for the whole suite (0: no limit)")
+    # the suite runs each section in a child process of this script (benchmarks/gpu_suite_child.py):
+    parser.add_argument("--section-child", choices=SECTIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # the child's figures or error, as JSON
+    parser.add_argument("--section-seconds", type=float, help=argparse.SUPPRESS)  # the child's section deadline
     args = parser.parse_args(argv)
+    if args.section_child:
+        return _section_child(args)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     if unknown := sorted(set(chosen) - set(SECTIONS)):
         parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu for the dry run")
     out_path = args.out or (os.path.join(os.environ["OUT"], "gpu_suite.json") if os.environ.get("OUT") else None)
-    size = sizes(args.tiny)
     suite_started = time.monotonic()
     suite_deadline = suite_started + args.budget if args.budget > 0 else float("inf")
     fixed_timeout = args.timeout
@@ -391,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
             continue
         started = time.perf_counter()
-        args.section_deadline = float("inf") if args.tiny or args.budget <= 0 else time.monotonic() + min(budget, left)
         if fixed_timeout is not None:
             args.timeout = fixed_timeout
         elif args.tiny or args.budget <= 0:
@@ -399,13 +404,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             args.timeout = max(30.0, min(2.0 * budget, left))
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
-        try:
-            with VramMonitor(args.device) as monitor:
-                report["sections"][name] = RUNNERS[name](args, size)
-            report["sections"][name]["suite_peak_gpu_memory_mib"] = monitor.peak_mib
-        except Exception:  # noqa: BLE001 - one failed section must not lose the others' figures
-            report["errors"][name] = traceback.format_exc()[-4000:]
-            print(report["errors"][name], file=sys.stderr, flush=True)
+        unlimited = args.tiny or args.budget <= 0
+        command = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--section-child", name]
+        command += ["--timeout", str(args.timeout), *(["--tiny"] if args.tiny else [])]
+        if not unlimited:
+            command += ["--section-seconds", str(min(budget, left))]
+        part, error = run_section(name, command, child_timeout(budget, left, unlimited, fixed_timeout))
+        if part is not None and part.get("figures") is not None:
+            report["sections"][name] = part["figures"]
+            report["sections"][name]["suite_peak_gpu_memory_mib"] = part.get("peak_gpu_memory_mib")
+        if error is not None:
+            report["errors"][name] = error
+            print(f"[gpu_suite] {name} failed: {error.strip().splitlines()[-1][:200]}", file=sys.stderr, flush=True)
         report["section_seconds"][name] = time.perf_counter() - started
         report["suite_seconds"] = time.monotonic() - suite_started
         print(f"[gpu_suite] {name} done in {report['section_seconds'][name]:.1f}s", flush=True)
@@ -420,6 +430,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 1 if report["errors"] else 0
+
+
+def _section_child(args) -> int:
+    """One section in this (child) process: its figures or error into ``args.part``."""
+    seconds = args.section_seconds
+    args.section_deadline = time.monotonic() + seconds if seconds is not None else float("inf")
+    runner = functools.partial(RUNNERS[args.section_child], args, sizes(args.tiny))
+    return child_main(args.section_child, runner, args.device, args.part)
 
 
 def _write(path: str, report: dict) -> None:

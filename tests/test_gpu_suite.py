@@ -14,14 +14,20 @@ import sys
 
 import pytest
 
+from benchmarks.gpu_suite_child import CRASH_HOOK, run_section
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(REPO, "benchmarks", "gpu_suite.py")
 
 
-def run_suite(tmp_path, sections: str, timeout: float) -> dict:
-    """Run the dry run of ``sections`` into ``tmp_path/gpu_suite.json``; its report (no section failed)."""
+def run_suite(tmp_path, sections: str, timeout: float, crash: str | None = None) -> dict:
+    """Run the dry run of ``sections`` into ``tmp_path/gpu_suite.json``; its report (no section failed, or only
+    ``crash``, whose child aborts through the suite's test hook)."""
     out = tmp_path / "gpu_suite.json"
     env = dict(os.environ, HOME=str(tmp_path / "home"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env.pop(CRASH_HOOK, None)
+    if crash:
+        env[CRASH_HOOK] = crash
     # compiled_step's kernels and inductor's precompiled headers (under the temp dir whatever the cache dir) stay here
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TMPDIR=str(tmp_path))
     proc = subprocess.run(
@@ -32,9 +38,9 @@ def run_suite(tmp_path, sections: str, timeout: float) -> dict:
         text=True,
         timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == (1 if crash else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["errors"] == {}
+    assert set(report["errors"]) == ({crash} if crash else set()), report["errors"]
     assert report["machine"]["device"] == "cpu" and report["machine"]["torch"]
     return report
 
@@ -101,6 +107,39 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
+
+
+@pytest.mark.slow
+def test_a_crashed_section_is_reported_and_the_next_sections_still_run(tmp_path):
+    """worker_sweep's child aborts (the suite's test hook): its error says so, and the sections around it have
+    figures."""
+    report = run_suite(tmp_path, "throughput,worker_sweep,tf32", timeout=600, crash="worker_sweep")
+    error = report["errors"]["worker_sweep"]
+    assert error.strip().splitlines()[-1].startswith("crashed: the section's child killed by SIGABRT")
+    assert "worker_sweep" not in report["sections"] and "worker_sweep" in report["section_seconds"]
+    assert report["sections"]["throughput"]["cnn"]["auto"] > 0 and report["sections"]["tf32"]["cnn"]["leaf_on"] > 0
+    check = subprocess.run(
+        [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
+    )
+    assert "missing (failed: crashed: the section's child killed by SIGABRT" in check.stdout
+
+
+def test_run_section_reports_a_crash_a_timeout_and_an_error(tmp_path):
+    """The parent's side alone, on stand-in children: a signal, the time limit, and a Python error written to the
+    part file."""
+    part, error = run_section(
+        "x", [sys.executable, "-c", "import os, sys; print('gone', file=sys.stderr); os.abort()"], 60
+    )
+    assert part is None and error.endswith("s") and "killed by SIGABRT" in error and "gone" in error
+    part, error = run_section("x", [sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    assert part is None and "timed out: the section's child was stopped after 1 s" in error
+    writes = "import json, sys; json.dump({'error': 'Traceback: boom'}, open(sys.argv[2], 'w'))"
+    assert run_section("x", [sys.executable, "-c", writes], 60) == (None, "Traceback: boom")
+    writes = "import json, sys; json.dump({'figures': {'a': 1}, 'peak_gpu_memory_mib': None}, open(sys.argv[2], 'w'))"
+    assert run_section("x", [sys.executable, "-c", writes], 60) == (
+        {"figures": {"a": 1}, "peak_gpu_memory_mib": None},
+        None,
+    )
 
 
 def test_unknown_section_is_one_clear_error(tmp_path):
