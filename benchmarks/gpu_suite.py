@@ -1,9 +1,9 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
-says what it measures): ``fedavg_e2e``, ``throughput``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
-``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least
-half of its budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), runs in its own
+Sections in order of importance (``BUDGETS``; the default is the first eight; each section function's docstring
+says what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
+``fedrevive``, ``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least
+half of its budget is left of ``--budget`` (default 340 s, one device call of at most 6 minutes), runs in its own
 child process (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is
 recorded under ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at
 twice what is left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
@@ -39,6 +39,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     section_shared_gpu,
 )
+from benchmarks.gpu_suite_profile import profile_leaf  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
 from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
 from devsim.data.digits import load_digits_split  # noqa: E402
@@ -50,14 +51,14 @@ from devsim.training.batched import BatchedTrainer  # noqa: E402
 from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
-BUDGETS = dict(fedavg_e2e=60, throughput=40, async_throughput=95, worker_sweep=20, fedrevive=60, tf32=15)
-BUDGETS.update(compiled_step=25, shared_gpu=55, compression_job=60)
+BUDGETS = dict(fedavg_e2e=60, throughput=40, profile=25, async_throughput=95, worker_sweep=20, fedrevive=60)
+BUDGETS.update(tf32=15, compiled_step=25, shared_gpu=55, compression_job=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
-suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
+suite's ``--budget`` still holds its share. The default sections' budgets add up to 340 s."""
 SECTIONS = tuple(BUDGETS)
-DEFAULT_SECTIONS = SECTIONS[:7]
-SUITE_BUDGET = 315.0
+DEFAULT_SECTIONS = SECTIONS[:8]
+SUITE_BUDGET = 340.0
 """Default ``--budget``: the default sections in one device call of at most 6 minutes, with the wheels' install
 (~15 s) and Python's start-up beside them."""
 
@@ -277,6 +278,17 @@ def section_fedavg_e2e(args, size: dict) -> dict:
     return out
 
 
+def section_profile(args, size: dict) -> dict:
+    """Where one leaf's batched round's time goes (``benchmarks/gpu_suite_profile.py``): CNN, ``leaf_devices``
+    devices as one group, batch 10, one epoch, with the leaf's default compile setting and with compile off."""
+    devices, samples = size["leaf_devices"], size["leaf_samples"]
+    settings = leaf_settings("cnn", devices, samples)
+    out = {"default": profile_leaf(settings, args.device, devices)}
+    if time.monotonic() < args.section_deadline:
+        out["eager"] = profile_leaf(settings | {"compile": "off"}, args.device, devices)
+    return out
+
+
 def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
     """(seconds of the first call, best seconds of ``calls`` more, the deltas) of training every device of ``pool``
     from ``start`` with fixed batch orders."""
@@ -341,6 +353,7 @@ RUNNERS = {
     "throughput": section_throughput,
     "worker_sweep": section_worker_sweep,
     "fedrevive": section_fedrevive,
+    "profile": section_profile,
     "shared_gpu": section_shared_gpu,
     "compression_job": section_compression_job,
     "async_throughput": section_async_throughput,

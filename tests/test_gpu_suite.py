@@ -111,16 +111,23 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
 
 @pytest.mark.slow
 def test_a_crashed_section_is_reported_and_the_next_sections_still_run(tmp_path):
-    """worker_sweep's child aborts (the suite's test hook): its error says so, and the sections around it have
-    figures."""
-    report = run_suite(tmp_path, "throughput,worker_sweep,tf32", timeout=600, crash="worker_sweep")
+    """worker_sweep's child aborts (the suite's test hook): its error says so, the sections around it have figures,
+    and ``profile`` (CPU: no CUDA figures) saw the leaf's worker thread train."""
+    report = run_suite(tmp_path, "throughput,profile,worker_sweep,tf32", timeout=600, crash="worker_sweep")
     error = report["errors"]["worker_sweep"]
     assert error.strip().splitlines()[-1].startswith("crashed: the section's child killed by SIGABRT")
     assert "worker_sweep" not in report["sections"] and "worker_sweep" in report["section_seconds"]
     assert report["sections"]["throughput"]["cnn"]["auto"] > 0 and report["sections"]["tf32"]["cnn"]["leaf_on"] > 0
+    for name in ("default", "eager"):
+        run = report["sections"]["profile"][name]
+        assert run["round_ms"] > 0 and run["devices"] == 4 and run["gpu_busy"] is None
+        assert run["top_self_cuda"] is None and run["launches_per_round"] is None
+        assert any("convolution" in row["name"] for row in run["top_self_cpu"]), run["top_self_cpu"]
+    assert report["sections"]["profile"]["eager"]["compile"] == "off"
     check = subprocess.run(
         [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
     )
+    assert "profile default (compile=auto" in check.stdout and "round " in check.stdout, check.stdout
     assert "missing (failed: crashed: the section's child killed by SIGABRT" in check.stdout
 
 
@@ -192,3 +199,18 @@ def test_check_puts_each_target_beside_its_figure():
         in verdicts["one leaf, 64 devices, CNN, the leaf's own plan, against the same limit"][1]
     )
     assert verdicts["the whole suite in one call"] == ("330 s", MET)
+
+
+def test_check_prints_one_line_per_profiled_run():
+    sys.path.insert(0, REPO)
+    from benchmarks.gpu_suite_check import profile_lines
+
+    top = [{"name": "void sgemm_kernel<128>", "calls": 30, "self_cuda_ms": 4.5, "self_cpu_ms": 0.0}]
+    run = dict(compile_choice="compile=off: eager batched step", round_ms=12.34, gpu_busy=0.375, top_self_cuda=top)
+    run.update(launches_per_round=812.0, top_self_cpu=[{"name": "aten::bmm", "calls": 9, "self_cpu_ms": 2.0}])
+    lines = profile_lines({"sections": {"profile": {"eager": run}}})
+    assert lines == [
+        "profile eager (compile=off: eager batched step): round 12.3 ms, GPU busy 38%, launches/round 812, "
+        "top CUDA op void sgemm_kernel<128> 4.5 ms (30 calls)"
+    ]
+    assert profile_lines({"sections": {}}) == ["profile: missing"]
