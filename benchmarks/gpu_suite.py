@@ -16,7 +16,6 @@ twice what is left of it, and the figures are written after every section. ``gpu
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import os
@@ -39,16 +38,12 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     section_shared_gpu,
 )
-from benchmarks.gpu_suite_profile import profile_leaf  # noqa: E402
+from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
-from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
-from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
 from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
-from devsim.training.batched import BatchedTrainer  # noqa: E402
-from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=60, throughput=40, profile=25, async_throughput=95, worker_sweep=20, fedrevive=60)
@@ -287,65 +282,6 @@ def section_profile(args, size: dict) -> dict:
     if time.monotonic() < args.section_deadline:
         out["eager"] = profile_leaf(settings | {"compile": "off"}, args.device, devices)
     return out
-
-
-def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
-    """(seconds of the first call, best seconds of ``calls`` more, the deltas) of training every device of ``pool``
-    from ``start`` with fixed batch orders."""
-    count = len(pool.indices)
-    timed = []
-    for _ in range(calls + 1):
-        _sync(device)
-        started = time.perf_counter()
-        deltas, _ = trainer.train_pool(
-            list(range(count)), start, pool, [torch.Generator().manual_seed(i) for i in range(count)]
-        )
-        _sync(device)
-        timed.append(time.perf_counter() - started)
-    return timed[0], min(timed[1:]), deltas
-
-
-def section_compiled_step(args, size: dict) -> dict:
-    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes."""
-    device = torch.device(args.device)
-    train = load_digits_split(True)
-    inputs = torch.from_numpy(train.images).to(device)
-    targets = torch.from_numpy(train.labels).to(device)
-    spec = LocalTrainingSpec(epochs=1, batch_size=10, lr=0.05)
-    modes = {"eager": None, "compiled": {}}
-    if args.device == "cuda":
-        modes["reduce_overhead"] = {"mode": "reduce-overhead"}
-    torch.manual_seed(0)
-    model = build_model("cnn")
-    trainers = {
-        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
-        for name, options in modes.items()
-    }
-    state = model.state_dict()
-    start = [state[key].detach().to(device) for key in trainers["eager"].keys]
-    samples = size["step_samples"]
-    figures: dict = {}
-    for group in size["step_groups"]:
-        rows = [torch.arange(i * samples, (i + 1) * samples, device=device) % len(targets) for i in range(group)]
-        pool = ShardPool(inputs, targets, rows, Normaliser(train.mean, train.std))
-        row: dict = {}
-        eager = None
-        for name, trainer in trainers.items():
-            try:
-                first, best, deltas = lockstep_seconds(trainer, pool, start, args.device, calls=3)
-            except Exception as error:  # noqa: BLE001 - a mode that cannot compile here is a finding, not a failure
-                row[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-                continue
-            row[name] = {"first_call_seconds": first, "ms_per_device": 1000 * best / group}
-            if eager is None:
-                eager = (best, deltas)
-            else:
-                row[name]["speedup"] = eager[0] / best
-                row[name]["max_delta_difference"] = max(
-                    float((a - b).abs().max()) for a, b in zip(eager[1], deltas, strict=True)
-                )
-        figures[f"group_{group}"] = row
-    return figures
 
 
 RUNNERS = {

@@ -1,4 +1,5 @@
-"""The GPU suite's ``profile`` section (``benchmarks/gpu_suite.py``): where a batched leaf round's time goes.
+"""The GPU suite's sections inside one leaf's training step (``benchmarks/gpu_suite.py``): ``profile``, where a
+batched leaf round's time goes, and ``compiled_step``, eager against compiled batched steps.
 
 ``profile_leaf`` builds one leaf as ``section_throughput``'s batched run does (``LeafRoundRunner``, one worker, all
 devices as one batched computation), runs ``WARMUP_ROUNDS`` rounds, then ``PROFILED_ROUNDS`` under
@@ -13,6 +14,7 @@ says otherwise.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -20,8 +22,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from devsim.codec import model_to_numpy
+from devsim.data.device_shards import Normaliser, ShardPool
+from devsim.data.digits import load_digits_split
 from devsim.models import build_model
+from devsim.training.batched import BatchedTrainer
 from devsim.training.leaf_runner import LeafRoundRunner
+from devsim.training.local import LocalTrainingSpec
 from processors.task_processor import TaskDeviceProcessor
 
 WARMUP_ROUNDS = 2
@@ -108,3 +114,67 @@ def profile_leaf(settings: dict, device: str, devices: int) -> dict:
         launches_per_round=(launches + graphs) / PROFILED_ROUNDS, graph_launches_per_round=graphs / PROFILED_ROUNDS
     )
     return out | {"gpu_busy": _gpu_busy_us(prof) / 1e6 / wall}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
+    """(seconds of the first call, best seconds of ``calls`` more, the deltas) of training every device of ``pool``
+    from ``start`` with fixed batch orders."""
+    count = len(pool.indices)
+    timed = []
+    for _ in range(calls + 1):
+        _sync(device)
+        started = time.perf_counter()
+        deltas, _ = trainer.train_pool(
+            list(range(count)), start, pool, [torch.Generator().manual_seed(i) for i in range(count)]
+        )
+        _sync(device)
+        timed.append(time.perf_counter() - started)
+    return timed[0], min(timed[1:]), deltas
+
+
+def section_compiled_step(args, size: dict) -> dict:
+    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes."""
+    device = torch.device(args.device)
+    train = load_digits_split(True)
+    inputs = torch.from_numpy(train.images).to(device)
+    targets = torch.from_numpy(train.labels).to(device)
+    spec = LocalTrainingSpec(epochs=1, batch_size=10, lr=0.05)
+    modes = {"eager": None, "compiled": {}}
+    if args.device == "cuda":
+        modes["reduce_overhead"] = {"mode": "reduce-overhead"}
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    trainers = {
+        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
+        for name, options in modes.items()
+    }
+    state = model.state_dict()
+    start = [state[key].detach().to(device) for key in trainers["eager"].keys]
+    samples = size["step_samples"]
+    figures: dict = {}
+    for group in size["step_groups"]:
+        rows = [torch.arange(i * samples, (i + 1) * samples, device=device) % len(targets) for i in range(group)]
+        pool = ShardPool(inputs, targets, rows, Normaliser(train.mean, train.std))
+        row: dict = {}
+        eager = None
+        for name, trainer in trainers.items():
+            try:
+                first, best, deltas = lockstep_seconds(trainer, pool, start, args.device, calls=3)
+            except Exception as error:  # noqa: BLE001 - a mode that cannot compile here is a finding, not a failure
+                row[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                continue
+            row[name] = {"first_call_seconds": first, "ms_per_device": 1000 * best / group}
+            if eager is None:
+                eager = (best, deltas)
+            else:
+                row[name]["speedup"] = eager[0] / best
+                row[name]["max_delta_difference"] = max(
+                    float((a - b).abs().max()) for a, b in zip(eager[1], deltas, strict=True)
+                )
+        figures[f"group_{group}"] = row
+    return figures
