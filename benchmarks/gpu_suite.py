@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
-from benchmarks.gpu_suite_child import child_main, child_timeout, run_section  # noqa: E402
+from benchmarks.gpu_suite_child import ChildArgs, child_main, child_timeout, run_section  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section-child", choices=SECTIONS, help=argparse.SUPPRESS)
     parser.add_argument("--part", help=argparse.SUPPRESS)  # the child's figures or error, as JSON
     parser.add_argument("--section-seconds", type=float, help=argparse.SUPPRESS)  # the child's section deadline
+    parser.add_argument("--child-limit", type=float, help=argparse.SUPPRESS)  # seconds before the parent stops it
     args = parser.parse_args(argv)
     if args.section_child:
         return _section_child(args)
@@ -355,10 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
         unlimited = args.tiny or args.budget <= 0
         command = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--section-child", name]
-        command += ["--timeout", str(args.timeout), *(["--tiny"] if args.tiny else [])]
+        limit = child_timeout(budget, left, unlimited, fixed_timeout)
+        command += ["--timeout", str(args.timeout), "--child-limit", str(limit), *(["--tiny"] if args.tiny else [])]
         if not unlimited:
             command += ["--section-seconds", str(min(budget, left))]
-        part, error = run_section(name, command, child_timeout(budget, left, unlimited, fixed_timeout))
+        part, error = run_section(name, command, limit)
         if part is not None and part.get("figures") is not None:
             report["sections"][name] = part["figures"]
             report["sections"][name]["suite_peak_gpu_memory_mib"] = part.get("peak_gpu_memory_mib")
@@ -385,7 +387,7 @@ def _section_child(args) -> int:
     """One section in this (child) process: its figures or error into ``args.part``."""
     seconds = args.section_seconds
     args.section_deadline = time.monotonic() + seconds if seconds is not None else float("inf")
-    runner = functools.partial(RUNNERS[args.section_child], args, sizes(args.tiny))
+    runner = functools.partial(RUNNERS[args.section_child], ChildArgs(args, args.child_limit), sizes(args.tiny))
     return child_main(args.section_child, runner, args.device, args.part)
 
 

@@ -16,6 +16,7 @@ starts, as a crash in native code would end it; the dry-run test uses it to chec
 
 from __future__ import annotations
 
+import argparse
 import collections
 import faulthandler
 import json
@@ -34,6 +35,8 @@ STDERR_TAIL = 3000
 CRASH_HOOK = "DEVSIM_SUITE_CRASH"
 TERM_GRACE = 15.0
 """Seconds a child has after SIGTERM (its job runs stop their process groups) before its group gets SIGKILL."""
+JOB_MARGIN = 5.0
+"""Seconds of its time limit a child keeps after its last job run's timeout (to stop the job and write its part)."""
 
 
 def child_timeout(budget: float, left: float, unlimited: bool, job_timeout: float | None) -> float:
@@ -44,12 +47,35 @@ def child_timeout(budget: float, left: float, unlimited: bool, job_timeout: floa
     return max(limit, 3.0 * job_timeout) if job_timeout is not None else limit
 
 
-def _pump(stream, sink, tail: collections.deque) -> None:
-    """Copy ``stream`` (bytes) to ``sink`` chunk by chunk, keeping the last chunks in ``tail``."""
+class ChildArgs(argparse.Namespace):
+    """A section's arguments in its child: ``timeout`` (seconds a job run may take, read when a job starts) never
+    reaches past the child's own time limit (``limit`` s from now, less ``JOB_MARGIN``). A job that would outlast the
+    child then fails alone (``fedavg_e2e`` keeps the CNN's figures when the ResNet-18 job fails) instead of the
+    parent stopping the child and losing the section."""
+
+    def __init__(self, args: argparse.Namespace, limit: float | None):
+        super().__init__(**{key: value for key, value in vars(args).items() if key != "timeout"})
+        self._job_timeout = args.timeout if args.timeout is not None else float("inf")
+        self._ends = time.monotonic() + (limit if limit is not None else float("inf")) - JOB_MARGIN
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the next job run may take: ``--timeout``, at most what is left of the child's limit (>= 1 s)."""
+        return max(1.0, min(self._job_timeout, self._ends - time.monotonic()))
+
+
+def _pump(stream, tail: collections.deque) -> None:
+    """Copy ``stream`` (bytes) to this process's stderr chunk by chunk, keeping the last chunks in ``tail``."""
     for chunk in iter(lambda: stream.read1(4096), b""):
-        sink.write(chunk)
-        sink.flush()
         tail.append(chunk)
+        try:
+            if hasattr(sys.stderr, "buffer"):
+                sys.stderr.buffer.write(chunk)
+            else:  # a text-only stream (a test's capture)
+                sys.stderr.write(chunk.decode("utf-8", "replace"))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed: keep reading, so the child never blocks on a full pipe
+            pass
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -77,8 +103,7 @@ def run_section(name: str, command: list[str], timeout: float) -> tuple[dict | N
         started = time.monotonic()
         proc = subprocess.Popen([*command, "--part", part_path], stderr=subprocess.PIPE, start_new_session=True)
         tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL // 64 + 8)
-        sink = getattr(sys.stderr, "buffer", None) or sys.stderr
-        reader = threading.Thread(target=_pump, args=(proc.stderr, sink, tail), daemon=True)
+        reader = threading.Thread(target=_pump, args=(proc.stderr, tail), daemon=True)
         reader.start()
         timed_out = False
         try:

@@ -7,6 +7,7 @@ that are the ratio of the printed rates), never for speed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_suite_child import CRASH_HOOK, run_section
+from benchmarks.gpu_suite_child import CRASH_HOOK, JOB_MARGIN, ChildArgs, run_section
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(REPO, "benchmarks", "gpu_suite.py")
@@ -214,3 +215,12 @@ def test_check_prints_one_line_per_profiled_run():
         "top CUDA op void sgemm_kernel<128> 4.5 ms (30 calls)"
     ]
     assert profile_lines({"sections": {}}) == ["profile: missing"]
+
+
+def test_a_childs_job_runs_end_before_the_child_is_stopped():
+    """In a section's child a job run's timeout is ``--timeout`` at most, and never past the child's own limit."""
+    args = argparse.Namespace(timeout=100.0, device="cpu", tiny=True)
+    bounded = ChildArgs(args, 30.0)
+    assert 30.0 - JOB_MARGIN - 1 < bounded.timeout <= 30.0 - JOB_MARGIN and bounded.device == "cpu" and bounded.tiny
+    assert ChildArgs(args, None).timeout == 100.0 and ChildArgs(args, 300.0).timeout == 100.0
+    assert ChildArgs(args, 2.0).timeout == 1.0  # never zero or negative: the job still gets a second
