@@ -1,10 +1,12 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
-says what it measures): ``fedavg_e2e``, ``throughput``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
-``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least half of its
-budget is left of ``--budget`` (default 315 s, one device call of at most 6 minutes), its job runs are killed at
-twice its budget, and the figures are written after every section. ``gpu_suite.py check FILE``
+Sections in order of importance (``BUDGETS``; the default is the first eight; each section function's docstring
+says what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
+``fedrevive``, ``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least
+half of its budget is left of ``--budget`` (default 355 s, one device call of at most 6 minutes), runs in its own
+child process (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is
+recorded under ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at
+twice what is left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
 (``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
 (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
 
@@ -14,7 +16,6 @@ twice its budget, and the figures are written after every section. ``gpu_suite.p
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import os
@@ -22,15 +23,14 @@ import platform
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
+from benchmarks.gpu_suite_child import ChildArgs, child_main, child_timeout, run_section  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
-    VramMonitor,
     job_env,
     job_figures,
     run_job,
@@ -39,16 +39,12 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     section_shared_gpu,
 )
+from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
-from devsim.data.device_shards import Normaliser, ShardPool  # noqa: E402
-from devsim.data.digits import load_digits_split  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
 from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
-from devsim.training.batched import BatchedTrainer  # noqa: E402
-from devsim.training.graphed_step import GRAPH_OPTIONS  # noqa: E402
-from devsim.training.local import LocalTrainingSpec  # noqa: E402
 from devsim_flare.launch.warm_parent import (  # noqa: E402
     plain_interpreter,
     running_parents,
@@ -57,14 +53,14 @@ from devsim_flare.launch.warm_parent import (  # noqa: E402
 )
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
-BUDGETS = dict(fedavg_e2e=75, throughput=40, async_throughput=95, worker_sweep=20, fedrevive=60, tf32=15)
-BUDGETS.update(compiled_step=25, shared_gpu=55, compression_job=60)
+BUDGETS = dict(fedavg_e2e=75, throughput=40, profile=25, async_throughput=95, worker_sweep=20, fedrevive=60)
+BUDGETS.update(tf32=15, compiled_step=25, shared_gpu=55, compression_job=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
-suite's ``--budget`` still holds its share. The default sections' budgets add up to 315 s."""
+suite's ``--budget`` still holds its share. The default sections' budgets add up to 355 s."""
 SECTIONS = tuple(BUDGETS)
-DEFAULT_SECTIONS = SECTIONS[:7]
-SUITE_BUDGET = 315.0
+DEFAULT_SECTIONS = SECTIONS[:8]
+SUITE_BUDGET = 355.0
 """Default ``--budget``: the default sections in one device call of at most 6 minutes, with the wheels' install
 (~15 s) and Python's start-up beside them."""
 
@@ -306,63 +302,15 @@ def section_fedavg_e2e(args, size: dict) -> dict:
     return out
 
 
-def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch.Tensor], device: str, calls: int):
-    """(seconds of the first call, best seconds of ``calls`` more, the deltas) of training every device of ``pool``
-    from ``start`` with fixed batch orders."""
-    count = len(pool.indices)
-    timed = []
-    for _ in range(calls + 1):
-        _sync(device)
-        started = time.perf_counter()
-        deltas, _ = trainer.train_pool(
-            list(range(count)), start, pool, [torch.Generator().manual_seed(i) for i in range(count)]
-        )
-        _sync(device)
-        timed.append(time.perf_counter() - started)
-    return timed[0], min(timed[1:]), deltas
-
-
-def section_compiled_step(args, size: dict) -> dict:
-    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes."""
-    device = torch.device(args.device)
-    train = load_digits_split(True)
-    inputs = torch.from_numpy(train.images).to(device)
-    targets = torch.from_numpy(train.labels).to(device)
-    spec = LocalTrainingSpec(epochs=1, batch_size=10, lr=0.05)
-    modes = {"eager": None, "graphs": dict(GRAPH_OPTIONS), "compiled": {}}
-    if args.device == "cuda":
-        modes["reduce_overhead"] = {"mode": "reduce-overhead"}
-    torch.manual_seed(0)
-    model = build_model("cnn")
-    trainers = {
-        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
-        for name, options in modes.items()
-    }
-    state = model.state_dict()
-    start = [state[key].detach().to(device) for key in trainers["eager"].keys]
-    samples = size["step_samples"]
-    figures: dict = {}
-    for group in size["step_groups"]:
-        rows = [torch.arange(i * samples, (i + 1) * samples, device=device) % len(targets) for i in range(group)]
-        pool = ShardPool(inputs, targets, rows, Normaliser(train.mean, train.std))
-        row: dict = {}
-        eager = None
-        for name, trainer in trainers.items():
-            try:
-                first, best, deltas = lockstep_seconds(trainer, pool, start, args.device, calls=3)
-            except Exception as error:  # noqa: BLE001 - a mode that cannot compile here is a finding, not a failure
-                row[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-                continue
-            row[name] = {"first_call_seconds": first, "ms_per_device": 1000 * best / group}
-            if eager is None:
-                eager = (best, deltas)
-            else:
-                row[name]["speedup"] = eager[0] / best
-                row[name]["max_delta_difference"] = max(
-                    float((a - b).abs().max()) for a, b in zip(eager[1], deltas, strict=True)
-                )
-        figures[f"group_{group}"] = row
-    return figures
+def section_profile(args, size: dict) -> dict:
+    """Where one leaf's batched round's time goes (``benchmarks/gpu_suite_profile.py``): CNN, ``leaf_devices``
+    devices as one group, batch 10, one epoch, with the leaf's default compile setting and with compile off."""
+    devices, samples = size["leaf_devices"], size["leaf_samples"]
+    settings = leaf_settings("cnn", devices, samples)
+    out = {"default": profile_leaf(settings, args.device, devices)}
+    if time.monotonic() < args.section_deadline:
+        out["eager"] = profile_leaf(settings | {"compile": "off"}, args.device, devices)
+    return out
 
 
 RUNNERS = {
@@ -370,6 +318,7 @@ RUNNERS = {
     "throughput": section_throughput,
     "worker_sweep": section_worker_sweep,
     "fedrevive": section_fedrevive,
+    "profile": section_profile,
     "shared_gpu": section_shared_gpu,
     "compression_job": section_compression_job,
     "async_throughput": section_async_throughput,
@@ -393,14 +342,20 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, help="seconds a job run may take (default: twice its section's budget)"
     )
     parser.add_argument("--budget", type=float, default=SUITE_BUDGET, help="seconds for the whole suite (0: no limit)")
+    # the suite runs each section in a child process of this script (benchmarks/gpu_suite_child.py):
+    parser.add_argument("--section-child", choices=SECTIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # the child's figures or error, as JSON
+    parser.add_argument("--section-seconds", type=float, help=argparse.SUPPRESS)  # the child's section deadline
+    parser.add_argument("--child-limit", type=float, help=argparse.SUPPRESS)  # seconds before the parent stops it
     args = parser.parse_args(argv)
+    if args.section_child:
+        return _section_child(args)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     if unknown := sorted(set(chosen) - set(SECTIONS)):
         parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu for the dry run")
     out_path = args.out or (os.path.join(os.environ["OUT"], "gpu_suite.json") if os.environ.get("OUT") else None)
-    size = sizes(args.tiny)
     suite_started = time.monotonic()
     suite_deadline = suite_started + args.budget if args.budget > 0 else float("inf")
     fixed_timeout = args.timeout
@@ -421,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
             continue
         started = time.perf_counter()
-        args.section_deadline = float("inf") if args.tiny or args.budget <= 0 else time.monotonic() + min(budget, left)
         if fixed_timeout is not None:
             args.timeout = fixed_timeout
         elif args.tiny or args.budget <= 0:
@@ -429,13 +383,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             args.timeout = max(30.0, min(2.0 * budget, left))
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
-        try:
-            with VramMonitor(args.device) as monitor:
-                report["sections"][name] = RUNNERS[name](args, size)
-            report["sections"][name]["suite_peak_gpu_memory_mib"] = monitor.peak_mib
-        except Exception:  # noqa: BLE001 - one failed section must not lose the others' figures
-            report["errors"][name] = traceback.format_exc()[-4000:]
-            print(report["errors"][name], file=sys.stderr, flush=True)
+        unlimited = args.tiny or args.budget <= 0
+        command = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--section-child", name]
+        limit = child_timeout(budget, left, unlimited, fixed_timeout)
+        command += ["--timeout", str(args.timeout), "--child-limit", str(limit), *(["--tiny"] if args.tiny else [])]
+        if not unlimited:
+            command += ["--section-seconds", str(min(budget, left))]
+        part, error = run_section(name, command, limit)
+        if part is not None and part.get("figures") is not None:
+            report["sections"][name] = part["figures"]
+            report["sections"][name]["suite_peak_gpu_memory_mib"] = part.get("peak_gpu_memory_mib")
+        if error is not None:
+            report["errors"][name] = error
+            print(f"[gpu_suite] {name} failed: {error.strip().splitlines()[-1][:200]}", file=sys.stderr, flush=True)
         report["section_seconds"][name] = time.perf_counter() - started
         report["suite_seconds"] = time.monotonic() - suite_started
         print(f"[gpu_suite] {name} done in {report['section_seconds'][name]:.1f}s", flush=True)
@@ -450,6 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 1 if report["errors"] else 0
+
+
+def _section_child(args) -> int:
+    """One section in this (child) process: its figures or error into ``args.part``."""
+    seconds = args.section_seconds
+    args.section_deadline = time.monotonic() + seconds if seconds is not None else float("inf")
+    runner = functools.partial(RUNNERS[args.section_child], ChildArgs(args, args.child_limit), sizes(args.tiny))
+    return child_main(args.section_child, runner, args.device, args.part)
 
 
 def _write(path: str, report: dict) -> None:

@@ -4,8 +4,8 @@
 
 Prints one row per target: what is measured, the figure, the target, and ``met`` / ``NOT MET`` / ``missing`` (the
 section did not run, was skipped for time, or failed: the reason is printed). Exits 0 whatever the figures say; 2
-when the file cannot be read. Also prints the start-up breakdown of the default job and TF32's gain and difference,
-which have no target.
+when the file cannot be read. Also prints the start-up breakdown of the default job, TF32's gain and difference and
+the profiled leaf rounds (``profile``), which have no target.
 """
 
 from __future__ import annotations
@@ -140,6 +140,29 @@ def extras(report: dict) -> list[str]:
                 )
     except (KeyError, TypeError):
         lines.append("tf32: missing")
+    lines += profile_lines(report)
+    return lines
+
+
+def profile_lines(report: dict) -> list[str]:
+    """One line per profiled leaf run (``profile`` section): round ms, GPU busy share, launches and top CUDA op."""
+    try:
+        runs = _s(report, "profile")
+    except KeyError:
+        return ["profile: missing"]
+    lines = []
+    for name, run in runs.items():
+        if not isinstance(run, dict) or "round_ms" not in run:
+            continue
+        line = f"profile {name} ({run.get('compile_choice', run.get('compile'))}): round {run['round_ms']:.1f} ms"
+        if run.get("gpu_busy") is not None:
+            line += f", GPU busy {100 * run['gpu_busy']:.0f}%, launches/round {run['launches_per_round']:.0f}"
+        cuda = bool(run.get("top_self_cuda"))
+        top = run.get("top_self_cuda" if cuda else "top_self_cpu") or []
+        if top:
+            unit, label = ("self_cuda_ms", "CUDA") if cuda else ("self_cpu_ms", "CPU")
+            line += f", top {label} op {top[0]['name'][:60]} {top[0][unit]:.1f} ms ({top[0]['calls']} calls)"
+        lines.append(line)
     return lines
 
 

@@ -7,6 +7,7 @@ that are the ratio of the printed rates), never for speed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,14 +15,20 @@ import sys
 
 import pytest
 
+from benchmarks.gpu_suite_child import CRASH_HOOK, JOB_MARGIN, ChildArgs, run_section
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(REPO, "benchmarks", "gpu_suite.py")
 
 
-def run_suite(tmp_path, sections: str, timeout: float) -> dict:
-    """Run the dry run of ``sections`` into ``tmp_path/gpu_suite.json``; its report (no section failed)."""
+def run_suite(tmp_path, sections: str, timeout: float, crash: str | None = None) -> dict:
+    """Run the dry run of ``sections`` into ``tmp_path/gpu_suite.json``; its report (no section failed, or only
+    ``crash``, whose child aborts through the suite's test hook)."""
     out = tmp_path / "gpu_suite.json"
     env = dict(os.environ, HOME=str(tmp_path / "home"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env.pop(CRASH_HOOK, None)
+    if crash:
+        env[CRASH_HOOK] = crash
     # compiled_step's kernels and inductor's precompiled headers (under the temp dir whatever the cache dir) stay here
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TMPDIR=str(tmp_path))
     proc = subprocess.run(
@@ -32,9 +39,9 @@ def run_suite(tmp_path, sections: str, timeout: float) -> dict:
         text=True,
         timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == (1 if crash else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["errors"] == {}
+    assert set(report["errors"]) == ({crash} if crash else set()), report["errors"]
     assert report["machine"]["device"] == "cpu" and report["machine"]["torch"]
     return report
 
@@ -103,6 +110,46 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
 
 
+@pytest.mark.slow
+def test_a_crashed_section_is_reported_and_the_next_sections_still_run(tmp_path):
+    """worker_sweep's child aborts (the suite's test hook): its error says so, the sections around it have figures,
+    and ``profile`` (CPU: no CUDA figures) saw the leaf's worker thread train."""
+    report = run_suite(tmp_path, "throughput,profile,worker_sweep,tf32", timeout=600, crash="worker_sweep")
+    error = report["errors"]["worker_sweep"]
+    assert error.strip().splitlines()[-1].startswith("crashed: the section's child killed by SIGABRT")
+    assert "worker_sweep" not in report["sections"] and "worker_sweep" in report["section_seconds"]
+    assert report["sections"]["throughput"]["cnn"]["auto"] > 0 and report["sections"]["tf32"]["cnn"]["leaf_on"] > 0
+    for name in ("default", "eager"):
+        run = report["sections"]["profile"][name]
+        assert run["round_ms"] > 0 and run["devices"] == 4 and run["gpu_busy"] is None
+        assert run["top_self_cuda"] is None and run["launches_per_round"] is None
+        assert any("convolution" in row["name"] for row in run["top_self_cpu"]), run["top_self_cpu"]
+    assert report["sections"]["profile"]["eager"]["compile"] == "off"
+    check = subprocess.run(
+        [sys.executable, SUITE, "check", str(tmp_path / "gpu_suite.json")], capture_output=True, text=True, timeout=60
+    )
+    assert "profile default (compile=auto" in check.stdout and "round " in check.stdout, check.stdout
+    assert "missing (failed: crashed: the section's child killed by SIGABRT" in check.stdout
+
+
+def test_run_section_reports_a_crash_a_timeout_and_an_error(tmp_path):
+    """The parent's side alone, on stand-in children: a signal, the time limit, and a Python error written to the
+    part file."""
+    part, error = run_section(
+        "x", [sys.executable, "-c", "import os, sys; print('gone', file=sys.stderr); os.abort()"], 60
+    )
+    assert part is None and error.endswith("s") and "killed by SIGABRT" in error and "gone" in error
+    part, error = run_section("x", [sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    assert part is None and "timed out: the section's child was stopped after 1 s" in error
+    writes = "import json, sys; json.dump({'error': 'Traceback: boom'}, open(sys.argv[2], 'w'))"
+    assert run_section("x", [sys.executable, "-c", writes], 60) == (None, "Traceback: boom")
+    writes = "import json, sys; json.dump({'figures': {'a': 1}, 'peak_gpu_memory_mib': None}, open(sys.argv[2], 'w'))"
+    assert run_section("x", [sys.executable, "-c", writes], 60) == (
+        {"figures": {"a": 1}, "peak_gpu_memory_mib": None},
+        None,
+    )
+
+
 def test_unknown_section_is_one_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, SUITE, "--device", "cpu", "--sections", "throughput,warp"],
@@ -153,3 +200,27 @@ def test_check_puts_each_target_beside_its_figure():
         in verdicts["one leaf, 64 devices, CNN, the leaf's own plan, against the same limit"][1]
     )
     assert verdicts["the whole suite in one call"] == ("330 s", MET)
+
+
+def test_check_prints_one_line_per_profiled_run():
+    sys.path.insert(0, REPO)
+    from benchmarks.gpu_suite_check import profile_lines
+
+    top = [{"name": "void sgemm_kernel<128>", "calls": 30, "self_cuda_ms": 4.5, "self_cpu_ms": 0.0}]
+    run = dict(compile_choice="compile=off: eager batched step", round_ms=12.34, gpu_busy=0.375, top_self_cuda=top)
+    run.update(launches_per_round=812.0, top_self_cpu=[{"name": "aten::bmm", "calls": 9, "self_cpu_ms": 2.0}])
+    lines = profile_lines({"sections": {"profile": {"eager": run}}})
+    assert lines == [
+        "profile eager (compile=off: eager batched step): round 12.3 ms, GPU busy 38%, launches/round 812, "
+        "top CUDA op void sgemm_kernel<128> 4.5 ms (30 calls)"
+    ]
+    assert profile_lines({"sections": {}}) == ["profile: missing"]
+
+
+def test_a_childs_job_runs_end_before_the_child_is_stopped():
+    """In a section's child a job run's timeout is ``--timeout`` at most, and never past the child's own limit."""
+    args = argparse.Namespace(timeout=100.0, device="cpu", tiny=True)
+    bounded = ChildArgs(args, 30.0)
+    assert 30.0 - JOB_MARGIN - 1 < bounded.timeout <= 30.0 - JOB_MARGIN and bounded.device == "cpu" and bounded.tiny
+    assert ChildArgs(args, None).timeout == 100.0 and ChildArgs(args, 300.0).timeout == 100.0
+    assert ChildArgs(args, 2.0).timeout == 1.0  # never zero or negative: the job still gets a second
