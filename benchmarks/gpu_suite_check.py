@@ -78,6 +78,8 @@ TARGETS = tuple(
         ("automatic leaf plan against the best of the sweep", "worker_sweep", ("auto_vs_best",), ">= 0.9"),
         ("launch to the first finished round, default CNN job", "fedavg_e2e",
          ("cnn_default", "first_round_seconds"), "<= 10 s", " s"),
+        ("same, the command run again (warm parent)", "fedavg_e2e",
+         ("cnn_repeat", "first_round_seconds"), "<= 10 s", " s"),
         ("FedRevive at the paper's per-arrival size (server on the GPU): wall seconds", "fedrevive",
          _fedrevive_wall, "<= 90 s", " s"),
         ("the whole suite in one call", "", lambda r: r["suite_seconds"], "<= 360 s", " s"),
