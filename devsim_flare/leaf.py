@@ -113,6 +113,8 @@ class LeafNode:
         if hasattr(first, "_ready_task"):
             print(f"[{collab.site_name}] {first._ready_task().describe()}", flush=True)
         print(f"[{collab.site_name}] {plan.reason}{group}{gpus}", flush=True)
+        if plan.device_batch > 1 and getattr(first, "batching_note", ""):
+            print(f"[{collab.site_name}] {first.batching_note}", flush=True)
         if getattr(first, "probe_cached_in", None):
             print(f"[{collab.site_name}] batching verdict from {first.probe_cached_in} (delete it to probe again)")
         if compiled:

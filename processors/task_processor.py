@@ -322,6 +322,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
             with _SHARED_LOCK:
                 _PROBES.clear()
                 _PROBES[key] = outcome
+        self.batching_note = outcome.note
         return outcome
 
     def batched_device_bytes(self) -> int:

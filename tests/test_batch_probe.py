@@ -232,3 +232,28 @@ def test_the_channels_last_fold_is_kept_for_plain_conv_nets_and_dropped_for_pool
 
     pooled = BatchedTrainer(Pooled(), LocalTrainingSpec(), CPU, example=torch.zeros(1, 1, 28, 28))
     assert not pooled.fold_channels_last and BatchedTrainer(Pooled(), LocalTrainingSpec(), CPU).fold_channels_last
+
+
+def test_a_difference_within_the_models_own_rounding_sensitivity_is_rounding(monkeypatch):
+    """Above the tolerance, the batched path still counts as exact when one rounding step of the start weights moves
+    the one-at-a-time updates at least a quarter as far (a model that amplifies rounding); a model with hidden state
+    is still refused when the loop itself is stable."""
+    spec, pool = LocalTrainingSpec(), _features()
+    stable = probe_batching(Drifting, spec, Objective(), pool, CPU, timed=False)
+    assert stable.obstacle is not None and "one float32 rounding step" in stable.obstacle
+    monkeypatch.setattr("devsim.training.probe.batch_probe.rounding_sensitivity", lambda *args: 1e6)
+    chaotic = probe_batching(Drifting, spec, Objective(), pool, CPU, timed=False)
+    assert chaotic.obstacle is None and "within 4x of the" in chaotic.note
+
+
+@pytest.mark.slow
+def test_resnet18_batches_within_its_rounding_sensitivity():
+    """ResNet-18's updates move by ~1e-1 of the largest from one rounding step of the start weights, so the batched
+    path (which differs from the loop by ~4e-2) is accepted, with the note saying why."""
+    from devsim.models import build_model
+
+    gen = torch.Generator().manual_seed(0)
+    pool = ShardPool(torch.randn(80, 3, 32, 32, generator=gen), torch.randint(0, 10, (80,), generator=gen), [])
+    spec = LocalTrainingSpec(batch_size=10, lr=0.05, momentum=0.9)
+    outcome = probe_batching(lambda: build_model("resnet18"), spec, Objective(augment=None), pool, CPU, timed=False)
+    assert outcome.obstacle is None and "amplifies rounding" in outcome.note
