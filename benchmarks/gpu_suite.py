@@ -38,6 +38,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_compression_job,
     section_fedrevive,
     section_shared_gpu,
+    warm_parent_facts,
 )
 from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
@@ -45,12 +46,7 @@ from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
 from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
-from devsim_flare.launch.warm_parent import (  # noqa: E402
-    plain_interpreter,
-    running_parents,
-    stop_parents,
-    warm_enabled,
-)
+from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=75, throughput=40, profile=25, async_throughput=95, worker_sweep=20, fedrevive=60)
@@ -245,18 +241,6 @@ def section_worker_sweep(args, size: dict) -> dict:
     out = dict(auto_plan=plan.reason, auto_workers=plan.num_workers, auto_device_batch=plan.device_batch)
     out.update(auto_samples_per_s=auto, samples_per_s=rates, best=best)
     return out | {"auto_vs_best": auto / max(rates[best], auto)}
-
-
-def warm_parent_facts(env: dict[str, str], wait_seconds: float = 10.0) -> dict:
-    """Whether job commands with ``env`` added may run in a warm parent (``devsim_flare.launch.warm_parent``), and
-    the warm parents of that cache folder after a job command ended (waited for up to ``wait_seconds``: one starts
-    at a cold command's exit)."""
-    environ = dict(os.environ) | env
-    deadline = time.monotonic() + wait_seconds
-    while not running_parents(environ) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    facts = dict(enabled=warm_enabled(environ), plain_interpreter=plain_interpreter())
-    return facts | dict(running=len(running_parents(environ)))
 
 
 def section_fedavg_e2e(args, size: dict) -> dict:

@@ -8,6 +8,7 @@ the peak above what was in use when it started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -15,11 +16,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import torch
 
 from benchmarks import harness
 from benchmarks.async_throughput import run_setting, settings, tight_loop_per_update
+from devsim_flare.launch.warm_parent import plain_interpreter, running_parents, warm_enabled
 
 REPO = harness.REPO
 
@@ -159,3 +162,32 @@ def section_async_throughput(args, size: dict) -> dict:
         row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
         row["ratio_to_tight_loop"] = 1 / row["updates_per_s"] / loop_per_update
     return {"tight_loop_ms_per_update": 1000 * loop_per_update, "settings": rows}
+
+
+def warm_parent_facts(env: dict[str, str], wait_seconds: float = 30.0) -> dict:
+    """Whether job commands with ``env`` added may run in a warm parent (``devsim_flare.launch.warm_parent``), the
+    warm parents of that cache folder after a job command ended, and the seconds until the newest had finished its
+    imports (its CPU time unchanged for 1 s; waited for up to ``wait_seconds`` in all): a repeat measured while the
+    warm parent still imports would time its imports, not a warm start."""
+    import psutil
+
+    environ = dict(os.environ) | env
+    started = time.monotonic()
+    deadline = started + wait_seconds
+    while not running_parents(environ) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ready_after = None
+    parents = running_parents(environ)
+    if parents:
+        with contextlib.suppress(psutil.Error):
+            process, last, still_since = psutil.Process(parents[-1][0]), -1.0, time.monotonic()
+            while time.monotonic() < deadline:
+                used = sum(process.cpu_times()[:2])
+                if used != last:
+                    last, still_since = used, time.monotonic()
+                elif time.monotonic() - still_since >= 1.0:
+                    ready_after = still_since - started
+                    break
+                time.sleep(0.1)
+    facts = dict(enabled=warm_enabled(environ), plain_interpreter=plain_interpreter())
+    return facts | dict(running=len(parents), ready_after_seconds=ready_after)
