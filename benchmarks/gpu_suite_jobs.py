@@ -8,6 +8,7 @@ the peak above what was in use when it started.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -66,10 +67,22 @@ class VramMonitor:
 def run_job(script: str, flags: list[str], env_extra: dict[str, str], timeout: float) -> dict:
     """Run ``jobs/<script>`` with ``flags`` in a temporary folder (``harness.run_job``): its results.json with
     ``wall``, ``first_round`` and ``worker_lines``, and ``peak_gpu_memory_mib`` (None on the CPU); RuntimeError on
-    failure or timeout."""
+    failure or timeout, ending with the output's last 40 lines, each with its seconds since the launch (where a run
+    that stalls stopped printing)."""
     device = "cpu" if env_extra.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
+    timed: collections.deque[str] = collections.deque(maxlen=40)
     with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir, VramMonitor(device) as monitor:
-        results = harness.run_job(script, flags, workdir, timeout=timeout, env=env_extra)
+        try:
+            results = harness.run_job(
+                script,
+                flags,
+                workdir,
+                timeout=timeout,
+                env=env_extra,
+                watch=lambda line, t: timed.append(f"{t:7.1f} {line}"),
+            )
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}\nlast lines, seconds since launch:\n" + "\n".join(timed)) from None
     return {**results, "peak_gpu_memory_mib": monitor.peak_mib}
 
 
