@@ -13,9 +13,9 @@ one-at-a-time updates themselves (:func:`rounding_sensitivity`, measured only wh
 Exact is not enough: on the CPU,
 and wherever PyTorch warned of a per-sample loop, both ways are also timed on :data:`TIMED_DEVICES` devices at the
 run's batch size (warm, alternated, fastest of five), and the batched path is kept only when it takes at most
-:data:`SPEED_MARGIN` of the one-at-a-time time. Measured on a 2-core CPU: the built-in CNN and small MLPs batch 2-3x
-faster; a GRU over 32 characters was 19% slower batched in the job and a LeNet-style CNN (max pooling, 1.1M
-multiply-adds a sample) about as fast (both compute-bound), the CPU LSTM 5x slower. The timing makes the choice
+:data:`SPEED_MARGIN` of the one-at-a-time time. Measured on a 2-core CPU (2026-11-27): the built-in CNN and small
+MLPs batch 2-3x faster; a GRU over 32 characters and a LeNet-style CNN (max pooling, 1.1M multiply-adds a sample)
+1.6-1.7x faster in the job's rounds; the CPU LSTM 5x slower. The timing makes the choice
 depend on the machine; both paths give the same updates up to float rounding, and the leaf prints the one it took
 (``--device-batch off`` or ``N`` pins it).
 """
@@ -54,11 +54,17 @@ NUDGE = 2.0**-23
 
 SLOW_FALLBACK = "There is a performance drop"
 TIMED_DEVICES = 16
-"""Devices in the timing comparison (two local steps each at the run's batch size)."""
+"""Devices in the timing comparison (:data:`TIMED_STEPS` local steps each at the run's batch size)."""
+
+TIMED_STEPS = 5
+"""Local steps of each timed device. With 2 the batched path's fixed cost per call weighed more than in a run's
+rounds: the digits CNN's batched/one-at-a-time ratio was 0.70-0.86 on the 2-core CPU (median 0.77, against the 0.8
+margin: two of three probes in a row refused it), with 5 0.64-0.72 (median 0.69)."""
 
 SPEED_MARGIN = 0.8
 """The batched path is taken when it trains the timed devices in at most this fraction of the one-at-a-time time.
-Below 1 because batching pays less with more devices for compute-bound models (a GRU's batched/single time: 0.92 at
+Below 1 because batching pays less with more devices for compute-bound models (measured with 2 timed steps, before
+the batched step lost its per-step Python, a GRU's batched/single time: 0.92 at
 8 devices, 0.94 at 16, 1.04 at 64), and a leaf batches up to 64: the margin keeps such models in the thread pool."""
 
 
@@ -215,9 +221,9 @@ def _timed(
     device: torch.device,
     global_tensors: list[torch.Tensor],
 ) -> tuple[float, float]:
-    """Seconds of two local steps of :data:`TIMED_DEVICES` devices one at a time and batched (the fastest of
-    :data:`TIMED_REPEATS` alternated warm runs each, after one untimed run), at the run's batch size."""
-    timed_spec = dataclasses.replace(spec, iterations=2)
+    """Seconds of :data:`TIMED_STEPS` local steps of :data:`TIMED_DEVICES` devices one at a time and batched (the
+    fastest of :data:`TIMED_REPEATS` alternated warm runs each, after one untimed run), at the run's batch size."""
+    timed_spec = dataclasses.replace(spec, iterations=TIMED_STEPS)
     total = int(pool.inputs.shape[0])
     rows = [
         torch.arange(i * 2 * spec.batch_size, (i + 1) * 2 * spec.batch_size, device=device) % total
