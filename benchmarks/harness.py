@@ -319,18 +319,19 @@ def run_isolated(
     on_start: Callable[[int], None] | None = None,
 ) -> tuple[int | None, float, str]:
     """Run ``cmd`` in its own process group with HOME inside ``workdir`` unless ``env`` names one (``env`` added to
-    this environment; without
-    a ``DEVSIM_CACHE_DIR`` in ``env`` also ``DEVSIM_WARM=0``: the cache folder would lie in that throwaway HOME, so a
-    warm parent started there would serve no later run; with one, a warm parent the command starts is left to the
-    caller, ``devsim_flare.launch.warm_parent.stop_parents``), its output to ``workdir/log_name``;
-    ``watch(line, seconds since launch)`` sees each output line as it comes,
+    this environment), its output to ``workdir/log_name``. Without a ``DEVSIM_CACHE_DIR`` in ``env`` the command
+    also gets ``DEVSIM_WARM=0`` (its cache folder would lie in the throwaway HOME, so a warm parent started there
+    would serve no later run); with one, a warm parent the command starts is left to the caller
+    (``devsim_flare.launch.warm_parent.stop_parents``). ``watch(line, seconds since launch)`` sees each output line
+    as it comes,
     ``on_start(pid)`` the command's process id once it runs.
     Returns (exit code, None on timeout; wall seconds; the output's last 4,000 characters). Every process it
     started is gone when this returns."""
     home = os.path.join(workdir, "home")
     os.makedirs(home, exist_ok=True)
     full_env = {**os.environ, "HOME": home, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if "DEVSIM_CACHE_DIR" not in (env or {}):
+    caller_keeps_warm_parents = "DEVSIM_CACHE_DIR" in (env or {})
+    if not caller_keeps_warm_parents:
         full_env.setdefault("DEVSIM_WARM", "0")
     started = time.perf_counter()
     tracked: dict[int, float] = {}
@@ -375,7 +376,7 @@ def run_isolated(
                 tracked.update(_descendants(proc.pid))
                 _freeze_group(proc.pid, signal.SIGCONT)
                 _stop_group(proc)
-            _kill_tracked(tracked, spare_warm_parents="DEVSIM_CACHE_DIR" in (env or {}))
+            _kill_tracked(tracked, spare_warm_parents=caller_keeps_warm_parents)
             reader.join(timeout=10)
     return rc, time.perf_counter() - started, "".join(tail)[-4000:]
 

@@ -118,15 +118,13 @@ class GraphedStep:
             return static
         if inputs.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the step's tensors on a CUDA device, got {inputs.device}")
-        saved_buffers = [t.clone() for t in static.buffers]
         side = torch.cuda.Stream(device=inputs.device)
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
                 self.step(static.params, static.buffers, static.inputs, static.targets)
-        torch.cuda.current_stream(inputs.device).wait_stream(side)
-        _copy_into(static.buffers, saved_buffers)
-        graph = torch.cuda.CUDAGraph()
+        torch.cuda.current_stream(inputs.device).wait_stream(side)  # the warm-up's buffer updates are overwritten:
+        graph = torch.cuda.CUDAGraph()  # every call copies its own buffers in before the replay
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):  # torch.cuda.graph() without its synchronize, gc.collect() and empty_cache()
             graph.capture_begin(capture_error_mode="thread_local")

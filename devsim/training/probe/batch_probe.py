@@ -100,16 +100,42 @@ def rounding_sensitivity(
     largest = max(float(e.abs().max()) for device_deltas in expected for e in device_deltas)
 
     def distance(start: list[torch.Tensor]) -> float:
-        trainer, worst = make_trainer(), 0.0
-        for i, (inputs, targets) in enumerate(shards):
-            trainer.train(i, start, inputs, targets, torch.Generator().manual_seed(seeds[i]))
-            for k, (t, g) in enumerate(zip(trainer.state_tensors, start, strict=True)):
-                worst = max(worst, float(((t - g).detach() - expected[i][k]).abs().max()))
-        return worst
+        return _largest_difference(_one_at_a_time(make_trainer(), start, shards, seeds), expected)
 
     if distance(global_tensors) > TOLERANCE * largest:
         return 0.0
     return distance(nudged)
+
+
+def _one_at_a_time(
+    trainer: LocalTrainer,
+    start: list[torch.Tensor],
+    shards: list[tuple[torch.Tensor, torch.Tensor]],
+    seeds: list[int],
+) -> list[list[torch.Tensor]]:
+    """Each probe device's delta per key, trained one at a time from ``start`` (device ``i`` with ``seeds[i]``)."""
+    deltas = []
+    for i, (inputs, targets) in enumerate(shards):
+        trainer.train(i, start, inputs, targets, torch.Generator().manual_seed(seeds[i]))
+        deltas.append([(t - g).detach() for t, g in zip(trainer.state_tensors, start, strict=True)])
+    return deltas
+
+
+def _shards(pool: ShardPool, indices: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(prepared inputs, targets) of ``pool``'s rows ``indices[i]`` for each probe device ``i``."""
+    return [
+        (pool.prepare(pool.inputs[rows]) if pool.prepare is not None else pool.inputs[rows], pool.targets[rows])
+        for rows in indices
+    ]
+
+
+def _largest_difference(first: list[list[torch.Tensor]], second: list[list[torch.Tensor]]) -> float:
+    """``max |first - second|`` over devices and keys (both per device, per key)."""
+    return max(
+        float((a - b).abs().max())
+        for row_a, row_b in zip(first, second, strict=True)
+        for a, b in zip(row_a, row_b, strict=True)
+    )
 
 
 def probe_batching(
@@ -150,14 +176,8 @@ def probe_batching(
     seeds = [101, 202, 303]
     try:
         started = time.perf_counter()
-        single = LocalTrainer(reference, probe_spec, device, objective)
-        expected, shards = [], []
-        for i, rows in enumerate(indices):
-            inputs = pool.inputs[rows]
-            inputs = pool.prepare(inputs) if pool.prepare is not None else inputs
-            shards.append((inputs, pool.targets[rows]))
-            single.train(i, global_tensors, inputs, pool.targets[rows], torch.Generator().manual_seed(seeds[i]))
-            expected.append([(t - g).detach() for t, g in zip(single.state_tensors, global_tensors, strict=True)])
+        shards = _shards(pool, indices)
+        expected = _one_at_a_time(LocalTrainer(reference, probe_spec, device, objective), global_tensors, shards, seeds)
         single_seconds = time.perf_counter() - started
     except Exception as error:
         return ProbeOutcome(f"the model does not train on the probe one device at a time: {_short(error)}")
@@ -173,9 +193,7 @@ def probe_batching(
             return ProbeOutcome(f"vmap cannot run the model: {_short(error)}", single_seconds)
     batched_seconds = time.perf_counter() - started
     largest = max(max(float(e.abs().max()) for e in device_deltas) for device_deltas in expected)
-    worst = max(
-        float((deltas[k][i] - expected[i][k]).abs().max()) for i in range(len(indices)) for k in range(len(keys))
-    )
+    worst = _largest_difference([[d[i] for d in deltas] for i in range(len(indices))], expected)
     note = ""
     if largest > 0 and worst / largest > TOLERANCE or largest == 0 and worst > 0:
         relative = worst / max(largest, 1e-30)
@@ -233,10 +251,7 @@ def _timed(
     example = pool.inputs[:1]
     example = pool.prepare(example) if pool.prepare is not None else example
     batched = BatchedTrainer(model_fn().to(device), timed_spec, device, objective, example)
-    shards = []
-    for index in rows:
-        inputs = pool.inputs[index]
-        shards.append((pool.prepare(inputs) if pool.prepare is not None else inputs, pool.targets[index]))
+    shards = _shards(pool, rows)
 
     def run_single() -> None:
         for i, (inputs, targets) in enumerate(shards):
