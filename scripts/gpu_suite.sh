@@ -9,7 +9,7 @@
 # The figures land in $OUT/gpu_suite.json (or benchmarks/results/gpu_suite.json without $OUT);
 # commit them under benchmarks/results/. Extra arguments of `run` go to benchmarks/gpu_suite.py,
 # e.g. `scripts/gpu_suite.sh run --sections throughput,worker_sweep`. By default `run` takes the
-# sections of the GPU issue in order of importance within a 355 s budget (--budget; a section starts
+# sections of the GPU issue in order of importance within a 360 s budget (--budget; a section starts
 # only while half its own budget is left), writes the figures after each section and ends with
 # `check`: every target of the issue beside its figure. `scripts/gpu_suite.sh check FILE` prints
 # that table again for any suite JSON.

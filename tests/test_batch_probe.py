@@ -10,7 +10,7 @@ from torch import nn
 from devsim.data.device_shards import ShardPool
 from devsim.training.batched import BatchedTrainer
 from devsim.training.local import LocalTrainer, LocalTrainingSpec, Objective
-from devsim.training.probe.batch_probe import probe_batching
+from devsim.training.probe.batch_probe import deterministic_kernels, probe_batching
 
 CPU = torch.device("cpu")
 
@@ -257,3 +257,40 @@ def test_resnet18_batches_within_its_rounding_sensitivity():
     spec = LocalTrainingSpec(batch_size=10, lr=0.05, momentum=0.9)
     outcome = probe_batching(lambda: build_model("resnet18"), spec, Objective(augment=None), pool, CPU, timed=False)
     assert outcome.obstacle is None and "amplifies rounding" in outcome.note
+
+
+def test_deterministic_kernels_switch_cudnn_and_torch_to_deterministic_on_cuda_only_and_restore_them():
+    before = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    with deterministic_kernels(CPU):
+        assert (torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled()) == (
+            before[0],
+            before[2],
+        )
+    with deterministic_kernels(torch.device("cuda", 0)):
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    after = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    assert after == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: cuDNN's run-to-run nondeterminism")
+def test_resnet18_batches_on_cuda_within_its_rounding_sensitivity():
+    """On a GPU the one-at-a-time runs themselves differ (atomics in cuDNN's weight gradients); the sensitivity is
+    measured under deterministic kernels, so ResNet-18 batches there as on the CPU."""
+    from devsim.models import build_model
+
+    cuda = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(80, 3, 32, 32, generator=gen), torch.randint(0, 10, (80,), generator=gen)
+    pool = ShardPool(inputs.to(cuda), targets.to(cuda), [])
+    spec = LocalTrainingSpec(batch_size=10, lr=0.05, momentum=0.9)
+    outcome = probe_batching(lambda: build_model("resnet18"), spec, Objective(augment=None), pool, cuda, timed=False)
+    assert outcome.obstacle is None

@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -79,32 +80,65 @@ class ProbeOutcome:
     note: str = ""
 
 
+@contextmanager
+def deterministic_kernels(device: torch.device) -> Iterator[None]:
+    """On a CUDA ``device``, cuDNN's deterministic algorithms (and PyTorch's, warning where an op has none) inside the
+    block; the flags are restored after it. Elsewhere nothing changes (CPU kernels are deterministic already).
+    Several cuDNN weight-gradient algorithms sum with atomics, so on a GPU a model that amplifies rounding gives a
+    different one-at-a-time run each time: measured without this, ResNet-18's runs differed by more than
+    :data:`TOLERANCE` and the rounding rule could excuse nothing (H200, 2026-11-27)."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[0], saved[1]
+        torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
+
+
 def rounding_sensitivity(
     make_trainer: Callable[[], LocalTrainer],
     global_tensors: list[torch.Tensor],
     shards: list[tuple[torch.Tensor, torch.Tensor]],
     seeds: list[int],
     expected: list[list[torch.Tensor]],
+    device: torch.device,
 ) -> float:
-    """How far the one-at-a-time path's own deltas move (``max |nudged - expected|``, absolute) when every float
+    """How far the one-at-a-time path's own deltas move (``max |nudged - reference|``, absolute) when every float
     start weight is moved by a relative :data:`NUDGE` (fixed random signs): the float rounding noise this model
-    amplifies over the probe's steps. ``expected``: the deltas from the exact start weights, per device and key;
-    ``make_trainer`` builds a fresh trainer of a fresh model (state a model keeps outside its tensors starts anew).
-    0.0 when a fresh model from the exact start weights does not give ``expected`` again within :data:`TOLERANCE`
-    (the model is not reproducible, so its rounding cannot excuse anything)."""
+    amplifies over the probe's steps. ``expected``: the deltas from the exact start weights, per device and key,
+    which are the reference on the CPU; on a CUDA ``device`` the reference is a new run under
+    :func:`deterministic_kernels`, as are the runs compared with it. ``make_trainer`` builds a fresh trainer of a
+    fresh model (state a model keeps outside its tensors starts anew). 0.0 when a fresh model from the exact start
+    weights does not give the reference again within :data:`TOLERANCE` (the model is not reproducible, so its
+    rounding cannot excuse anything)."""
     noise = torch.Generator().manual_seed(7)
     nudged = [
         t * (1 + (torch.rand(t.shape, generator=noise) - 0.5).to(t.device) * 2 * NUDGE) if t.is_floating_point() else t
         for t in global_tensors
     ]
     largest = max(float(e.abs().max()) for device_deltas in expected for e in device_deltas)
+    with deterministic_kernels(device):
+        if device.type == "cuda":
+            expected = _one_at_a_time(make_trainer(), global_tensors, shards, seeds)
 
-    def distance(start: list[torch.Tensor]) -> float:
-        return _largest_difference(_one_at_a_time(make_trainer(), start, shards, seeds), expected)
+        def distance(start: list[torch.Tensor]) -> float:
+            return _largest_difference(_one_at_a_time(make_trainer(), start, shards, seeds), expected)
 
-    if distance(global_tensors) > TOLERANCE * largest:
-        return 0.0
-    return distance(nudged)
+        if distance(global_tensors) > TOLERANCE * largest:
+            return 0.0
+        return distance(nudged)
 
 
 def _one_at_a_time(
@@ -198,7 +232,8 @@ def probe_batching(
     if largest > 0 and worst / largest > TOLERANCE or largest == 0 and worst > 0:
         relative = worst / max(largest, 1e-30)
         fresh = lambda: LocalTrainer(model_fn().to(device), probe_spec, device, objective)  # noqa: E731
-        sensitivity = rounding_sensitivity(fresh, global_tensors, shards, seeds, expected) / max(largest, 1e-30)
+        sensitivity = rounding_sensitivity(fresh, global_tensors, shards, seeds, expected, device)
+        sensitivity /= max(largest, 1e-30)
         if relative > ROUNDING_FACTOR * sensitivity:
             return ProbeOutcome(
                 f"batched updates differ from one-at-a-time updates by {relative:.1e} of the largest update (allowed "
