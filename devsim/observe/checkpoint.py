@@ -5,12 +5,20 @@ global weights (float32 arrays), the number of completed rounds (or versions), t
 state, the results recorded so far, and any extra state (virtual clock, scheduler, generator).
 All other randomness in a run is derived from ``(seed, round, device)``, so restoring this is
 enough for a resumed run to reach the same final weights as an uninterrupted one.
+
+NumPy arrays travel as tensors inside the file (:class:`StoredArray`) and come back as NumPy arrays of the same
+dtype and shape: ``torch.save`` writes a tensor's storage as raw bytes, where it pickles an array through a copy.
+Measured on this 2-core machine (2026-11-27) on a FedRevive ResNet-18 run's end checkpoint (the in-flight base
+versions' snapshots, the teacher buffer): written in 14-18 s and 966 MiB pickled, in 0.8-1.0 s and 691 MiB as tensors
+(pickle protocol 2 writes bytes as latin-1 text); read in 7.2 s against 0.2 s. The GPU suite's FedRevive run took
+20.8 s from its last version to its exit on the H200 machine, where this file was written once.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -21,6 +29,51 @@ from devsim.shipped import find_shipped
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
+class StoredArray:
+    """A NumPy array held as a tensor sharing its memory, for :func:`save_checkpoint` (see the module docstring)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _to_stored(value: Any, memo: dict[int, Any]) -> Any:
+    """``value`` with every NumPy array (in dicts, lists and tuples) that torch can hold replaced by a
+    :class:`StoredArray`, the same array object by the same one (``memo``: id to replacement); other arrays (object,
+    string or non-native byte order dtypes) and containers of other types stay as they are."""
+    if id(value) in memo:
+        return memo[id(value)]
+    out = value
+    if isinstance(value, np.ndarray):
+        if not value.dtype.hasobject and value.dtype.isnative and value.dtype.kind in "biufc":
+            array = value if value.flags.c_contiguous and value.flags.writeable else np.array(value, order="C")
+            try:
+                out = StoredArray(torch.from_numpy(array))
+            except TypeError:  # a dtype torch has no tensor type for
+                out = value
+    elif type(value) in (dict, OrderedDict):
+        out = type(value)((key, _to_stored(item, memo)) for key, item in value.items())
+    elif type(value) in (list, tuple):
+        out = type(value)(_to_stored(item, memo) for item in value)
+    memo[id(value)] = out
+    return out
+
+
+def _from_stored(value: Any, memo: dict[int, Any]) -> Any:
+    """Inverse of :func:`_to_stored`: every :class:`StoredArray` back to its NumPy array (one array per stored
+    object)."""
+    if id(value) in memo:
+        return memo[id(value)]
+    out = value
+    if isinstance(value, StoredArray):
+        out = value.tensor.numpy()
+    elif type(value) in (dict, OrderedDict):
+        out = type(value)((key, _from_stored(item, memo)) for key, item in value.items())
+    elif type(value) in (list, tuple):
+        out = type(value)(_from_stored(item, memo) for item in value)
+    memo[id(value)] = out
+    return out
+
+
 def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
     """Write ``state`` to ``<run_dir>/checkpoint.pt`` atomically; returns the path."""
     os.makedirs(run_dir, exist_ok=True)
@@ -28,7 +81,7 @@ def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".checkpoint.", suffix=".pt")
     os.close(fd)
     try:
-        torch.save(state, tmp)
+        torch.save(_to_stored(state, {}), tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -56,7 +109,7 @@ def load_checkpoint(run_dir: str) -> dict[str, Any]:
     path = os.path.join(locate_run_dir(run_dir), CHECKPOINT_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; --resume needs a run folder that saved one")
-    return torch.load(path, weights_only=False)
+    return _from_stored(torch.load(path, weights_only=False), {})
 
 
 def weights_to_tensors(weights: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
