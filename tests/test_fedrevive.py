@@ -499,3 +499,27 @@ def test_a_restore_waits_for_the_thread_that_builds_the_meta_optimizer(monkeypat
     restored = reviver.synthesizer.meta_optimizer.state_dict()["state"]
     assert restored.keys() == saved.keys()
     assert all(torch.equal(restored[i][key], saved[i][key]) for i in saved for key in saved[i])
+
+
+def test_the_last_version_drops_background_work_that_would_land_after_it() -> None:
+    """At the run's last version the work started but not landed is dropped, so the end checkpoint does not wait
+    for it (here 0.5 s of it, still running)."""
+    import time as clock
+
+    reviver = _reviver(generation_interval=2, kd_interval=3, distill_lag=2)
+    original = reviver._revive
+    reviver._revive = lambda *args: (clock.sleep(0.5), original(*args))[1]
+    global_w, base, client = _arrival_inputs(2)
+    q = one_hot_q((0, 1, 2, 3))
+    try:
+        for version in range(1, 13):
+            weights = {k: v + np.float32(0.001 * version) for k, v in global_w.items()}
+            reviver.on_version(weights, version)
+            reviver.on_arrival(weights, version, base, client, q, 4)
+        assert list(reviver._pending) == [14]  # version 12's synthesis and KD land 2 versions later, after the run
+        started = clock.perf_counter()
+        assert reviver.abandon_pending() == 1
+        state = reviver.state_dict()
+        assert state["pending"] == {} and clock.perf_counter() - started < 0.4  # not waited for
+    finally:
+        reviver.close()

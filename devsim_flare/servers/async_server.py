@@ -90,6 +90,10 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         """Called once with each new global version, after ``self.weights`` changed (FedRevive: starts and lands
         background distillation)."""
 
+    def on_last_version(self) -> None:
+        """Called once when the run has reached its last version, before its end checkpoint (FedRevive: drops the
+        background work that would land after it)."""
+
     def close_method(self) -> None:
         """Stop what :meth:`setup_method` started (FedRevive: the background thread); called however the run ends."""
 
@@ -310,6 +314,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                     )
                     return
             arrivals.flush()
+            self.on_last_version()
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
         finally:

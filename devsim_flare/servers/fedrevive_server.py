@@ -123,6 +123,9 @@ class FedReviveServer(AsyncServer):
             self.revive_seconds += float(landed["seconds"])
         self.revive_wait_seconds += landed["waited_seconds"]
 
+    def on_last_version(self) -> None:
+        self.reviver.abandon_pending()
+
     def close_method(self) -> None:
         self.reviver.close()
 

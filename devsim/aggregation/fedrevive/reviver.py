@@ -367,6 +367,18 @@ class Reviver:
             if isinstance(work, Future):
                 self._pending[version] = work.result()
 
+    def abandon_pending(self) -> int:
+        """Drop the background work started but not landed (the run has reached its last version, so none of it
+        would land: every result lands ``distill_lag`` >= 1 versions after the version it reads); queued work is
+        cancelled, running work finishes unread. Returns how many were dropped. A checkpoint taken after this does not
+        wait for them."""
+        dropped = len(self._pending)
+        for work in self._pending.values():
+            if isinstance(work, Future):
+                work.cancel()
+        self._pending.clear()
+        return dropped
+
     def close(self) -> None:
         """Stop the background thread (waits for the work it is running; unstarted work is dropped)."""
         if self._executor is not None:
