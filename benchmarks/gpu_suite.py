@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section-seconds", type=float, help=argparse.SUPPRESS)  # the child's section deadline
     parser.add_argument("--child-limit", type=float, help=argparse.SUPPRESS)  # seconds before the parent stops it
     args = parser.parse_args(argv)
+    apply_tf32(False)  # what the jobs' processes run by default (torch leaves cuDNN's TF32 on); `tf32` sets its arms
     if args.section_child:
         return _section_child(args)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
