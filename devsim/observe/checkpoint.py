@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,42 +37,38 @@ class StoredArray:
         self.tensor = tensor
 
 
-def _to_stored(value: Any, memo: dict[int, Any]) -> Any:
-    """``value`` with every NumPy array (in dicts, lists and tuples) that torch can hold replaced by a
-    :class:`StoredArray`, the same array object by the same one (``memo``: id to replacement); other arrays (object,
-    string or non-native byte order dtypes) and containers of other types stay as they are."""
+def _walk(value: Any, convert: Callable[[Any], Any], memo: dict[int, Any]) -> Any:
+    """``value`` with ``convert`` applied to it and, where it leaves a dict, OrderedDict, list or tuple unchanged, to
+    its items (containers of other types are left as they are); the same object gives the same result (``memo``:
+    id to result), so arrays shared in the state stay shared."""
     if id(value) in memo:
         return memo[id(value)]
-    out = value
-    if isinstance(value, np.ndarray):
-        if not value.dtype.hasobject and value.dtype.isnative and value.dtype.kind in "biufc":
-            array = value if value.flags.c_contiguous and value.flags.writeable else np.array(value, order="C")
-            try:
-                out = StoredArray(torch.from_numpy(array))
-            except TypeError:  # a dtype torch has no tensor type for
-                out = value
-    elif type(value) in (dict, OrderedDict):
-        out = type(value)((key, _to_stored(item, memo)) for key, item in value.items())
-    elif type(value) in (list, tuple):
-        out = type(value)(_to_stored(item, memo) for item in value)
+    out = convert(value)
+    if out is value and type(value) in (dict, OrderedDict):
+        out = type(value)((key, _walk(item, convert, memo)) for key, item in value.items())
+    elif out is value and type(value) in (list, tuple):
+        out = type(value)(_walk(item, convert, memo) for item in value)
     memo[id(value)] = out
     return out
 
 
-def _from_stored(value: Any, memo: dict[int, Any]) -> Any:
-    """Inverse of :func:`_to_stored`: every :class:`StoredArray` back to its NumPy array (one array per stored
-    object)."""
-    if id(value) in memo:
-        return memo[id(value)]
-    out = value
-    if isinstance(value, StoredArray):
-        out = value.tensor.numpy()
-    elif type(value) in (dict, OrderedDict):
-        out = type(value)((key, _from_stored(item, memo)) for key, item in value.items())
-    elif type(value) in (list, tuple):
-        out = type(value)(_from_stored(item, memo) for item in value)
-    memo[id(value)] = out
-    return out
+def _stored(value: Any) -> Any:
+    """A NumPy array that torch can hold as a :class:`StoredArray`; anything else (object, string or non-native byte
+    order arrays included) as it is."""
+    if not isinstance(value, np.ndarray) or value.dtype.hasobject or not value.dtype.isnative:
+        return value
+    if value.dtype.kind not in "biufc":
+        return value
+    array = value if value.flags.c_contiguous and value.flags.writeable else np.array(value, order="C")
+    try:
+        return StoredArray(torch.from_numpy(array))
+    except TypeError:  # a dtype torch has no tensor type for
+        return value
+
+
+def _unstored(value: Any) -> Any:
+    """A :class:`StoredArray` back to its NumPy array; anything else as it is."""
+    return value.tensor.numpy() if isinstance(value, StoredArray) else value
 
 
 def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
@@ -81,7 +78,7 @@ def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".checkpoint.", suffix=".pt")
     os.close(fd)
     try:
-        torch.save(_to_stored(state, {}), tmp)
+        torch.save(_walk(state, _stored, {}), tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -109,7 +106,7 @@ def load_checkpoint(run_dir: str) -> dict[str, Any]:
     path = os.path.join(locate_run_dir(run_dir), CHECKPOINT_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; --resume needs a run folder that saved one")
-    return _from_stored(torch.load(path, weights_only=False), {})
+    return _walk(torch.load(path, weights_only=False), _unstored, {})
 
 
 def weights_to_tensors(weights: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

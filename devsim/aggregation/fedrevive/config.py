@@ -11,7 +11,7 @@ from torch import nn
 from devsim.aggregation.fedrevive.inputs import is_image_shape
 from devsim.data.datasets import CIFAR10_MEAN, CIFAR10_STD
 
-__all__ = ["TEACHER_BATCHING", "DFKDConfig"]
+__all__ = ["TEACHER_BATCHING", "DFKDConfig", "ReviverConfig"]
 
 TEACHER_BATCHING = ("off", "synthesis", "all")
 
@@ -122,3 +122,42 @@ class DFKDConfig:
         values = (*self.normalize_mean, *self.normalize_std)
         if not all(math.isfinite(v) for v in values) or min(self.normalize_std) <= 0:
             raise ValueError("normalize_mean must be finite and normalize_std finite and > 0")
+
+
+@dataclass
+class ReviverConfig:
+    """Gates and schedule around the DFKD machinery.
+
+    ``s_max`` (75 versions; see :func:`devsim.aggregation.fedrevive.staleness.scaled_s_max` for small concurrency);
+    synthesis and KD only when ``beta > 0`` and ``version >= freeze_version`` (50); synthesis when
+    ``version % generation_interval == 0`` (T_gen, default 1: every eligible arrival); KD and the adversarial
+    synthesis term only when ``version > warmup_version`` (100); ``teacher_capacity`` (8) newest client models.
+
+    ``kd_interval`` (default 1, the paper: distil on every eligible arrival): distil afresh on one eligible arrival
+    in ``kd_interval`` and blend the most recent ``delta_KD`` into the eligible arrivals between (each with its
+    own ``beta``). The reused ``delta_KD`` is at most ``kd_interval - 1`` eligible arrivals old: it was distilled
+    from a global model that many versions older and misses the newest teachers (docs/concepts.md, FedRevive).
+
+    ``distill_lag`` (versions; default 0, inline): with N >= 1 synthesis and KD run in the background, once per
+    version interval instead of per arrival: synthesis from every version ``v >= freeze_version`` with
+    ``v % generation_interval == 0``, KD from every ``v > warmup_version`` with ``v % kd_interval == 0`` (here
+    ``kd_interval`` counts versions), both reading ``w_v`` and the teachers of that moment; the result lands at
+    version ``v + N``, from which stale arrivals blend it.
+    """
+
+    s_max: float = 75.0
+    freeze_version: int = 50
+    warmup_version: int = 100
+    generation_interval: int = 1
+    teacher_capacity: int = 8
+    kd_interval: int = 1
+    distill_lag: int = 0
+    dfkd: DFKDConfig = field(default_factory=DFKDConfig)
+
+    def __post_init__(self) -> None:
+        if not self.s_max > 0:
+            raise ValueError(f"s_max must be > 0, got {self.s_max}")
+        if self.distill_lag < 0:
+            raise ValueError(f"distill_lag must be >= 0 versions, got {self.distill_lag}")
+        if self.generation_interval < 1 or self.teacher_capacity < 1 or self.kd_interval < 1:
+            raise ValueError("generation_interval, teacher_capacity and kd_interval must be >= 1")
