@@ -275,7 +275,10 @@ class LeafRoundRunner:
                     privacy.apply_rows_(deltas, seeds, ids)
                 group = UplinkStats()
                 rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
-                received = [[t[i] for t in rows] for i in range(len(jobs))]
+                received = []
+                if encoded is None:  # one copy to the host per entry of the group's rows, not per job and entry
+                    host = tensors_to_numpy(self.keys, rows)
+                    received = [{k: host[k][i] for k in self.keys} for i in range(len(jobs))]
                 count = len(jobs)  # every row of a group costs the same bytes; seconds are shared out evenly
                 share = (group.bytes_sent // count, group.raw_bytes // count)
                 seconds = (group.encode_seconds / count, group.decode_seconds / count)
@@ -290,9 +293,10 @@ class LeafRoundRunner:
                     update = worker.delta(start)
                     if privacy is not None:
                         privacy.apply_(update, train_seed, device_id)
-                    received.append(self.uplink.transmit(device_id, version, update, stats[-1], encoded))
+                    sent = self.uplink.transmit(device_id, version, update, stats[-1], encoded)
+                    received.append(tensors_to_numpy(self.keys, sent) if encoded is None else None)
             if encoded is None:  # lossless: the received float32 deltas go on
-                updates = [(tensors_to_numpy(self.keys, r), None) for r in received]
+                updates = [(r, None) for r in received]
             else:  # lossy: the rows go on as they crossed the uplink (the leaf's decoded copy is not needed)
                 updates = [(None, row) for row in split_rows(encoded)]
             return [
