@@ -40,7 +40,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_shared_gpu,
     warm_parent_facts,
 )
-from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step  # noqa: E402
+from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step, synchronize  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
@@ -105,11 +105,6 @@ def machine_facts(device: str) -> dict:
     return facts
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> float:
     """Samples/s of one model trained by a plain SGD loop on random 32x32x3 images (after one warm-up pass)."""
     torch.manual_seed(0)
@@ -129,10 +124,10 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
         return seen
 
     one_pass()
-    _sync(device)
+    synchronize(device)
     started = time.perf_counter()
     seen = one_pass()
-    _sync(device)
+    synchronize(device)
     return seen / (time.perf_counter() - started)
 
 
