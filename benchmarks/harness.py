@@ -255,8 +255,10 @@ def run_child(
 
 
 def read_results(folder: str, name: str = "results.json") -> dict[str, Any] | None:
-    """The first ``name`` file (in path order) anywhere under ``folder``, parsed; None when there is none."""
-    found = sorted(glob.glob(os.path.join(folder, "**", name), recursive=True))
+    """``folder/name``, else the first file called ``name`` (in path order) anywhere under ``folder``, parsed; None
+    when there is none."""
+    top = os.path.join(folder, name)
+    found = [top] if os.path.isfile(top) else sorted(glob.glob(os.path.join(folder, "**", name), recursive=True))
     if not found:
         return None
     with open(found[0], encoding="utf-8") as stream:
