@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
-from benchmarks.gpu_suite_child import ChildArgs, child_main, child_timeout, run_section  # noqa: E402
+from benchmarks.gpu_suite_child import ChildArgs, child_main, run_section, section_limits  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
@@ -355,16 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
             continue
         started = time.perf_counter()
-        if fixed_timeout is not None:
-            args.timeout = fixed_timeout
-        elif args.tiny or args.budget <= 0:
-            args.timeout = 900.0
-        else:
-            args.timeout = max(30.0, min(2.0 * budget, left))
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
         unlimited = args.tiny or args.budget <= 0
+        args.timeout, limit = section_limits(budget, left, unlimited, fixed_timeout)
         command = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--section-child", name]
-        limit = child_timeout(budget, left, unlimited, fixed_timeout)
         command += ["--timeout", str(args.timeout), "--child-limit", str(limit), *(["--tiny"] if args.tiny else [])]
         if not unlimited:
             command += ["--section-seconds", str(min(budget, left))]

@@ -33,12 +33,16 @@ JOB_MARGIN = 5.0
 """Seconds of its time limit a child keeps after its last job run's timeout (to stop the job and write its part)."""
 
 
-def child_timeout(budget: float, left: float, unlimited: bool, job_timeout: float | None) -> float:
-    """Seconds a section's child may run: twice what is left of its budget (``min(budget, left)``), at least 30 s;
-    without a suite budget (``unlimited``: dry run or ``--budget 0``) 1800 s. A fixed ``--timeout`` per job run
-    raises it to three job runs."""
+def section_limits(budget: float, left: float, unlimited: bool, job_timeout: float | None) -> tuple[float, float]:
+    """(Seconds a job run of a section may take, seconds the section's child may run), for a section of ``budget`` s
+    with ``left`` s of the suite's budget left. A job run: twice the budget, at most what is left, at least 30 s. The
+    child: twice what is left of its budget (``min(budget, left)``), at least 30 s. Without a suite budget
+    (``unlimited``: dry run or ``--budget 0``) 900 s and 1800 s. A fixed ``--timeout`` (``job_timeout``) is every job
+    run's and raises the child's to three job runs."""
     limit = 1800.0 if unlimited else max(30.0, 2.0 * min(budget, left))
-    return max(limit, 3.0 * job_timeout) if job_timeout is not None else limit
+    if job_timeout is not None:
+        return job_timeout, max(limit, 3.0 * job_timeout)
+    return (900.0 if unlimited else max(30.0, min(2.0 * budget, left))), limit
 
 
 class ChildArgs(argparse.Namespace):
