@@ -343,9 +343,10 @@ def run_isolated(
     ``on_start(pid)`` the command's process id once it runs. Returns (exit code, negative for a signal, None on
     timeout; wall seconds; the output's last 4,000 characters). Every process it started is gone when this
     returns."""
-    home = os.path.join(workdir, "home")
-    os.makedirs(home, exist_ok=True)
-    full_env = {**os.environ, **({"HOME": home} if own_home else {}), "PYTHONUNBUFFERED": "1", **(env or {})}
+    home = {"HOME": os.path.join(workdir, "home")} if own_home else {}
+    for folder in home.values():
+        os.makedirs(folder, exist_ok=True)
+    full_env = {**os.environ, **home, "PYTHONUNBUFFERED": "1", **(env or {})}
     caller_keeps_warm_parents = "DEVSIM_CACHE_DIR" in (env or {})
     if own_home and not caller_keeps_warm_parents:
         full_env.setdefault("DEVSIM_WARM", "0")
