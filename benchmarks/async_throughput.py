@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import REPO, Session, arguments, baseline, load, run_job  # noqa: E402
-from benchmarks.round_overhead import tight_loop  # noqa: E402
+from benchmarks.round_overhead import best_of_threads, tight_loop  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
 
 SYNC_SELECTED = 20
@@ -138,20 +135,14 @@ def tight_loop_per_update(dataset: str, leaves: int, device: str = "cpu") -> flo
     config = SimulationConfig(
         dataset=dataset, partition="dirichlet", num_leaf_nodes=leaves, devices_per_leaf=SYNC_SELECTED // leaves
     )
-    default_threads = torch.get_num_threads()
-    try:
-        loop = min(tight_loop(config, threads, 2, device) for threads in sorted({1, default_threads}))
-    finally:
-        torch.set_num_threads(default_threads)
-    return loop / SYNC_SELECTED
+    return min(best_of_threads(lambda threads: tight_loop(config, threads, 2, device)).values()) / SYNC_SELECTED
 
 
 def run_setting(
     script: str, flags: list[str], common: list[str], timeout: float, leaves: int, tree: str = REPO
 ) -> dict:
     """One job run (``jobs/<script>`` of ``tree``): steady rate, final accuracy, whole-command wall."""
-    with tempfile.TemporaryDirectory(prefix="devsim-async-bench-") as workdir:
-        results = run_job(script, [*common, *flags], workdir, timeout=timeout, tree=tree)
+    results = run_job(script, [*common, *flags], timeout=timeout, tree=tree)
     rate = steady_rate(results["rounds"], asynchronous=script != "pt_job_fedavg.py", leaves=leaves)
     return {**rate, "final_accuracy": results["summary"].get("final_accuracy"), "command_wall": results["wall"]}
 

@@ -21,7 +21,6 @@ codec's seconds against the round's wall time, summed over both leaves (an upper
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import ONE_THREAD, Session, items, load, print_table, run_job  # noqa: E402
+from benchmarks.harness import ONE_THREAD, Session, arguments, items, load, print_table, run_job  # noqa: E402
 from devsim.compression import CodecSpec  # noqa: E402
 
 DEFAULT_CODECS = "none,fp16,int8,topk 10%,topk 1%"
@@ -83,14 +82,13 @@ def job_figures(results: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "write the figures (to PATH if given)", "PATH")
     codecs_help = f"comma list with none (default {DEFAULT_CODECS}); repeat for groups each with its own none"
     parser.add_argument("--codecs", action="append", default=None, help=codecs_help.replace("%", "%%"))
     parser.add_argument("--seeds", default="0,1,2", help="comma list of job --seed values")
     parser.add_argument("--rounds", type=int, default=20, help="job --num-rounds")
     parser.add_argument("--horizons", help="comma list of round counts (<= --rounds) to compare accuracy at")
     parser.add_argument("--quick", action="store_true", help="3 rounds, one seed: checks the script")
-    parser.add_argument("--json", nargs="?", const="", metavar="PATH", help="write the figures (to PATH if given)")
     args = parser.parse_args(argv)
     session = Session("compression_job", __file__, argv)
     groups = [[n.strip() for n in text.split(",") if n.strip()] for text in args.codecs or [DEFAULT_CODECS]]

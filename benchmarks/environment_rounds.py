@@ -12,36 +12,21 @@ workspace, runs the job, stops it), then prints, per environment, the median rou
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, arguments, print_table  # noqa: E402
+from benchmarks.harness import Session, arguments, print_table, read_results, run_command  # noqa: E402
 
 TARGET_PROD_VS_SIM = 1.5
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, str]:
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
-    return time.perf_counter() - started, proc.stdout
-
-
 def measure(results_dir: str, command_seconds: float) -> dict:
-    [path] = glob.glob(os.path.join(results_dir, "**", "results.json"), recursive=True)
-    with open(path, encoding="utf-8") as stream:
-        results = json.load(stream)
+    """Median and summed ``round_seconds``, the command's wall, final accuracy and rounds of a finished run."""
+    results = read_results(results_dir)
     rounds = results["rounds"]
     return {
         "median_round_s": statistics.median(r["round_seconds"] for r in rounds),
@@ -72,19 +57,19 @@ def main() -> int:
             out = os.path.join(tmp, f"results-{kind}")
             cmd = [python, "jobs/pt_job_fedavg.py", *job_flags, *leaves, "--env", kind]
             cmd += ["--workspace", os.path.join(tmp, f"ws-{kind}"), "--output-dir", out]
-            seconds, _ = run(cmd, env, 900)
+            seconds, _ = run_command(cmd, 900, env)
             measured[kind] = measure(out, seconds)
             print(f"{kind}: {measured[kind]}")
         deploy = [python, "scripts/deployment.py"]
         workspace = ["--workspace", os.path.join(tmp, "deployment")]
-        run([*deploy, "provision", *workspace, "--leaves", str(args.leaves), "--port-base", "18900"], env, 120)
+        run_command([*deploy, "provision", *workspace, "--leaves", str(args.leaves), "--port-base", "18900"], 120, env)
         try:
-            run([*deploy, "start", *workspace], env, 240)
-            seconds, _ = run([*deploy, "run", *workspace, "fedavg", "--", *job_flags], env, 900)
+            run_command([*deploy, "start", *workspace], 240, env)
+            seconds, _ = run_command([*deploy, "run", *workspace, "fedavg", "--", *job_flags], 900, env)
             measured["prod"] = measure(os.path.join(tmp, "deployment", "results"), seconds)
             print(f"prod: {measured['prod']}")
         finally:
-            run([*deploy, "stop", *workspace], env, 120)
+            run_command([*deploy, "stop", *workspace], 120, env)
     sim = measured["sim"]
     table = [
         [kind, f"{m['median_round_s']:.3f}", f"{m['rounds_wall_s']:.2f}", f"{m['command_s']:.1f}"]

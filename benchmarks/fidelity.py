@@ -247,13 +247,12 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, "write the figures (and to FILE)", "FILE")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script, not figures")
     parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1, 2, 3, 4)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
     parser.add_argument("--job-seeds", default="0", help="seeds of section 4 (FedRevive's job defaults)")
-    parser.add_argument("--json", nargs="?", const="", metavar="FILE", help="write the figures (and to FILE)")
     parser.add_argument("--workdir", default=None, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
-from benchmarks.gpu_suite_child import ChildArgs, child_main, child_timeout, run_section  # noqa: E402
+from benchmarks.gpu_suite_child import ChildArgs, child_main, run_section, section_limits  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
@@ -40,7 +40,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_shared_gpu,
     warm_parent_facts,
 )
-from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step  # noqa: E402
+from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step, synchronize  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
@@ -105,11 +105,6 @@ def machine_facts(device: str) -> dict:
     return facts
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> float:
     """Samples/s of one model trained by a plain SGD loop on random 32x32x3 images (after one warm-up pass)."""
     torch.manual_seed(0)
@@ -129,10 +124,10 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
         return seen
 
     one_pass()
-    _sync(device)
+    synchronize(device)
     started = time.perf_counter()
     seen = one_pass()
-    _sync(device)
+    synchronize(device)
     return seen / (time.perf_counter() - started)
 
 
@@ -361,16 +356,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {name} skipped: {report['skipped'][name]}", flush=True)
             continue
         started = time.perf_counter()
-        if fixed_timeout is not None:
-            args.timeout = fixed_timeout
-        elif args.tiny or args.budget <= 0:
-            args.timeout = 900.0
-        else:
-            args.timeout = max(30.0, min(2.0 * budget, left))
         print(f"[gpu_suite] {name} (budget {budget} s, {left:.0f} s left) ...", flush=True)
         unlimited = args.tiny or args.budget <= 0
+        args.timeout, limit = section_limits(budget, left, unlimited, fixed_timeout)
         command = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--section-child", name]
-        limit = child_timeout(budget, left, unlimited, fixed_timeout)
         command += ["--timeout", str(args.timeout), "--child-limit", str(limit), *(["--tiny"] if args.tiny else [])]
         if not unlimited:
             command += ["--section-seconds", str(min(budget, left))]

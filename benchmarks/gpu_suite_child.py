@@ -1,14 +1,11 @@
-"""Each GPU suite section in its own Python process (``benchmarks/gpu_suite.py``), so one section cannot lose the
-others' figures.
+"""Each GPU suite section in its own Python process (``benchmarks/gpu_suite.py``), so that a crash, a Python error
+or the time limit of one section cannot lose the others' figures (torch._dynamo state left behind, a segfault).
 
-A section run in the suite's own process once left torch._dynamo state behind (after a CUDA-graphs leaf run the
-next model's construction raised a TypeError inside ``nn.Linear``) and another segfaulted the whole suite, losing
-every later section. ``run_section`` starts ``gpu_suite.py --section-child NAME --part FILE`` with
-``subprocess.Popen`` (never fork: the parent may have initialised CUDA), passes its output through to the suite's
-own (the log is read by a person) and keeps the last ``STDERR_TAIL`` characters of its stderr, kills it (its whole
-process group, after a SIGTERM that lets its job runs clean up) at its time limit, and returns the figures it wrote
-or why there are none: a Python error (its traceback), a crash (the signal's name and the stderr tail) or the time
-limit. ``child_main`` is the child's side: it runs the section under ``VramMonitor`` and writes the part file.
+``run_section`` runs ``gpu_suite.py --section-child NAME --part FILE`` through ``harness.run_isolated`` (a new
+process, never a fork: the parent may have initialised CUDA), echoes its output to the suite's own (the log is read
+by a person), stops it at its time limit (SIGTERM first, so its job runs clean up) and returns the figures it wrote
+or why there are none. ``child_main`` is the child's side: it runs the section under ``VramMonitor`` and writes the
+part file.
 
 Test hook: ``DEVSIM_SUITE_CRASH=<section>`` makes that section's child call ``os.abort()`` (SIGABRT) before it
 starts, as a crash in native code would end it; the dry-run test uses it to check the next sections still run.
@@ -17,34 +14,35 @@ starts, as a crash in native code would end it; the dry-run test uses it to chec
 from __future__ import annotations
 
 import argparse
-import collections
 import faulthandler
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
 
-STDERR_TAIL = 3000
-"""Characters of a crashed or timed-out child's stderr kept in the report."""
+from benchmarks.harness import run_isolated
+
+OUTPUT_TAIL = 3000
+"""Characters of a crashed or timed-out child's output kept in the report."""
 CRASH_HOOK = "DEVSIM_SUITE_CRASH"
-TERM_GRACE = 15.0
-"""Seconds a child has after SIGTERM (its job runs stop their process groups) before its group gets SIGKILL."""
 JOB_MARGIN = 5.0
 """Seconds of its time limit a child keeps after its last job run's timeout (to stop the job and write its part)."""
 
 
-def child_timeout(budget: float, left: float, unlimited: bool, job_timeout: float | None) -> float:
-    """Seconds a section's child may run: twice what is left of its budget (``min(budget, left)``), at least 30 s;
-    without a suite budget (``unlimited``: dry run or ``--budget 0``) 1800 s. A fixed ``--timeout`` per job run
-    raises it to three job runs."""
+def section_limits(budget: float, left: float, unlimited: bool, job_timeout: float | None) -> tuple[float, float]:
+    """(Seconds a job run of a section may take, seconds the section's child may run), for a section of ``budget`` s
+    with ``left`` s of the suite's budget left. A job run: twice the budget, at most what is left, at least 30 s. The
+    child: twice what is left of its budget (``min(budget, left)``), at least 30 s. Without a suite budget
+    (``unlimited``: dry run or ``--budget 0``) 900 s and 1800 s. A fixed ``--timeout`` (``job_timeout``) is every job
+    run's and raises the child's to three job runs."""
     limit = 1800.0 if unlimited else max(30.0, 2.0 * min(budget, left))
-    return max(limit, 3.0 * job_timeout) if job_timeout is not None else limit
+    if job_timeout is not None:
+        return job_timeout, max(limit, 3.0 * job_timeout)
+    return (900.0 if unlimited else max(30.0, min(2.0 * budget, left))), limit
 
 
 class ChildArgs(argparse.Namespace):
@@ -64,71 +62,37 @@ class ChildArgs(argparse.Namespace):
         return max(1.0, min(self._job_timeout, self._ends - time.monotonic()))
 
 
-def _pump(stream, tail: collections.deque) -> None:
-    """Copy ``stream`` (bytes) to this process's stderr chunk by chunk, keeping the last chunks in ``tail``."""
-    for chunk in iter(lambda: stream.read1(4096), b""):
-        tail.append(chunk)
-        try:
-            if hasattr(sys.stderr, "buffer"):
-                sys.stderr.buffer.write(chunk)
-            else:  # a text-only stream (a test's capture)
-                sys.stderr.write(chunk.decode("utf-8", "replace"))
-            sys.stderr.flush()
-        except (OSError, ValueError):  # stderr closed: keep reading, so the child never blocks on a full pipe
-            pass
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the child (its job runs' clean-up), then SIGKILL to its process group after ``TERM_GRACE`` s."""
+def _echo(line: str, seconds: float) -> None:
+    """Print one line of a section child's output (stdout and stderr) to the suite's stdout; a closed stdout is
+    ignored (the child must never block on a full pipe)."""
     try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=TERM_GRACE)
-    except subprocess.TimeoutExpired:
+        print(line, flush=True)
+    except (OSError, ValueError):
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(timeout=30)
 
 
 def run_section(name: str, command: list[str], timeout: float) -> tuple[dict | None, str | None]:
     """Run one section's child (``command`` plus ``--part FILE``) for at most ``timeout`` s.
 
     Returns (the part it wrote: ``{"figures": ..., "peak_gpu_memory_mib": ...}`` or None, the error or None). The
-    error is the child's traceback when the section raised, else the stderr tail followed by a last line with the
+    error is the child's traceback when the section raised, else the output's tail followed by a last line with the
     exit status or signal name when it crashed, or with the time limit when it was stopped."""
     with tempfile.TemporaryDirectory(prefix=f"gpu_suite_{name}_") as folder:
         part_path = os.path.join(folder, "part.json")
-        started = time.monotonic()
-        proc = subprocess.Popen([*command, "--part", part_path], stderr=subprocess.PIPE, start_new_session=True)
-        tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL // 64 + 8)
-        reader = threading.Thread(target=_pump, args=(proc.stderr, tail), daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            if proc.poll() is None:  # timed out, or the parent was interrupted
-                _stop(proc)
-        reader.join(timeout=5)  # a process the child left behind may still hold the pipe
-        stderr_tail = b"".join(tail).decode("utf-8", "replace")[-STDERR_TAIL:]
+        code, seconds, tail = run_isolated(
+            [*command, "--part", part_path], folder, timeout, "child.log", cwd=os.getcwd(), watch=_echo, own_home=False
+        )
         part = None
         if os.path.exists(part_path):
             with open(part_path, encoding="utf-8") as stream:
                 part = json.load(stream)
-    seconds = time.monotonic() - started
+    tail = tail[-OUTPUT_TAIL:]
     if part is not None and part.get("error"):
         return None, part["error"]
-    if timed_out:
-        return part, f"{stderr_tail}\ntimed out: the section's child was stopped after {seconds:.0f} s"
-    if part is None or proc.returncode != 0:
-        return (
-            part,
-            f"{stderr_tail}\ncrashed: the section's child {_exit_status(proc.returncode)} after {seconds:.0f} s",
-        )
+    if code is None:
+        return part, f"{tail}\ntimed out: the section's child was stopped after {seconds:.0f} s"
+    if part is None or code != 0:
+        return part, f"{tail}\ncrashed: the section's child {_exit_status(code)} after {seconds:.0f} s"
     return part, None
 
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,16 +70,13 @@ def run_job(script: str, flags: list[str], env_extra: dict[str, str], timeout: f
     that stalls stopped printing)."""
     device = "cpu" if env_extra.get("CUDA_VISIBLE_DEVICES") == "" else "cuda"
     timed: collections.deque[str] = collections.deque(maxlen=40)
-    with tempfile.TemporaryDirectory(prefix="devsim-gpu-suite-") as workdir, VramMonitor(device) as monitor:
+
+    def watch(line: str, seconds: float) -> None:
+        timed.append(f"{seconds:7.1f} {line}")
+
+    with VramMonitor(device) as monitor:
         try:
-            results = harness.run_job(
-                script,
-                flags,
-                workdir,
-                timeout=timeout,
-                env=env_extra,
-                watch=lambda line, t: timed.append(f"{t:7.1f} {line}"),
-            )
+            results = harness.run_job(script, flags, timeout=timeout, env=env_extra, watch=watch)
         except RuntimeError as error:
             raise RuntimeError(f"{error}\nlast lines, seconds since launch:\n" + "\n".join(timed)) from None
     return {**results, "peak_gpu_memory_mib": monitor.peak_mib}
@@ -149,10 +145,7 @@ def script_json(args, script: str, flags: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpu_suite_script_") as folder:
         out = os.path.join(folder, "report.json")
         command = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags, "--json", out]
-        env = dict(os.environ, **job_env(args))
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{script} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        harness.run_command(command, args.timeout, dict(os.environ, **job_env(args)), os.getcwd(), script)
         with open(out, encoding="utf-8") as stream:
             return json.load(stream)
 

@@ -90,14 +90,12 @@ def profile_leaf(settings: dict, device: str, devices: int) -> dict:
     try:
         for _ in range(WARMUP_ROUNDS):
             runner.run_round(0, weights, list(range(devices)))
-        if cuda:
-            torch.cuda.synchronize()
+        synchronize(device)
         with profile(activities=activities, experimental_config=config) as prof:
             started = time.perf_counter()
             for _ in range(PROFILED_ROUNDS):
                 runner.run_round(0, weights, list(range(devices)))
-            if cuda:
-                torch.cuda.synchronize()
+            synchronize(device)
             wall = time.perf_counter() - started
         compile_reason = processor.compile_choice().reason
     finally:
@@ -119,8 +117,9 @@ def profile_leaf(settings: dict, device: str, devices: int) -> dict:
     return out | {"gpu_busy": _gpu_busy_us(prof) / 1e6 / wall}
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work (``device`` "cuda"; nothing on the CPU)."""
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
@@ -130,12 +129,12 @@ def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch
     count = len(pool.indices)
     timed = []
     for _ in range(calls + 1):
-        _sync(device)
+        synchronize(device)
         started = time.perf_counter()
         deltas, _ = trainer.train_pool(
             list(range(count)), start, pool, [torch.Generator().manual_seed(i) for i in range(count)]
         )
-        _sync(device)
+        synchronize(device)
         timed.append(time.perf_counter() - started)
     return timed[0], min(timed[1:]), deltas
 

@@ -1,22 +1,13 @@
 """The benchmark harness: launch a job, read its results, record the machine and load, write figures JSON.
 
-Every benchmark script holds only its measurement and goes through this module for the rest:
-
-- ``run_job(script, flags, workdir)`` runs ``jobs/<script>`` (NVFlare's simulator unless the flags say otherwise)
-  in its own process group with HOME, workspace and output inside ``workdir``, and returns its ``results.json``
-  with ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1``/``version 1``
-  progress line, None when none was printed) and the leaves' ``workers=`` plan lines; ``run_jobs`` runs named
-  jobs in turn. ``run_isolated`` is the same for any command; whatever happens, every process either started is
-  gone when it returns (NVFlare's simulator starts its leaf processes in new sessions, so they are tracked by pid
-  and creation time, never a recycled pid). ``run_child(script, args)`` runs a measurement in a fresh Python
-  process and returns the JSON it printed.
-- ``arguments(__doc__)`` is a script's parser with its ``--json`` flag, ``items`` reads a comma-list flag,
-  ``baseline(parser, rev)`` checks out ``--baseline-commit`` in a temporary git worktree for a block;
-  ``alternate(arms, rounds)`` times several settings side by side, in turn; ``print_table`` prints a Markdown table.
-- ``Session`` is one benchmark invocation: the date, the load average and the command line at its start; its
-  ``figure`` makes one published figure and ``write`` writes ``benchmarks/results/<benchmark>-<date>.json``
-  (payload, figures, date, machine, commit), from which ``scripts/benchmark_table.py`` builds the README table
-  (``DEVSIM_BENCHMARK_RESULTS=DIR``: under DIR instead, for a trial run that publishes nothing).
+Every benchmark script holds only its measurement and goes through this module for the rest: ``run_job`` (a job of
+``jobs/`` in its own process group, its ``results.json`` with wall and first-round seconds), ``run_isolated`` (the
+same for any command: every process it started is gone when it returns; NVFlare's simulator starts its leaves in
+new sessions, so they are tracked by pid and creation time), ``run_command`` and ``run_child`` (a command to its
+end), ``arguments``/``items``/``baseline`` (a script's flags), ``alternate`` (settings side by side, in turn),
+``print_table``, and ``Session`` (the date, load and command line of one invocation; ``figure`` and ``write``
+produce ``benchmarks/results/<benchmark>-<date>.json``, from which ``scripts/benchmark_table.py`` builds the README
+table; ``DEVSIM_BENCHMARK_RESULTS=DIR``: under DIR instead, for a trial run that publishes nothing).
 """
 
 from __future__ import annotations
@@ -95,12 +86,18 @@ def print_row(cells: list[Any]) -> None:
     print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
-def arguments(doc: str, json_help: str = "write the figures under benchmarks/results/") -> argparse.ArgumentParser:
-    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag; from
-    here on this process's output is line-buffered (progress shows as it happens, also through a pipe)."""
+def arguments(
+    doc: str, json_help: str = "write the figures under benchmarks/results/", json_path: str = ""
+) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc`` (its module docstring) as the help text, and its ``--json`` flag (with
+    ``json_path``, a metavar: ``--json [PATH]``, "" without PATH, None without the flag); from here on this process's
+    output is line-buffered (progress shows as it happens, also through a pipe)."""
     _line_buffered()
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true", help=json_help)
+    if json_path:
+        parser.add_argument("--json", nargs="?", const="", metavar=json_path, help=json_help)
+    else:
+        parser.add_argument("--json", action="store_true", help=json_help)
     return parser
 
 
@@ -234,20 +231,38 @@ class Session:
         return path
 
 
+def run_command(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str = REPO, name: str = ""
+) -> tuple[float, str]:
+    """Run ``cmd`` (environment ``env``, default this one's) to its end: (wall seconds, its stdout). RuntimeError
+    naming it (``name``, default the command line) with the tail of its output when it exits non-zero."""
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        output = f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+        raise RuntimeError(f"{name or shlex.join(cmd)} exited {proc.returncode}:\n{output}")
+    return time.perf_counter() - started, proc.stdout
+
+
 def run_child(
     script: str, args: list[str], timeout: float = 1800.0, env: dict[str, str] | None = None, cwd: str = REPO
 ) -> Any:
-    """Run ``script`` (a path) with ``args`` in a fresh Python process (environment ``env``, default this one's) and
-    return the JSON its last line of output holds: a measurement kept apart from this process's imports and
-    memory. RuntimeError with its error output when it fails."""
-    proc = subprocess.run(
-        [sys.executable, script, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{os.path.basename(script)} {shlex.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run ``script`` (a path) with ``args`` in a fresh Python process (:func:`run_command`) and return the JSON its
+    last line of output holds: a measurement kept apart from this process's imports and memory."""
+    name = f"{os.path.basename(script)} {shlex.join(args)}"
+    _, stdout = run_command([sys.executable, script, *args], timeout, env, cwd, name)
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def read_results(folder: str, name: str = "results.json") -> dict[str, Any] | None:
+    """``folder/name``, else the first file called ``name`` (in path order) anywhere under ``folder``, parsed; None
+    when there is none."""
+    top = os.path.join(folder, name)
+    found = [top] if os.path.isfile(top) else sorted(glob.glob(os.path.join(folder, "**", name), recursive=True))
+    if not found:
+        return None
+    with open(found[0], encoding="utf-8") as stream:
+        return json.load(stream)
 
 
 def _descendants(pid: int) -> dict[int, float]:
@@ -317,21 +332,23 @@ def run_isolated(
     cwd: str = REPO,
     watch: Callable[[str, float], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    own_home: bool = True,
 ) -> tuple[int | None, float, str]:
     """Run ``cmd`` in its own process group with HOME inside ``workdir`` unless ``env`` names one (``env`` added to
-    this environment), its output to ``workdir/log_name``. Without a ``DEVSIM_CACHE_DIR`` in ``env`` the command
-    also gets ``DEVSIM_WARM=0`` (its cache folder would lie in the throwaway HOME, so a warm parent started there
-    would serve no later run); with one, a warm parent the command starts is left to the caller
-    (``devsim_flare.launch.warm_parent.stop_parents``). ``watch(line, seconds since launch)`` sees each output line
-    as it comes,
-    ``on_start(pid)`` the command's process id once it runs.
-    Returns (exit code, None on timeout; wall seconds; the output's last 4,000 characters). Every process it
-    started is gone when this returns."""
-    home = os.path.join(workdir, "home")
-    os.makedirs(home, exist_ok=True)
-    full_env = {**os.environ, "HOME": home, "PYTHONUNBUFFERED": "1", **(env or {})}
+    this environment), its output (stdout and stderr) to ``workdir/log_name``. Without a ``DEVSIM_CACHE_DIR`` in
+    ``env`` the command also gets ``DEVSIM_WARM=0`` (its cache folder would lie in the throwaway HOME, so a warm
+    parent started there would serve no later run); with one, a warm parent the command starts is left to the
+    caller (``devsim_flare.launch.warm_parent.stop_parents``). ``own_home=False``: neither, the command keeps this
+    environment's HOME and DEVSIM_WARM. ``watch(line, seconds since launch)`` sees each output line as it comes,
+    ``on_start(pid)`` the command's process id once it runs. Returns (exit code, negative for a signal, None on
+    timeout; wall seconds; the output's last 4,000 characters). Every process it started is gone when this
+    returns."""
+    home = {"HOME": os.path.join(workdir, "home")} if own_home else {}
+    for folder in home.values():
+        os.makedirs(folder, exist_ok=True)
+    full_env = {**os.environ, **home, "PYTHONUNBUFFERED": "1", **(env or {})}
     caller_keeps_warm_parents = "DEVSIM_CACHE_DIR" in (env or {})
-    if not caller_keeps_warm_parents:
+    if own_home and not caller_keeps_warm_parents:
         full_env.setdefault("DEVSIM_WARM", "0")
     started = time.perf_counter()
     tracked: dict[int, float] = {}
@@ -384,7 +401,7 @@ def run_isolated(
 def run_job(
     script: str,
     flags: list[str],
-    workdir: str,
+    workdir: str = "",
     name: str = "run",
     timeout: float = 3600.0,
     env: dict[str, str] | None = None,
@@ -392,10 +409,14 @@ def run_job(
     watch: Callable[[str, float], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``;
-    ``watch`` and ``on_start`` as for ``run_isolated``) and return its ``results.json`` plus ``wall`` and
-    ``first_round`` (seconds; see the module docstring) and ``worker_lines`` (each leaf's ``[site-N] workers=...``
-    plan line, sorted); RuntimeError with the output's tail when it fails or times out."""
+    """Run ``jobs/<script>`` of ``tree`` with ``flags`` (workspace and output folder under ``workdir/name``; default
+    a temporary folder, removed after; ``watch`` and ``on_start`` as for ``run_isolated``) and return its
+    ``results.json`` plus ``wall`` (seconds, launch to exit), ``first_round`` (seconds to the first ``round 1`` or
+    ``version 1`` progress line, None when none was printed) and ``worker_lines`` (each leaf's ``[site-N]
+    workers=...`` plan line, sorted); RuntimeError with the output's tail when it fails or times out."""
+    if not workdir:
+        with tempfile.TemporaryDirectory(prefix="devsim-bench-") as scratch:
+            return run_job(script, flags, scratch, name, timeout, env, tree, watch, on_start)
     folder = os.path.join(workdir, name)
     out = os.path.join(folder, "out")
     cmd = [sys.executable, os.path.join(tree, "jobs", script), *flags]
@@ -413,12 +434,10 @@ def run_job(
 
     os.makedirs(folder, exist_ok=True)
     rc, wall, tail = run_isolated(cmd, folder, timeout, env=env, cwd=tree, watch=seen, on_start=on_start)
-    found = sorted(glob.glob(os.path.join(out, "**", "results.json"), recursive=True))
-    if rc != 0 or not found:
+    results = read_results(out) if rc == 0 else None
+    if results is None:
         status = "timed out" if rc is None else f"exited {rc}"
         raise RuntimeError(f"{script} {shlex.join(flags)} {status} after {wall:.0f} s:\n{tail}")
-    with open(found[0], encoding="utf-8") as stream:
-        results = json.load(stream)
     results["wall"] = wall
     results["first_round"] = first[0] if first else None
     results["worker_lines"] = sorted(workers)
@@ -432,11 +451,11 @@ def run_jobs(
     workdir: str = "",
 ) -> dict[str, dict[str, Any]]:
     """Each named ``(script, flags)`` job through :func:`run_job`, in turn, under ``workdir`` (default a temporary
-    folder, removed after): name -> its results; one line printed as each ends (wall seconds, final accuracy)."""
+    folder per job, removed after it): name -> its results; one line printed as each ends (wall seconds, final
+    accuracy)."""
     done = {}
-    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as scratch:
-        for name, (script, flags) in jobs.items():
-            results = done[name] = run_job(script, flags, workdir or scratch, re.sub(r"\W+", "-", name), timeout, env)
-            accuracy = (results.get("summary") or {}).get("final_accuracy")
-            print(f"  {name}: {results['wall']:.0f} s wall, final accuracy {accuracy}", flush=True)
+    for name, (script, flags) in jobs.items():
+        results = done[name] = run_job(script, flags, workdir, re.sub(r"\W+", "-", name), timeout, env)
+        accuracy = (results.get("summary") or {}).get("final_accuracy")
+        print(f"  {name}: {results['wall']:.0f} s wall, final accuracy {accuracy}", flush=True)
     return done

@@ -25,7 +25,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from typing import NamedTuple
@@ -121,7 +120,7 @@ class Sampler(threading.Thread):
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
 
-def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
+def run_job(args) -> tuple[Sampler, dict[int, float], float]:
     """Run the sim job under the sampler; returns the sampler, round -> time its line was printed, wall s."""
     flags = [
         *("--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(args.devices_per_leaf)),
@@ -147,7 +146,7 @@ def run_job(args, workdir: str) -> tuple[Sampler, dict[int, float], float]:
 
     try:
         results = harness.run_job(
-            "pt_job_fedavg.py", flags, workdir, env=env, timeout=args.timeout, watch=watch, on_start=on_start
+            "pt_job_fedavg.py", flags, env=env, timeout=args.timeout, watch=watch, on_start=on_start
         )
     finally:
         for sampler in samplers:
@@ -188,8 +187,7 @@ def growth(begin: float, end: float) -> str:
 
 
 def part_rounds(args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-        sampler, round_times, wall = run_job(args, workdir)
+    sampler, round_times, wall = run_job(args)
     if not round_times:
         raise SystemExit("no 'round N/M' progress lines were printed")
     last = max(round_times)

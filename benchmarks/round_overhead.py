@@ -31,7 +31,6 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -94,8 +93,7 @@ def simulate(flags: list[str], args: argparse.Namespace, path: str, warmup: int,
     """One ``pt_job_fedavg.py`` run with ``flags`` and ``--device-batch path``: each round's ``train_seconds``
     (server send -> aggregated) under ``key``, the median of those after ``warmup`` (``sim``), its parts, the
     leaves' plan lines (``path``: which path they took and why) and the final accuracy."""
-    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-        results = run_job("pt_job_fedavg.py", [*flags, "--device-batch", path], workdir, timeout=args.timeout)
+    results = run_job("pt_job_fedavg.py", [*flags, "--device-batch", path], timeout=args.timeout)
     records = results["rounds"]
     steady = records[warmup:] or records
     return {

@@ -25,15 +25,25 @@ import functools
 import json
 import os
 import resource
+import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, alternate, arguments, baseline, items, print_table  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    REPO,
+    Session,
+    alternate,
+    arguments,
+    baseline,
+    items,
+    print_table,
+    read_results,
+    run_command,
+)
 from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
@@ -70,14 +80,11 @@ def run_once(tree: str, workspace: str, env: dict[str, str], job: list[str]) -> 
     cmd = [PYTHON, *job, "--workspace", workspace, "--output-dir", output]
     env = {**env, "DEVSIM_COMMAND_STARTED": repr(time.time())}
     env.setdefault("DEVSIM_CACHE_DIR", os.path.join(workspace, "cache"))
-    started, cpu_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall, cpu_after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, _ = run_command(cmd, RUN_TIMEOUT_S, env, cwd=tree, name=f"{shlex.join(cmd)} (in {tree})")
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = sum(getattr(cpu_after, f) - getattr(cpu_before, f) for f in ("ru_utime", "ru_stime"))
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr}")
-    with open(os.path.join(output, "results.json"), encoding="utf-8") as stream:
-        results = json.load(stream)
+    results = read_results(output)
     seconds = results["startup"]["seconds"]
     summary = results.get("summary") or {}
     final = f"loss {summary.get('final_loss')} {json.dumps(summary.get('final_metrics'), sort_keys=True)}"

@@ -23,7 +23,6 @@ speed-ups stock / edge and stock / collab. Each side runs through ``harness.run_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,8 +30,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import REPO, Session, arguments, load, run_isolated  # noqa: E402
-from devsim_flare.edge.job import find_results  # noqa: E402
+from benchmarks.harness import REPO, Session, arguments, load, read_results, run_isolated  # noqa: E402
 
 SIDES = ("stock", "edge", "collab")
 CHILD_FLAG = "--run-stock-child"
@@ -58,11 +56,9 @@ def side_command(side: str, args: argparse.Namespace, workdir: str) -> list[str]
 
 def round_seconds(side: str, out_dir: str) -> list[float]:
     """Seconds of every trained round / version of a finished side, in order."""
-    path = find_results(out_dir, "results.json" if side == "collab" else "edge_results.json")
-    if not path:
+    results = read_results(out_dir, "results.json" if side == "collab" else "edge_results.json")
+    if results is None:
         return []
-    with open(path, encoding="utf-8") as stream:
-        results = json.load(stream)
     if side == "collab":
         return [float(r["round_seconds"]) for r in results["rounds"]]
     # version 1 is the initial model (its gap is job start-up); versions 2.. are trained rounds

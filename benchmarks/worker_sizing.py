@@ -18,7 +18,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,8 +35,7 @@ def run_setting(args, workers: int | None) -> tuple[list[float], list[str]]:
         *("--synthetic-train-size", str(max(20000, selected * args.samples))),
         *(["--num-workers", str(workers)] if workers is not None else []),
     ]
-    with tempfile.TemporaryDirectory(prefix="devsim-bench-") as workdir:
-        results = run_job("pt_job_fedavg.py", flags, workdir, timeout=args.timeout)
+    results = run_job("pt_job_fedavg.py", flags, timeout=args.timeout)
     return [r["train_seconds"] for r in results["rounds"]], results["worker_lines"]
 
 
