@@ -55,9 +55,7 @@ def _walk(value: Any, convert: Callable[[Any], Any], memo: dict[int, Any]) -> An
 def _stored(value: Any) -> Any:
     """A NumPy array that torch can hold as a :class:`StoredArray`; anything else (object, string or non-native byte
     order arrays included) as it is."""
-    if not isinstance(value, np.ndarray) or value.dtype.hasobject or not value.dtype.isnative:
-        return value
-    if value.dtype.kind not in "biufc":
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc" or not value.dtype.isnative:
         return value
     array = value if value.flags.c_contiguous and value.flags.writeable else np.array(value, order="C")
     try:

@@ -218,26 +218,29 @@ class LeafRoundRunner:
             size = max(1, min(self.device_batch, -(-len(jobs) // len(self.workers))))
             groups = [jobs[i : i + size] for i in range(0, len(jobs), size)]
         futures = [self._pool.submit(self._train_jobs, bases, group, with_histograms, privacy) for group in groups]
-        outputs = [output for f in futures for output in f.result()]
+        results = [f.result() for f in futures]
+        outputs = [output for group_outputs, _ in results for output in group_outputs]
         self.uplink.sweep(max(bases.versions))
         trained = time.perf_counter()
         if self.uplink.spec.lossless:
-            updates: dict = {"deltas": {k: np.stack([o[0][k] for o in outputs]) for k in self.keys}}
+            parts = [part for _, group_parts in results for part in group_parts]
+            deltas = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in self.keys}
+            updates: dict = {"deltas": deltas}
         else:
-            updates = {"encoded": stack_rows([o[4] for o in outputs]), "delta_keys": list(self.keys)}
+            updates = {"encoded": stack_rows([o[3] for o in outputs]), "delta_keys": list(self.keys)}
         payload = {
             "job_id": np.asarray(job_ids, dtype=np.int64),
             **updates,
-            "num_samples": np.array([o[1].num_samples for o in outputs], dtype=np.int64),
-            "loss": np.array([o[1].loss for o in outputs], dtype=np.float32),
-            "accuracy": np.array([o[1].accuracy for o in outputs], dtype=np.float32),
-            "compute_seconds": np.array([o[1].compute_seconds for o in outputs], dtype=np.float64),
-            "uplink_bytes": np.array([o[3].bytes_sent for o in outputs], dtype=np.int64),
-            "uplink_raw_bytes": np.array([o[3].raw_bytes for o in outputs], dtype=np.int64),
+            "num_samples": np.array([o[0].num_samples for o in outputs], dtype=np.int64),
+            "loss": np.array([o[0].loss for o in outputs], dtype=np.float32),
+            "accuracy": np.array([o[0].accuracy for o in outputs], dtype=np.float32),
+            "compute_seconds": np.array([o[0].compute_seconds for o in outputs], dtype=np.float64),
+            "uplink_bytes": np.array([o[2].bytes_sent for o in outputs], dtype=np.int64),
+            "uplink_raw_bytes": np.array([o[2].raw_bytes for o in outputs], dtype=np.int64),
             "counts": self.uplink.residual_counts(),
         }
         if with_histograms:
-            payload["label_hist"] = np.stack([o[2] for o in outputs])
+            payload["label_hist"] = np.stack([o[1] for o in outputs])
         finished = time.perf_counter()
         compute = payload["compute_seconds"]
         payload["timing"] = {
@@ -246,7 +249,7 @@ class LeafRoundRunner:
             "leaf_aggregate": finished - trained,
             "device_compute_sum": float(compute.sum()),
             "device_compute_max": float(compute.max()),
-            "codec_seconds": float(sum(o[3].encode_seconds + o[3].decode_seconds for o in outputs)),
+            "codec_seconds": float(sum(o[2].encode_seconds + o[2].decode_seconds for o in outputs)),
         }
         return payload
 
@@ -258,9 +261,10 @@ class LeafRoundRunner:
         privacy: DevicePrivacy | None = None,
     ):
         """Train ``jobs`` ((device id, train seed, base) triples) on one idle worker and send each update over the
-        uplink; (received float32 delta, metrics, histogram, uplink stats, encoded row) each: the delta with the
-        lossless codec, else None; the encoded row (its parts, what the leaf forwards) with a lossy codec, else
-        None. Residuals are stamped with the newest base version among ``jobs``."""
+        uplink. Returns (per job: metrics, histogram, uplink stats, encoded row; the received float32 deltas as
+        parts): the encoded row (its parts, what the leaf forwards) with a lossy codec, else None; the parts (dicts
+        of (m, *shape) host arrays, jobs in order: one for a batched group, one per job otherwise) with the lossless
+        codec, else none. Residuals are stamped with the newest base version among ``jobs``."""
         worker = self._idle.get()
         encoded: list[Encoded] | None = None if self.uplink.spec.lossless else []
         version = max(bases.versions[b] for _, _, b in jobs)
@@ -275,16 +279,14 @@ class LeafRoundRunner:
                     privacy.apply_rows_(deltas, seeds, ids)
                 group = UplinkStats()
                 rows = self.uplink.transmit_rows(ids, version, deltas, group, encoded)
-                received = []
-                if encoded is None:  # one copy to the host per entry of the group's rows, not per job and entry
-                    host = tensors_to_numpy(self.keys, rows)
-                    received = [{k: host[k][i] for k in self.keys} for i in range(len(jobs))]
+                # one copy to the host per entry of the group's rows, not per job and entry
+                parts = [tensors_to_numpy(self.keys, rows)] if encoded is None else []
                 count = len(jobs)  # every row of a group costs the same bytes; seconds are shared out evenly
                 share = (group.bytes_sent // count, group.raw_bytes // count)
                 seconds = (group.encode_seconds / count, group.decode_seconds / count)
                 stats = [UplinkStats(1, *share, *seconds) for _ in jobs]
             else:
-                received, metrics, stats = [], [], []
+                parts, metrics, stats = [], [], []
                 for device_id, train_seed, base in jobs:
                     start = bases.of(base)
                     with TRAINING.measure():
@@ -294,15 +296,15 @@ class LeafRoundRunner:
                     if privacy is not None:
                         privacy.apply_(update, train_seed, device_id)
                     sent = self.uplink.transmit(device_id, version, update, stats[-1], encoded)
-                    received.append(tensors_to_numpy(self.keys, sent) if encoded is None else None)
-            if encoded is None:  # lossless: the received float32 deltas go on
-                updates = [(r, None) for r in received]
-            else:  # lossy: the rows go on as they crossed the uplink (the leaf's decoded copy is not needed)
-                updates = [(None, row) for row in split_rows(encoded)]
-            return [
-                (delta, m, worker.label_histogram(d) if with_histogram else None, st, row)
-                for d, (delta, row), m, st in zip(ids, updates, metrics, stats, strict=True)
+                    if encoded is None:
+                        parts.append({k: a[np.newaxis] for k, a in tensors_to_numpy(self.keys, sent).items()})
+            # lossy: the rows go on as they crossed the uplink (the leaf's decoded copy is not needed)
+            rows_out = [None] * len(jobs) if encoded is None else split_rows(encoded)
+            per_job = [
+                (m, worker.label_histogram(d) if with_histogram else None, st, row)
+                for d, row, m, st in zip(ids, rows_out, metrics, stats, strict=True)
             ]
+            return per_job, parts
         finally:
             self._idle.put(worker)
 
