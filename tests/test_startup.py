@@ -343,3 +343,18 @@ def test_the_previous_run_is_set_aside_except_what_nvflare_keeps_and_removed_in_
     assert os.listdir(tmp_path / previous_run.TRASH_FOLDER) == []
     assert previous_run.clear_previous_run(recipe, env, str(tmp_path)) is None  # nothing more to move
     assert previous_run.clear_previous_run(types.SimpleNamespace(), env, str(tmp_path)) is None  # not a Collab recipe
+
+
+def test_a_process_start_is_stamped_between_its_launch_and_its_first_line():
+    """A child's own start stamp lies after the moment its parent launched it and before the child's first
+    statement runs (a stamp from whole-second boot time would be up to a second early)."""
+    import subprocess
+    import sys
+
+    code = "import time; now = time.time(); from devsim.observe.startup import process_started; "
+    code += "print(process_started(), now)"
+    launched = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    started, first_line = map(float, out.stdout.split())
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    assert launched - 2 * tick <= started <= first_line + 2 * tick

@@ -35,7 +35,21 @@ STAGES = (
 
 
 def process_started() -> float:
-    """This process's start time (``time.time()`` seconds), from the OS when it can tell, else now."""
+    """This process's start time (``time.time()`` seconds, to the kernel's clock tick), else now.
+
+    On Linux it is read from ``/proc``: the process's start in ticks since boot (``/proc/self/stat``) placed against
+    the seconds since boot now (``/proc/uptime``). ``psutil.Process().create_time()`` adds the start to the boot
+    time of ``/proc/stat``, which the kernel gives in whole seconds, so its stamps are up to a second early; that
+    second does not cancel against stamps taken with ``time.time()`` (a wrapper script's ``date``, the server's
+    marks)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stream:
+            start_ticks = int(stream.read().rsplit(")", 1)[1].split()[19])  # field 22, after pid, name and state
+        with open("/proc/uptime", encoding="ascii") as stream:
+            uptime = float(stream.read().split()[0])
+        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import psutil
 
