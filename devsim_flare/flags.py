@@ -18,6 +18,10 @@ def int_or_word(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
+SHORT_USAGE = "%(prog)s [flags]   (--help lists every flag)"
+"""The usage line: argparse's generated one lists all ~90 flags, which buried a bad flag's one-line error under a
+screen of text."""
+
 _PARSERS = {"int": int, "float": float, "str": str, "int | str": int_or_word}
 _UNSET = ("none", "None", "null")
 
@@ -41,7 +45,9 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     defaults = defaults or SimulationConfig()
     config_cls = type(defaults)
     asynchronous = issubclass(config_cls, AsyncConfig)
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter, usage=SHORT_USAGE
+    )
     parser.set_defaults(config_cls=config_cls)
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     for section, names in section_fields(config_cls).items():

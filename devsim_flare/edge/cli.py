@@ -15,13 +15,16 @@ import time
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
+from devsim_flare.flags import SHORT_USAGE
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter, usage=SHORT_USAGE
+    )
     p.add_argument("--num-leaf-nodes", type=int, default=2)
     p.add_argument("--devices-per-leaf", type=int, default=16)
     p.add_argument(
