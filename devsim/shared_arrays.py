@@ -95,11 +95,25 @@ def weights_for_call(weights: Mapping, folder: str | None, shared: dict | None) 
     return {"exchange_folder": folder, "weights": {} if shared else weights, "shared_weights": shared}
 
 
+class ExchangeClosed(Exception):
+    """The exchange folder a call names is gone: its server removed it because the run ended (e.g. on Ctrl-C)
+    after sending the call, so no one waits for the answer."""
+
+
 def received_weights(weights: dict, folder: str | None, shared: Mapping | None) -> dict:
-    """On the leaf: the weights a :func:`weights_for_call` call carried."""
+    """On the leaf: the weights a :func:`weights_for_call` call carried.
+
+    Raises:
+        ExchangeClosed: the weights' file and its folder are gone (the run has ended).
+    """
     if folder is None or shared is None:
         return weights
-    return take_arrays(folder, shared, unlink=not shared.get("keep", False))
+    try:
+        return take_arrays(folder, shared, unlink=not shared.get("keep", False))
+    except FileNotFoundError as error:
+        if os.path.isdir(folder):
+            raise
+        raise ExchangeClosed(folder) from error
 
 
 def reply_in_file(payload: dict, key: str, folder: str | None) -> None:
@@ -136,14 +150,17 @@ def all_float32(arrays) -> bool:
 def shared_or_inline(folder: str | None, arrays, keep: bool = False) -> dict | None:
     """The descriptor of ``arrays`` written into ``folder``, or None when they should travel inside the message:
     no folder, not all float32 (e.g. an update a fault made float64), or the write failed (``/dev/shm`` full: a
-    container's is often 64 MB). The first failure in a process is printed once. With ``keep`` its readers leave
-    the file in place (several leaves read it; the writer discards it)."""
+    container's is often 64 MB). The first failure in a process is printed once; a folder that is gone is not a
+    failure (the server removes it when its run ends, e.g. on Ctrl-C, while leaves may still reply). With ``keep``
+    its readers leave the file in place (several leaves read it; the writer discards it)."""
     global _failure_reported
     if folder is None or not all_float32(arrays):
         return None
     try:
         return {**put_arrays(folder, arrays), "keep": True} if keep else put_arrays(folder, arrays)
     except OSError as error:
+        if not os.path.isdir(folder):
+            return None  # the server removed its folder: its run has ended and will not read this reply
         if not _failure_reported:
             _failure_reported = True
             print(

@@ -31,7 +31,7 @@ from devsim.privacy.noise import with_gaussian
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
 from devsim.resources.precision import apply_tf32
-from devsim.shared_arrays import received_weights, reply_in_file
+from devsim.shared_arrays import ExchangeClosed, received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unmark_lost
 
@@ -207,7 +207,10 @@ class LeafNode:
         :meth:`train_jobs`). ``dp`` (differential privacy; the server's ``_leaf_privacy``) holds this round's clip
         norm, each device's local noise std and this leaf's share of the central noise (std, 0: none)."""
         received_at = time.time()
-        weights = received_weights(weights, exchange_folder, shared_weights)
+        try:
+            weights = received_weights(weights, exchange_folder, shared_weights)
+        except ExchangeClosed:
+            return {"run_ended": True}  # the run that sent this call has ended; no one reads the answer
         self._collector.maybe_collect()
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
@@ -261,7 +264,10 @@ class LeafNode:
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
         """
         received_at = time.time()
-        weights = received_weights(weights, exchange_folder, shared_weights)
+        try:
+            weights = received_weights(weights, exchange_folder, shared_weights)
+        except ExchangeClosed:
+            return {"run_ended": True}  # the run that sent this call has ended; no one reads the answer
         self._collector.maybe_collect()
         payload = self._runner.run_jobs(
             weights,

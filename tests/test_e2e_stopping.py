@@ -184,3 +184,26 @@ def test_async_run_drops_a_killed_leaf_at_once(tmp_path):
     results = find_results(run_dir)
     assert results["summary"]["versions"] == 60
     assert results["rounds"][-1]["dead_leaves"] == ["site-2"] and results["rounds"][-1]["failed_leaf_lost"] > 0
+
+
+def test_ctrl_c_on_an_async_run_prints_nothing_from_leaves_still_answering(tmp_path):
+    """Ctrl-C from a terminal reaches the whole process group. Leaves still answering calls of the stopped run
+    find its exchange folder removed: that is the run's end, and must not print a traceback or a warning."""
+    run_dir = tmp_path / "run"
+    args = ["--dataset", "digits", "--max-versions", "3000", "--workspace", str(tmp_path / "ws")]
+    job = _Job([*args, "--output-dir", str(run_dir)], tmp_path, script="pt_job_fedbuff.py")
+    try:
+        job.until_round(20)
+        os.killpg(job.proc.pid, signal.SIGINT)
+        _exit_seconds(job)
+        code, output = job.finish()
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+    assert code == 130, output[-3000:]
+    assert not leftovers, leftovers
+    after = output[output.index("SIGINT:") :]
+    for noise in ("Traceback", "[shared memory]", " - ERROR - "):
+        assert noise not in after, after[-3000:]
+    assert find_results(run_dir)["stopped"]["reason"] == "SIGINT"

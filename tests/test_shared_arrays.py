@@ -198,3 +198,31 @@ def test_a_call_and_its_reply_through_the_folder(tmp_path):
     inline = {"delta_sum": {"a": np.zeros(2)}}  # float64 (a wire fault's): stays inline
     reply_in_file(inline, "delta_sum", folder.path)
     assert "delta_sum" in inline and DESCRIPTOR_KEY not in inline
+
+
+def test_a_reply_after_the_run_removed_its_folder_goes_inline_without_a_warning(tmp_path, monkeypatch, capsys):
+    """A stopped run (Ctrl-C) removes its exchange folder while leaves may still be replying: their writes fail
+    with 'no such file', which is the run's end, not a shared-memory problem to report."""
+    import devsim.shared_arrays as shared_arrays
+
+    monkeypatch.setattr(shared_arrays, "_failure_reported", False)
+    folder = SharedFolder.create(str(tmp_path))
+    folder.remove()
+    assert shared_arrays.shared_or_inline(folder.path, {"a": np.ones(4, np.float32)}) is None
+    assert capsys.readouterr().out == ""
+    assert not shared_arrays._failure_reported
+
+
+def test_a_call_whose_run_removed_its_folder_says_so_and_other_missing_files_still_raise(tmp_path):
+    """The weights' file gone with its folder means the run ended (ExchangeClosed, which the leaf answers
+    quietly); a missing file in a folder that still exists is a real error."""
+    from devsim.shared_arrays import ExchangeClosed, received_weights
+
+    folder = SharedFolder.create(str(tmp_path))
+    descriptor = put_arrays(folder.path, {"a": np.ones(4, np.float32)})
+    os.unlink(descriptor["path"])
+    with pytest.raises(FileNotFoundError):
+        received_weights({}, folder.path, descriptor)
+    folder.remove()
+    with pytest.raises(ExchangeClosed):
+        received_weights({}, folder.path, descriptor)
