@@ -86,8 +86,10 @@ def admit_rows(
     ids = [metrics[i].device_id for i in kept]
     below = checks.privacy.apply_rows_(rows, round_num, ids) if checks.privacy is not None else [None] * len(ids)
     received = checks.uplink.transmit_rows(ids, round_num, rows, result.uplink)
+    per_row = [[t[row] for t in received] for row in range(len(kept))]
+    norms = torch.stack([_norm(delta) for delta in per_row]).tolist()  # one host sync for the group, not one a row
     for row, i in enumerate(kept):
-        _accept(result, [t[row] for t in received], metrics[i], checks, below[row])
+        _accept(result, per_row[row], metrics[i], checks, below[row], norms[row])
 
 
 def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, checks: RoundChecks) -> None:
@@ -97,13 +99,24 @@ def _inject_fault(delta: list[torch.Tensor], device_id: int, round_num: int, che
         _corrupt_tensors(delta, fault)
 
 
+def _norm(delta: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of a whole delta, a 0-d tensor on its device (the same operations row by row or alone)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta)))
+
+
 def _accept(
-    result: ChunkResult, delta: list[torch.Tensor], metrics: DeviceMetrics, checks: RoundChecks, below: bool | None
+    result: ChunkResult,
+    delta: list[torch.Tensor],
+    metrics: DeviceMetrics,
+    checks: RoundChecks,
+    below: bool | None,
+    norm: float | None = None,
 ) -> None:
     """Add a received delta to the chunk's sum unless it is non-finite or too large: weighted by its samples, or
-    under DP by 1 (each device's clipped update counts once; ``below``: its norm was within the clip norm)."""
+    under DP by 1 (each device's clipped update counts once; ``below``: its norm was within the clip norm).
+    ``norm``: the delta's :func:`_norm` when the caller computed it already."""
     device_id = metrics.device_id
-    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
+    norm = float(_norm(delta)) if norm is None else norm
     max_norm = checks.max_norm
     if not np.isfinite(norm) or (max_norm is not None and norm > max_norm):
         result.counts["rejected"] += 1
