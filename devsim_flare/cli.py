@@ -214,7 +214,11 @@ def job_main(description: str, server_cls: type, defaults: SimulationConfig, arg
 
 
 def run_job(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, server_cls: type, fork_server: bool = False
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    server_cls: type,
+    fork_server: bool = False,
+    check_fork: bool = False,
 ) -> int:
     """Everything a job does after its flags are parsed: environment checks, the validated and task-fitted
     configuration, then export or run. ``parser.error`` reports bad input (the command line ends the program;
@@ -223,7 +227,8 @@ def run_job(
 
     With ``fork_server`` (the job command, a fresh single-threaded process that has run no PyTorch computation yet),
     a simulation run here starts NVFlare's simulator processes from a fork server holding PyTorch and NVFlare
-    (:mod:`devsim_flare.launch.fork_server`), forked before the checks below."""
+    (:mod:`devsim_flare.launch.fork_server`), forked before the checks below; with ``check_fork`` as well (a process
+    that may have run PyTorch: the Python API) only after a forked child has shown that it can still compute."""
     from devsim_flare.launch.fork_server import start_fork_server
 
     check_env_args(parser, args)
@@ -241,7 +246,8 @@ def run_job(
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
     simulated_here = args.env == "sim" and not exporting
-    server = start_fork_server(leaves=config.num_leaf_nodes) if fork_server and simulated_here else None
+    forking = fork_server and simulated_here
+    server = start_fork_server(leaves=config.num_leaf_nodes, check_children=check_fork) if forking else None
     try:
         return _checked_run(parser, args, server_cls, config, gpu_ids, exporting, download_dir)
     finally:

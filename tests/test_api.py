@@ -122,6 +122,41 @@ def test_a_ten_line_snippet_runs_fedavg_on_a_user_task_as_the_command_line_does(
     assert accuracies(folder)[-1] == accuracy
 
 
+def test_each_run_of_a_script_is_timed_from_its_own_execute_and_forks_its_processes(tmp_path) -> None:
+    """Two runs in one script: each run's start-up counts from its own ``execute()`` (not from the script's start),
+    and both fork their simulator processes as the job command does (a script has no other thread and has run no
+    parallel PyTorch computation, so the fork check passes)."""
+    task = os.path.join(REPO, "examples", "penguins_task.py")
+    script = textwrap.dedent(
+        f"""
+        import time
+        from devsim_flare.api import FedAvgRecipe, SimEnv
+        for run in range(2):
+            print("before", run, time.time(), flush=True)
+            result = FedAvgRecipe(task={task!r}, **{{**{SETTINGS!r}, "num_rounds": 2}}).execute(SimEnv(workspace="ws"))
+            print("folder", run, result.get_result().folder, flush=True)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**isolated_env(tmp_path), "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "start as new interpreters" not in proc.stderr, proc.stderr[-2000:]
+    before = [float(line.split()[2]) for line in proc.stdout.splitlines() if line.startswith("before")]
+    folders = [line.split(maxsplit=2)[2] for line in proc.stdout.splitlines() if line.startswith("folder")]
+    stamps = []
+    for folder in folders:
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as stream:
+            stamps.append(json.load(stream)["startup"]["stamps"])
+    assert before[0] <= stamps[0]["command_started"] <= stamps[0]["server_process_started"]
+    assert stamps[0]["command_exit"] <= before[1] <= stamps[1]["command_started"] <= stamps[1]["first_round_started"]
+
+
 def test_a_recipe_exports_a_job_folder_that_nvflare_reads(tmp_path) -> None:
     job = FedAvgRecipe(num_rounds=2, num_leaf_nodes=2).export(str(tmp_path / "job"), SimEnv(workspace=str(tmp_path)))
     meta = json.loads((tmp_path / "job" / "devsim_fedavg" / "meta.json").read_text())

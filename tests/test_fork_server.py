@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from devsim_flare.launch.forked_child import interpreter_path, process_name
 from devsim_flare.launch.forked_process import (
     SIMULATOR_MODULE,
@@ -134,6 +136,31 @@ def test_a_fork_server_is_not_started_beside_other_threads():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "None", done.stderr
+
+
+def test_a_process_that_ran_parallel_pytorch_starts_no_fork_server_and_does_not_hang():
+    """GNU OpenMP's pool belongs to the process that ran a parallel computation: a forked child's next parallel region
+    never returns. A process that may have run PyTorch (the Python API) checks a forked child first: clean, the
+    child computes; after a parallel computation, it is killed at the check's limit and nothing is started."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no thread pool for a child to inherit")
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {REPO!r})
+        import torch
+        from devsim_flare.launch.fork_server import forked_children_compute, start_fork_server
+        print("clean", forked_children_compute())
+        torch.set_num_threads(2)
+        torch.ones(1 << 22).sum()
+        started = time.monotonic()
+        print("after", forked_children_compute(timeout=1.0), round(time.monotonic() - started))
+        print("server", start_fork_server(server_imports=(), leaf_imports=(), check_children=True))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:3] == ["clean True", "after False 1", "server None"], done.stdout + done.stderr
+    assert "start as new interpreters" in done.stderr
 
 
 def test_a_forked_leaf_is_named_after_its_site():

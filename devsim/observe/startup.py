@@ -65,6 +65,21 @@ def stamp_command_start() -> None:
     os.environ.setdefault(COMMAND_STARTED_ENV, repr(process_started()))
 
 
+@contextmanager
+def command_starts_now() -> Iterator[None]:
+    """Stamp a run started from Python (``recipe.execute()``) as starting now, for the processes it starts; the
+    process's earlier stamp (another run's, or none) comes back afterwards."""
+    earlier = os.environ.get(COMMAND_STARTED_ENV)
+    os.environ[COMMAND_STARTED_ENV] = repr(time.time())
+    try:
+        yield
+    finally:
+        if earlier is None:
+            os.environ.pop(COMMAND_STARTED_ENV, None)
+        else:
+            os.environ[COMMAND_STARTED_ENV] = earlier
+
+
 class SetupParts:
     """Seconds of the named parts of one leaf's set-up, in the order they ran (``total`` is added by
     :meth:`record`: the wall time since the object was made)."""

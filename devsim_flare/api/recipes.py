@@ -94,12 +94,16 @@ class JobRecipe:
 
     def execute(self, env: Environment | None = None) -> Run:
         """Run the job in ``env`` (default: :class:`SimEnv`) and wait for it to end; progress prints as on the
-        command line. Raises RecipeError for bad settings before anything starts."""
-        from devsim.observe.startup import stamp_command_start
+        command line. Raises RecipeError for bad settings before anything starts. Its start-up is timed from this
+        call. In the simulator its processes are forked from fork servers, as the job command's, when this process runs
+        no other Python thread (a script, not a notebook) and a forked child of it can still run PyTorch's parallel
+        code (:func:`devsim_flare.launch.fork_server.forked_children_compute`); otherwise they start as new
+        interpreters."""
+        from devsim.observe.startup import command_starts_now
 
-        stamp_command_start()
-        parser, args = self._args(env or SimEnv())
-        code = cli.run_job(parser, args, self.server_cls())
+        with command_starts_now():
+            parser, args = self._args(env or SimEnv())
+            code = cli.run_job(parser, args, self.server_cls(), fork_server=True, check_fork=True)
         return Run(code, args.results_dir)
 
     def export(self, job_dir: str, env: Environment | None = None) -> str:

@@ -90,6 +90,8 @@ while it sets up. It runs beside the server's fork server, so ``torch._dynamo`` 
 the simulator's server process starts (one fork server taking both lists made the leaves wait for it: 0.9 s of the
 digits demo's start)."""
 CHILD_EXIT_WAIT_SECONDS = 10.0
+CHILD_CHECK_SECONDS = 2.0
+"""How long :func:`forked_children_compute` waits for its child (which takes milliseconds when it can finish)."""
 POLL_SECONDS = 0.02
 
 
@@ -133,15 +135,26 @@ def start_fork_server(
     server_imports: tuple[str, ...] = SERVER_IMPORTS,
     leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS,
     leaves: int | None = None,
+    check_children: bool = False,
 ) -> ForkServer | None:
     """Fork the fork servers from this process: one for the simulator's server process, importing ``server_imports``,
     and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too) until it
     has started ``leaves`` workers (None: no limit; the imports left then would only compete with the leaves' set-up,
     whose batching probe is timed). Names the leaves' socket in :data:`SOCKET_ENV` for the processes this one starts
     and routes this process's start of the simulator to the first. None (nothing started) when
-    ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use) or
-    when the platform cannot fork."""
+    ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use),
+    when the platform cannot fork, or, with ``check_children`` (a process that may have run PyTorch already, such as
+    a script calling ``recipe.execute()``), when a forked child of this process cannot run PyTorch's parallel code
+    (:func:`forked_children_compute`)."""
     if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
+        return None
+    if check_children and not forked_children_compute():
+        print(
+            "simulator processes start as new interpreters: a child forked from this process could not run PyTorch "
+            "(it has run a parallel PyTorch computation already)",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
     leaf_server = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports, requests=leaves)
@@ -150,6 +163,34 @@ def start_fork_server(
     importlib.import_module(JOB_CONFIG_MODULE)
     route_popen(JOB_CONFIG_MODULE, server.socket_path)  # the simulator's server process, started by this command
     return server
+
+
+def forked_children_compute(timeout: float = CHILD_CHECK_SECONDS) -> bool:
+    """Whether a child forked from this process now finishes a parallel PyTorch computation within ``timeout``
+    seconds. Once a process has run one, GNU OpenMP's thread pool belongs to it, and a forked child's first
+    parallel region waits for threads the fork did not copy, for ever; a fork server forked from such a process
+    would hang every simulator process it starts. The child is killed when it does not finish."""
+    pid = os.fork()
+    if pid == 0:  # the check's child: a computation that PyTorch splits over its threads, then exit
+        code = 1
+        try:
+            import torch
+
+            torch.set_num_threads(max(2, torch.get_num_threads()))
+            torch.ones(1 << 22).sum()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.002)
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return False
 
 
 def _fork_one(
