@@ -155,6 +155,9 @@ def _draw_panel(ax, panel: str, runs: Sequence[RunCurves]) -> None:
         for run in runs:
             ax.plot(run.step, run.step_accuracy, marker=".", label=run.label)
         ax.set_xlabel(xlabel)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and versions are whole numbers
     else:
         attr = "simulated" if panel == "simulated" else "wall"
         times = [getattr(run, f"{attr}_time") for run in runs]
