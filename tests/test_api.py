@@ -85,6 +85,20 @@ SETTINGS = dict(
 )
 
 
+def _run_python(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """``python -c code`` in ``tmp_path`` with an isolated HOME and this checkout importable; it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**isolated_env(tmp_path), "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def test_a_ten_line_snippet_runs_fedavg_on_a_user_task_as_the_command_line_does(tmp_path) -> None:
     task = os.path.join(REPO, "examples", "penguins_task.py")
     snippet = textwrap.dedent(
@@ -97,15 +111,7 @@ def test_a_ten_line_snippet_runs_fedavg_on_a_user_task_as_the_command_line_does(
         """
     )
     assert len(snippet.strip().splitlines()) <= 10
-    proc = subprocess.run(
-        [sys.executable, "-c", snippet],
-        cwd=tmp_path,
-        env={**isolated_env(tmp_path), "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_python(snippet, tmp_path)
     lines = proc.stdout.splitlines()
     accuracy = float(next(line for line in lines if line.startswith("api accuracy")).split()[2])
     folder = next(line for line in lines if line.startswith("folder")).split(maxsplit=1)[1]
@@ -137,15 +143,7 @@ def test_each_run_of_a_script_is_timed_from_its_own_execute_and_forks_its_proces
             print("folder", run, result.get_result().folder, flush=True)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env={**isolated_env(tmp_path), "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_python(script, tmp_path)
     assert "start as new interpreters" not in proc.stderr, proc.stderr[-2000:]
     before = [float(line.split()[2]) for line in proc.stdout.splitlines() if line.startswith("before")]
     folders = [line.split(maxsplit=2)[2] for line in proc.stdout.splitlines() if line.startswith("folder")]

@@ -56,6 +56,21 @@ def _exit_seconds(job: _Job, timeout: float = 30) -> float:
     return time.monotonic() - started
 
 
+def _ctrl_c_at(job: _Job, k: int, tmp_path) -> tuple[float, int, str, list]:
+    """SIGINT to the job's process group at round (version) ``k``, as a terminal's Ctrl-C sends it: seconds until
+    the command exited, its exit code, its output, and the processes left after a 2 s grace."""
+    try:
+        job.until_round(k)
+        os.killpg(job.proc.pid, signal.SIGINT)
+        seconds = _exit_seconds(job)
+        code, output = job.finish()
+        leftovers = end_leftovers(str(tmp_path), wait=2)
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+    return seconds, code, output, leftovers
+
+
 def _exchange_folders(tmp_path) -> list[str]:
     """The run's /dev/shm exchange folders still there (named after a server process under ``tmp_path``)."""
     from devsim.shared_arrays import FOLDER_PREFIX, SHARED_MEMORY_ROOT
@@ -77,15 +92,7 @@ def _processes(tmp_path) -> list[str]:
 def test_ctrl_c_stops_within_5s_and_resume_gives_the_uninterrupted_run(tmp_path):
     run_dir = tmp_path / "run"
     job = _Job([*RUN, "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)], tmp_path)
-    try:
-        job.until_round(4)
-        os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        seconds = _exit_seconds(job)
-        code, output = job.finish()
-        leftovers = end_leftovers(str(tmp_path), wait=2)
-    finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
+    seconds, code, output, leftovers = _ctrl_c_at(job, 4, tmp_path)
     assert code == 130, output[-3000:]
     assert seconds < 5, (seconds, output[-3000:])
     assert not leftovers, leftovers
@@ -192,15 +199,7 @@ def test_ctrl_c_on_an_async_run_prints_nothing_from_leaves_still_answering(tmp_p
     run_dir = tmp_path / "run"
     args = ["--dataset", "digits", "--max-versions", "3000", "--workspace", str(tmp_path / "ws")]
     job = _Job([*args, "--output-dir", str(run_dir)], tmp_path, script="pt_job_fedbuff.py")
-    try:
-        job.until_round(20)
-        os.killpg(job.proc.pid, signal.SIGINT)
-        _exit_seconds(job)
-        code, output = job.finish()
-        leftovers = end_leftovers(str(tmp_path), wait=2)
-    finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
+    _, code, output, leftovers = _ctrl_c_at(job, 20, tmp_path)
     assert code == 130, output[-3000:]
     assert not leftovers, leftovers
     after = output[output.index("SIGINT:") :]
