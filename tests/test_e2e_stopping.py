@@ -56,12 +56,16 @@ def _exit_seconds(job: _Job, timeout: float = 30) -> float:
     return time.monotonic() - started
 
 
-def _ctrl_c_at(job: _Job, k: int, tmp_path) -> tuple[float, int, str, list]:
-    """SIGINT to the job's process group at round (version) ``k``, as a terminal's Ctrl-C sends it: seconds until
-    the command exited, its exit code, its output, and the processes left after a 2 s grace."""
+def _signal_at(job: _Job, k: int, tmp_path, signum: int = signal.SIGINT) -> tuple[float, int, str, list]:
+    """At round (version) ``k``: SIGINT to the job's process group, as a terminal's Ctrl-C sends it, or another
+    signal to the command alone, as timeout, SLURM and systemd send SIGTERM. Seconds until the command exited, its
+    exit code, its output, and the processes left after a 2 s grace."""
     try:
         job.until_round(k)
-        os.killpg(job.proc.pid, signal.SIGINT)
+        if signum == signal.SIGINT:
+            os.killpg(job.proc.pid, signum)
+        else:
+            job.proc.send_signal(signum)
         seconds = _exit_seconds(job)
         code, output = job.finish()
         leftovers = end_leftovers(str(tmp_path), wait=2)
@@ -92,7 +96,7 @@ def _processes(tmp_path) -> list[str]:
 def test_ctrl_c_stops_within_5s_and_resume_gives_the_uninterrupted_run(tmp_path):
     run_dir = tmp_path / "run"
     job = _Job([*RUN, "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)], tmp_path)
-    seconds, code, output, leftovers = _ctrl_c_at(job, 4, tmp_path)
+    seconds, code, output, leftovers = _signal_at(job, 4, tmp_path)
     assert code == 130, output[-3000:]
     assert seconds < 5, (seconds, output[-3000:])
     assert not leftovers, leftovers
@@ -118,15 +122,7 @@ def test_ctrl_c_stops_within_5s_and_resume_gives_the_uninterrupted_run(tmp_path)
 def test_sigterm_stops_the_run_and_every_process(tmp_path):
     run_dir = tmp_path / "run"
     job = _Job([*RUN, "--workspace", str(tmp_path / "ws"), "--output-dir", str(run_dir)], tmp_path)
-    try:
-        job.until_round(3)
-        job.proc.send_signal(signal.SIGTERM)  # to the command alone, as timeout, SLURM and systemd send it
-        seconds = _exit_seconds(job)
-        code, output = job.finish()
-        leftovers = end_leftovers(str(tmp_path), wait=2)
-    finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
+    seconds, code, output, leftovers = _signal_at(job, 3, tmp_path, signal.SIGTERM)
     assert code == 143 and seconds < 5, (code, seconds, output[-3000:])
     assert not leftovers, leftovers
     results = find_results(run_dir)
@@ -199,7 +195,7 @@ def test_ctrl_c_on_an_async_run_prints_nothing_from_leaves_still_answering(tmp_p
     run_dir = tmp_path / "run"
     args = ["--dataset", "digits", "--max-versions", "3000", "--workspace", str(tmp_path / "ws")]
     job = _Job([*args, "--output-dir", str(run_dir)], tmp_path, script="pt_job_fedbuff.py")
-    _, code, output, leftovers = _ctrl_c_at(job, 20, tmp_path)
+    _, code, output, leftovers = _signal_at(job, 20, tmp_path)
     assert code == 130, output[-3000:]
     assert not leftovers, leftovers
     after = output[output.index("SIGINT:") :]
