@@ -4,8 +4,10 @@ Runs the job ``--runs`` times per arm, the arms in turn (``harness.alternate``),
 workspace and cache folder after one uncounted warm-up run (the shared digits file, the probe's verdict and the warm
 parent, as a user's first run leaves them; every warm parent is stopped at the end). Jobs (``--job``): ``digits``
 (the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
---dataset digits``). Arms (``--arms``): ``project`` (this checkout), ``cold`` (``DEVSIM_WARM=0``: no warm parent,
-every command imports PyTorch and NVFlare itself), ``spawned`` (``DEVSIM_FORK_SERVER=0``), ``probe-off``
+--dataset digits``), ``api`` (the penguins run from a script through the Python API, ``benchmarks/tasks/api_run.py``;
+``spawned`` is then the API without fork servers). Arms (``--arms``): ``project`` (this checkout), ``cold``
+(``DEVSIM_WARM=0``: no warm parent, every command imports PyTorch and NVFlare itself), ``spawned``
+(``DEVSIM_FORK_SERVER=0``), ``probe-off``
 (``DEVSIM_CACHE_DIR=off``: no cache folder, so no warm parent either), ``nvflare-waits``
 (``DEVSIM_RUNTIME_ENV_DEFAULTS=0``: NVFlare's polls, sleeps and streaming defaults kept), and ``baseline``
 (``--baseline-commit REV``: the job from a temporary worktree).
@@ -54,6 +56,7 @@ JOBS = {
         *("--local-epochs", "5", "--batch-size", "4", "--device-selection-size", "40", "--num-rounds", "20"),
     ],
     "fedbuff": ["jobs/pt_job_fedbuff.py", "--dataset", "digits"],
+    "api": ["benchmarks/tasks/api_run.py"],  # the penguins run through recipe.execute()
 }
 ARMS = {
     "project": {},
@@ -66,7 +69,12 @@ ARMS = {
 STAGES = ("command_to_server_process", "server_process_to_run", "run_to_ready")
 STAGES += ("command_to_first_round", "last_round_to_exit")
 FIGURE = "{job} start-up: command -> first round / last round -> exit"
-LABELS = {"digits": "digits demo", "penguins": "tabular task (penguins)", "fedbuff": "digits FedBuff"}
+LABELS = {
+    "digits": "digits demo",
+    "penguins": "tabular task (penguins)",
+    "fedbuff": "digits FedBuff",
+    "api": "Python API (penguins, recipe.execute())",
+}
 TARGET = "<= 5 s / <= 1 s"
 RUN_TIMEOUT_S = 300.0
 
