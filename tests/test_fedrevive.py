@@ -502,24 +502,33 @@ def test_a_restore_waits_for_the_thread_that_builds_the_meta_optimizer(monkeypat
 
 
 def test_the_last_version_drops_background_work_that_would_land_after_it() -> None:
-    """At the run's last version the work started but not landed is dropped, so the end checkpoint does not wait
-    for it (here 0.5 s of it, still running)."""
-    import time as clock
+    """At the run's last version the work started but not landed is dropped: the running distillation stops at its
+    next iteration (here one of 20,000, over a minute of work left) instead of running to its end, and nothing
+    changes the reviver's state after ``abandon_pending`` returns."""
+    import threading
 
     reviver = _reviver(generation_interval=2, kd_interval=3, distill_lag=2)
-    original = reviver._revive
-    reviver._revive = lambda *args: (clock.sleep(0.5), original(*args))[1]
     global_w, base, client = _arrival_inputs(2)
     q = one_hot_q((0, 1, 2, 3))
     try:
-        for version in range(1, 13):
+        for version in range(1, 12):
             weights = {k: v + np.float32(0.001 * version) for k, v in global_w.items()}
             reviver.on_version(weights, version)
             reviver.on_arrival(weights, version, base, client, q, 4)
+        reviver.settle()
+        reviver.config.dfkd.kd_iterations = 20_000  # version 12's KD: longer than the limits below
+        reviver.on_version(global_w, 12)
         assert list(reviver._pending) == [14]  # version 12's synthesis and KD land 2 versions later, after the run
-        started = clock.perf_counter()
-        assert reviver.abandon_pending() == 1
+        runs_before = reviver.state.kd_runs
+        dropped: list[int] = []
+        abandon = threading.Thread(target=lambda: dropped.append(reviver.abandon_pending()), daemon=True)
+        abandon.start()
+        abandon.join(timeout=30)
+        assert not abandon.is_alive() and dropped == [1]
         state = reviver.state_dict()
-        assert state["pending"] == {} and clock.perf_counter() - started < 0.4  # not waited for
+        assert state["pending"] == {} and reviver.state.kd_runs == runs_before  # stopped unread, not finished
+        assert not reviver._abandon.is_set()
+        assert reviver._background_executor().submit(lambda: "idle").result(timeout=30) == "idle"  # nothing running
     finally:
+        reviver.config.dfkd.kd_iterations = 2
         reviver.close()

@@ -10,6 +10,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+
+class WorkAbandoned(Exception):
+    """Raised inside synthesis or distillation when their caller has abandoned the work (its result would never be
+    read), at the next inner step."""
+
+
+def check_abandoned(stop) -> None:
+    """Raise :class:`WorkAbandoned` when ``stop`` (a ``threading.Event`` or None) is set."""
+    if stop is not None and stop.is_set():
+        raise WorkAbandoned
+
+
 TeacherModel = tuple[nn.Module, np.ndarray]
 """A teacher network (with the input normalisation of the clients) and its class proportions ``(num_classes,)``."""
 

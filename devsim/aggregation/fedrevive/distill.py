@@ -9,7 +9,14 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from devsim.aggregation.fedrevive._common import TeacherModel, adam, frozen, kl_per_sample, proportions_tensor
+from devsim.aggregation.fedrevive._common import (
+    TeacherModel,
+    adam,
+    check_abandoned,
+    frozen,
+    kl_per_sample,
+    proportions_tensor,
+)
 from devsim.aggregation.fedrevive.config import DFKDConfig
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble, loop_forward
 from devsim.aggregation.fedrevive.inputs import augment_inputs
@@ -31,6 +38,7 @@ def distill(
     generator: torch.Generator | None = None,
     losses: list[float] | None = None,
     ensemble: TeacherEnsemble | None = None,
+    stop=None,
 ) -> Weights:
     """Distil ``teachers`` into ``student_weights`` and return ``delta_KD = student - student_weights``.
 
@@ -44,7 +52,8 @@ def distill(
     ``T = config.kd_temperature``. The student runs in eval mode, so BatchNorm and feature-tracker
     buffers keep their values (their delta is 0); teachers are frozen and run as the vectorised ``ensemble``
     (when ``config.teacher_batching`` is "all"; built here if not given) or one by one. Randomness comes from the CPU
-    ``generator``. Per-step loss values are appended to ``losses`` when given.
+    ``generator``. Per-step loss values are appended to ``losses`` when given. ``stop`` (a ``threading.Event``), once
+    set, ends the work with :class:`WorkAbandoned` at the next step.
 
     Returns float32 arrays with the keys and shapes of ``student_weights``. Raises ValueError for an empty pool
     or no teachers.
@@ -70,6 +79,7 @@ def distill(
             elif ensemble is None:
                 ensemble = TeacherEnsemble(modules)
             for _ in range(config.kd_iterations):
+                check_abandoned(stop)
                 with record_function("fedrevive.kd.sample_augment"):
                     items, _ = pool.sample_each(config.kd_batch_per_teacher, qs, generator)
                     shape = items.shape

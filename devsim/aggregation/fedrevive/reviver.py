@@ -15,6 +15,8 @@ Two schedules for the synthesis and KD work (``ReviverConfig.distill_lag``):
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from devsim.aggregation.fedrevive._common import WorkAbandoned
 from devsim.aggregation.fedrevive.config import ReviverConfig
 from devsim.aggregation.fedrevive.distill import distill
 from devsim.aggregation.fedrevive.ensemble import TeacherEnsemble
@@ -87,6 +90,8 @@ class Reviver:
         self._pending: dict[int, Future | tuple[Weights | None, dict[str, Any]]] = {}
         """Background work by the version its result lands at: running (a future) or done (restored)."""
         self._executor: ThreadPoolExecutor | None = None
+        self._abandon = threading.Event()
+        """Set while :meth:`abandon_pending` stops the running work at its next inner step."""
         self._threads = torch.get_num_threads()
         self._prepared = self._background_executor().submit(self.synthesizer.prepare) if self.background else None
 
@@ -116,7 +121,8 @@ class Reviver:
         synth_start = time.perf_counter()
         if warm:
             load_numpy_into_model(self._student, weights)
-        losses = self.synthesizer.synthesize(teachers, self._student if warm else None, warm, ensemble)
+        student = self._student if warm else None
+        losses = self.synthesizer.synthesize(teachers, student, warm, ensemble, stop=self._abandon)
         info["synth_seconds"] = time.perf_counter() - synth_start
         info.update({f"synth_{key}": value for key, value in losses.items()})
         info["synthesized"] = True
@@ -309,6 +315,7 @@ class Reviver:
                 generator=self.kd_rng,
                 losses=kd_losses,
                 ensemble=ensemble,
+                stop=self._abandon,
             )
             delta_kd = {name: full[name] for name in full if name in self._param_names}
             info["kd_seconds"] = time.perf_counter() - kd_start
@@ -330,11 +337,17 @@ class Reviver:
 
     def abandon_pending(self) -> int:
         """Drop the background work not landed yet (at the run's last version none of it would land: results land
-        ``distill_lag`` >= 1 versions later); queued work is cancelled, running work ends unread. Returns how many
-        were dropped; a checkpoint after this does not wait for them."""
-        for work in self._pending.values():
-            if isinstance(work, Future):
-                work.cancel()
+        ``distill_lag`` >= 1 versions later): queued work is cancelled, and running work stops at its next inner
+        step (a synthesis step or a KD iteration: waited for here, so that nothing changes the state afterwards).
+        Returns how many were dropped; a checkpoint after this does not wait for them."""
+        self._abandon.set()
+        try:
+            for work in self._pending.values():
+                if isinstance(work, Future) and not work.cancel():
+                    with contextlib.suppress(WorkAbandoned):
+                        work.result()
+        finally:
+            self._abandon.clear()
         dropped, self._pending = len(self._pending), {}
         return dropped
 

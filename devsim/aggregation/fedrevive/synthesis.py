@@ -13,6 +13,7 @@ from torch.profiler import record_function
 from devsim.aggregation.fedrevive._common import (
     TeacherModel,
     adam,
+    check_abandoned,
     class_weight_matrix,
     frozen,
     kl_per_sample,
@@ -135,13 +136,16 @@ class Synthesizer:
         student: nn.Module | None = None,
         warm: bool = False,
         ensemble: TeacherEnsemble | None = None,
+        stop=None,
     ) -> dict[str, float]:
         """Run one synthesis round and push its best batch (``synth_batch_size`` inputs) into the pool.
 
         ``teachers``: ``(module, q)`` pairs; modules are used frozen in eval mode (modes and ``requires_grad``
         are restored). ``student``: the current global model, used for the adversarial term only when ``warm``.
         ``ensemble``: the same teachers stacked (built here unless ``config.teacher_batching`` is "off";
-        used unless it is "off").
+        used unless it is "off"). ``stop`` (a ``threading.Event``), once set, ends the round with
+        :class:`~devsim.aggregation.fedrevive._common.WorkAbandoned` before its next inner step (the generator and the
+        pool are then as before the round).
         Returns mean-over-inner-steps ``loss``, ``feat``, ``ce``, ``adv``, plus ``loss_first`` (loss of the
         meta-learned ``G`` before adaptation) and ``best_loss`` (the batch kept).
         """
@@ -168,6 +172,7 @@ class Synthesizer:
         best_loss, best_images = float("inf"), None
         with frozen(frozen_modules):
             for _ in range(cfg.synth_steps):
+                check_abandoned(stop)  # before the generator, the pool and the meta-optimizer change
                 with record_function("fedrevive.synth.generator"):
                     images = fast(z, labels)
                     inputs = self.augment(images)
