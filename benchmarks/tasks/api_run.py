@@ -11,11 +11,12 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
 
 from devsim_flare.api import FedAvgRecipe, SimEnv  # noqa: E402
 
-PENGUINS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+PENGUINS = os.path.join(REPO, "examples", "penguins_task.py")
 SETTINGS = dict(local_epochs=5, batch_size=4, device_selection_size=40, num_rounds=20)
 
 
@@ -24,7 +25,7 @@ def main() -> int:
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--output-dir", required=True)
     args = parser.parse_args()
-    recipe = FedAvgRecipe(task=os.path.join(PENGUINS, "penguins_task.py"), output_dir=args.output_dir, **SETTINGS)
+    recipe = FedAvgRecipe(task=PENGUINS, output_dir=args.output_dir, **SETTINGS)
     return recipe.execute(SimEnv(workspace=args.workspace)).exit_code
 
 
