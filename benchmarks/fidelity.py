@@ -8,7 +8,7 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
    final test accuracy, mean and spread over ``--seeds``.
 2. **Staleness.** FedAvg (synchronous waves K = B = O), FedBuff and FedRevive (K concurrent jobs, a
    new version every B arrivals) on the ``paper_shifted`` delay schedule for the same simulated time,
-   as in ``benchmarks/async_quality.py``: final and best accuracy, versions, and server seconds per
+   (FedRevive under the ``fedrevive_small_cpu`` preset): final and best accuracy, versions, and server seconds per
    arrival (the server's aggregation time, FedRevive's distillation included, over accepted updates).
 3. **Hidden groups.** Leaves in hidden input-transform groups (``--group-kind input_transform``):
    cluster aggregation vs FedAvg: whether the clusters equal the hidden groups exactly, and the mean
@@ -33,7 +33,6 @@ Methods take their settings from the public job flags, so the script measures wh
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -45,7 +44,6 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.async_quality import methods as async_methods  # noqa: E402
 
 HETEROGENEITY = "1. heterogeneity (final test accuracy)"
 STALENESS = "2. staleness (equal simulated time)"
@@ -181,9 +179,16 @@ def section_staleness(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str,
         *("--max-sim-time", str(sizes.sim_time), "--max-versions", "100000"),
         *("--optimizer", "adam", "--lr", "0.001", "--local-iterations", "10", "--batch-size", "32", "--no-augment"),
     ]
-    # async_quality's methods (FedAvg as synchronous waves K = B = O) at B = 1 and server lr 0.1
-    shape = argparse.Namespace(concurrency=sizes.concurrency, buffer_size=1, async_lr=0.1, eval_every=sizes.eval_every)
-    methods = {("FedAvg (waves)" if name == "FedAvg" else name): run for name, run in async_methods(shape).items()}
+    k = str(sizes.concurrency)
+    asynchronous = [*("--concurrency", k, "--buffer-size", "1", "--min-open-slots", "1")]
+    asynchronous += [*("--global-lr", "0.1", "--eval-frequency", str(sizes.eval_every))]
+    waves = [*("--concurrency", k, "--buffer-size", k, "--min-open-slots", k)]
+    waves += [*("--global-lr", "1.0", "--eval-frequency", "1")]
+    methods = {
+        "FedAvg (waves)": ("pt_job_fedbuff.py", waves),
+        "FedBuff": ("pt_job_fedbuff.py", asynchronous),
+        "FedRevive": ("pt_job_fedrevive.py", ["--preset", "fedrevive_small_cpu", *asynchronous]),
+    }
     figures = {key: Figures() for key in ("final", "best", "versions", "server s/arrival", "wall s")}
     for seed in seeds:
         for name, (script, extra) in methods.items():

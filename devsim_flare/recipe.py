@@ -195,7 +195,7 @@ def apply_runtime_env_defaults(environ=None) -> dict[str, str]:
       of one chunk, which stays in a reference cycle until a full garbage collection (rare in a
       process with NVFlare and PyTorch loaded): with 1 MiB the server's RSS swung by up to 90 MB,
       with 256 KiB by 20-40 MB. The cost: 45 MB payloads took about 18% longer to exchange
-      (``benchmarks/collab_echo_memory.py --params 11200000``); the small CNN fits in one chunk.
+      (the retired benchmark ``collab_echo_memory.py --params 11200000``); the small CNN fits in one chunk.
     - ``MALLOC_ARENA_MAX=2`` (glibc: 8 per core) bounds the allocator arenas that NVFlare's many
       short-lived threads spread allocations over: from round 20 to 300 the leaves grew 10-12 MB
       without it and 5-6 MB with it. No measurable cost on training or evaluation speed.

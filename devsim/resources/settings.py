@@ -19,9 +19,10 @@ TENSOR_TRANSFERS = ("auto", "inline", "download")
 SHARED_MEMORY_MODES = ("auto", "on", "off")
 INLINE_TENSOR_MAX_BYTES = 2 * 2**20
 """``--tensor-transfer auto`` sends tensors inline for models whose float32 state is at most this many bytes (NVFlare's
-own download chunk size). Measured (benchmarks/collab_echo_memory.py, 2-core CPU): inline is 1.7x faster at 4 MB
-and 1.5x at 12 MB each way but costs 30-150 MB more server memory, and at 45 MB it is 1.7x slower and holds 0.5 GB
-more; async calls stack several versions and return one delta per job, so the bound sits well below the crossing."""
+own download chunk size). Measured (the retired benchmark collab_echo_memory.py, 2-core CPU;
+docs/benchmark_history.md): inline is 1.7x faster at 4 MB and 1.5x at 12 MB each way but costs 30-150 MB more
+server memory, and at 45 MB it is 1.7x slower and holds 0.5 GB more; async calls stack several versions and return
+one delta per job, so the bound sits well below the crossing."""
 
 
 def _environment(text: str) -> dict[str, Any]:
