@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.batched_devices import leaf_rate as batched_leaf_rate  # noqa: E402
 from benchmarks.gpu_suite_child import ChildArgs, child_main, run_section, section_limits  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
@@ -42,10 +42,12 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
 )
 from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step, synchronize  # noqa: E402
 from benchmarks.harness import short_commit  # noqa: E402
+from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
 from devsim.resources.precision import apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
+from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
@@ -148,10 +150,30 @@ def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafP
     return plan_leaf(device=device, batch_size=10, device_batch_setting="auto", obstacle=timed, **sizes)
 
 
-def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False):
-    """``benchmarks/batched_devices.py``'s leaf rate (median device-samples/s of rounds 2.., and the last round's
-    leaf delta sum) of this suite's leaf settings, batch 10, one epoch, 3 rounds."""
-    return batched_leaf_rate(leaf_settings(model, devices, samples), device, devices, workers, batch, 3, fill)
+def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False, rounds=3):
+    """Median device-samples/s of one leaf (``workers`` processors of this suite's leaf settings on ``device``,
+    ``batch`` devices a computation, groups filled first with ``fill``) training devices 0..``devices``-1 from the
+    same global model over rounds 2.. of ``rounds``, and the last round's leaf delta sum (name -> array). Every
+    round is round 0, so every setting trains the same batches. On the CPU torch gets usable cores / workers
+    threads."""
+    settings = leaf_settings(model, devices, samples)
+    if device == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    torch.manual_seed(0)
+    weights = model_to_numpy(build_model(model))
+    processors = [TaskDeviceProcessor.from_settings(settings, compute_device=device) for _ in range(workers)]
+    runner = LeafRoundRunner(processors, device_batch=batch, fill_groups=fill)
+    rates, result = [], None
+    try:
+        for round_num in range(rounds):
+            started = time.perf_counter()
+            result = runner.run_round(0, weights, list(range(devices)))
+            synchronize(device)
+            if round_num:
+                rates.append(devices * samples / (time.perf_counter() - started))
+    finally:
+        runner.close()
+    return statistics.median(rates), result.delta_sum
 
 
 def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
