@@ -1,12 +1,12 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
-Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring
-says what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
-``fedrevive``, ``tf32``, ``compiled_step``, ``shared_gpu``, ``compression_job``. A section starts only while at least
-half of its budget is left of ``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own
-child process (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is
-recorded under ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at
-twice what is left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
+Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring says
+what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
+``fedrevive``, ``tf32``, ``compiled_step``. A section starts only while at least half of its budget is left of
+``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own child process
+(``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is recorded under
+``errors`` and the next section runs), its job runs are killed at twice its budget and the child at twice what is
+left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
 (``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
 (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
 
@@ -35,9 +35,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_figures,
     run_job,
     section_async_throughput,
-    section_compression_job,
     section_fedrevive,
-    section_shared_gpu,
     warm_parent_facts,
 )
 from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step, synchronize  # noqa: E402
@@ -52,7 +50,7 @@ from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=75, throughput=50, profile=30, async_throughput=95, worker_sweep=20, fedrevive=75)
-BUDGETS.update(tf32=15, compiled_step=25, shared_gpu=55, compression_job=60)
+BUDGETS.update(tf32=15, compiled_step=25)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 360 s."""
@@ -80,7 +78,6 @@ SIZES = {  # workload size: (the dry run's, seconds on a CPU; the real suite's)
     "resnet_leaf_devices": (2, 64),
     "revive_versions": (8, 30),
     "models": (["cnn"], ["cnn", "resnet18"]),
-    "compression_job": (["--quick", "--codecs", "none,topk 10%"], ["--seeds", "0,1"]),
     "async_updates": (80, 800),
     "async_settings": (["fedavg", "fedbuff B=2"], list(ASYNC_SETTINGS)),
     "step_groups": ([2], [2, 4, 10]),
@@ -320,8 +317,6 @@ RUNNERS = {
     "worker_sweep": section_worker_sweep,
     "fedrevive": section_fedrevive,
     "profile": section_profile,
-    "shared_gpu": section_shared_gpu,
-    "compression_job": section_compression_job,
     "async_throughput": section_async_throughput,
     "compiled_step": section_compiled_step,
     "tf32": section_tf32,

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import statistics
-import sys
-import tempfile
 import threading
 import time
 
@@ -123,37 +120,6 @@ def section_fedrevive(args, size: dict) -> dict:
     summary = run["summary"]
     per_arrival = summary.get("revive_seconds_per_arrival")
     return _run_facts(run) | dict(summary=summary, revive_seconds_per_arrival=per_arrival, server_device=args.device)
-
-
-def section_shared_gpu(args, size: dict) -> dict:
-    """Per-leaf throughput with two leaves on one GPU against one leaf alone (same work per leaf)."""
-    common = ["--num-rounds", str(size["rounds"]), "--eval-frequency", str(size["rounds"])]
-    common += ["--devices-per-leaf", "20", "--checkpoint-frequency", "0", "--partition", "iid"]
-    if args.tiny:
-        common += ["--samples-per-device", "20", "--synthetic-test-size", "100"]
-    gpu = ["--gpus", "0"] if args.device == "cuda" else []
-    one = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "1", *gpu], job_env(args), args.timeout)
-    two = run_job("pt_job_fedavg.py", [*common, "--num-leaf-nodes", "2", *gpu], job_env(args), args.timeout)
-    per_leaf = 20 * one["config"]["samples_per_device"]
-    alone, shared = job_figures(one, per_leaf), job_figures(two, 2 * per_leaf)
-    ratio = shared["device_samples_per_s"] / alone["device_samples_per_s"]
-    return {"one_leaf": alone, "two_leaves": shared, "two_leaves_vs_one_total_throughput": ratio}
-
-
-def script_json(args, script: str, flags: list[str]) -> dict:
-    """Run ``benchmarks/<script>`` with ``flags`` and ``--json`` into a temporary file; the JSON it wrote."""
-    with tempfile.TemporaryDirectory(prefix="gpu_suite_script_") as folder:
-        out = os.path.join(folder, "report.json")
-        command = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags, "--json", out]
-        harness.run_command(command, args.timeout, dict(os.environ, **job_env(args)), os.getcwd(), script)
-        with open(out, encoding="utf-8") as stream:
-            return json.load(stream)
-
-
-def section_compression_job(args, size: dict) -> dict:
-    """``benchmarks/compression_job.py``: each codec inside the FedAvg job (digits), its codec seconds against the
-    round's wall time with the leaves training and coding on this device."""
-    return script_json(args, "compression_job.py", size["compression_job"])
 
 
 def section_async_throughput(args, size: dict) -> dict:

@@ -32,7 +32,7 @@ fetch() {
   "$python" -m pip download -q -d "$wheels" --only-binary=:all: --python-version "$target_python" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     --platform any "nvflare==2.9.0" numpy psutil
-  # the real digits for the compression sections, in case the GPU machine has no scikit-learn (~50 KB)
+  # the real digits for the async section, in case the GPU machine has no scikit-learn (~50 KB)
   (cd "$root" && "$python" -c "from devsim.data.digits import export_digits; export_digits('$wheels/digits.npz')")
   if ls "$wheels" | grep -qiE '^(torch|nvidia_|triton)'; then
     echo "[gpu_suite] error: a torch wheel reached $wheels; remove it (the GPU machine brings its own)" >&2
