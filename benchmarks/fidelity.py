@@ -16,14 +16,19 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
 4. **FedRevive's job defaults.** ``jobs/pt_job_fedrevive.py --dataset digits`` with nothing else set (its
    recipe's CPU-sized schedule, the background distillation included), per ``--job-seeds``: final and best
    accuracy and the whole command's wall time.
+5. **Availability.** FedBuff on a seeded trace of 100,000 devices (diurnal sessions, lognormal speeds, two
+   network classes) against the same devices always online with the schedule's delays, same data, model and
+   version budget, per ``--trace-seeds``: final and best accuracy, the share of jobs lost when a session ended.
 
     .venv/bin/python benchmarks/fidelity.py                       # the full table (sections 1-3)
     .venv/bin/python benchmarks/fidelity.py --quick               # tiny sizes: checks the script itself
     .venv/bin/python benchmarks/fidelity.py --sections 2,4 --stale-seeds 0,1,2 --job-seeds 0 --json
+    .venv/bin/python benchmarks/fidelity.py --sections 5 --json
 
 ``--json`` writes the per-seed figures of every section run and the published figures (section 1's mean final
-accuracies, section 2's FedRevive minus FedBuff, section 4's final accuracies) to
-``benchmarks/results/fidelity-<date>.json``; ``--json FILE`` also writes the per-seed figures to FILE after each
+accuracies, section 2's FedRevive minus FedBuff, section 4's final accuracies, section 5's always-on / trace) to
+``benchmarks/results/fidelity-<date>.json`` (``fidelity-<sections>-<date>.json`` for other sections than 1, 2, 3,
+e.g. ``fidelity-5-<date>.json``); ``--json FILE`` also writes the per-seed figures to FILE after each
 section.
 
 The test split is only ever used for the reported figures; the centralized recipe (SGD lr 0.01,
@@ -48,6 +53,11 @@ from benchmarks import harness  # noqa: E402
 HETEROGENEITY = "1. heterogeneity (final test accuracy)"
 STALENESS = "2. staleness (equal simulated time)"
 JOB_DEFAULTS = "4. FedRevive's job defaults (pt_job_fedrevive.py --dataset digits)"
+AVAILABILITY = "5. availability (FedBuff, always-on devices vs a device trace)"
+AVAILABILITY_SETTINGS = {
+    "FedBuff always-on": ["--availability", "always", "--speed-distribution", "profile"],
+    "FedBuff on the trace": ["--availability", "trace", "--speed-distribution", "trace"],
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Sizes:
     sim_time: float
     eval_every: int
     groups: list[str]
+    availability: list[str]
 
 
 def _population(leaves: int, per_leaf: int, samples: int, *more: str) -> list[str]:
@@ -70,7 +81,13 @@ def _population(leaves: int, per_leaf: int, samples: int, *more: str) -> list[st
 
 # Sized for a 2-core CPU: every job pays NVFlare's start-up (about 30 s on a quiet machine), so the table
 # holds few, modest runs. Section 1 uses the FedAvg job's own population (2 x 50 devices, 20 per round);
-# section 2 K = 20 concurrent jobs on the shifted schedule for 1 simulated second (~100 arrivals).
+# section 2 K = 20 concurrent jobs on the shifted schedule for 1 simulated second (~100 arrivals); section 5
+# 2 x 50,000 devices, K = 20, B = 2, 150 versions (a speed-1 device's job takes 320 simulated seconds).
+_AVAILABILITY = [
+    *("--partition", "dirichlet", "--alpha", "0.5", "--concurrency", "20", "--buffer-size", "2"),
+    *("--min-open-slots", "1", "--samples-per-second", "1.0", "--optimizer", "adam", "--lr", "0.001"),
+    *("--local-iterations", "10", "--batch-size", "32", "--global-lr", "0.3", "--log-every", "100"),
+]
 FULL = Sizes(
     _population(2, 50, 100, "--device-selection-size", "20", "--num-rounds", "20"),
     10,
@@ -79,6 +96,7 @@ FULL = Sizes(
     1.0,
     10,
     _population(6, 10, 100, "--device-selection-size", "30", "--num-rounds", "15", "--hidden-groups", "3"),
+    _population(2, 50_000, 50, "--max-versions", "150", "--eval-frequency", "25", *_AVAILABILITY),
 )
 QUICK = Sizes(
     _population(2, 5, 20, "--device-selection-size", "4", "--num-rounds", "2"),
@@ -88,6 +106,7 @@ QUICK = Sizes(
     0.3,
     2,
     _population(4, 3, 20, "--device-selection-size", "12", "--num-rounds", "2", "--hidden-groups", "2"),
+    _population(2, 200, 20, "--max-versions", "10", "--eval-frequency", "5", *_AVAILABILITY),
 )
 
 
@@ -229,6 +248,40 @@ def section_job_defaults(sizes: Sizes, seeds: list[int], workdir: str) -> dict[s
     return figures
 
 
+def write_trace(path: str, devices: int, seed: int) -> str:
+    """An NPZ trace of ``devices`` devices: diurnal sessions, lognormal speeds (log-sd 0.5, the jobs'
+    ``--speed-distribution lognormal`` draw) and uniform network classes, all from ``seed``."""
+    import numpy as np
+
+    from devsim.population.availability import diurnal_availability
+    from devsim.population.traces import DeviceTrace, save_trace_npz
+    from devsim.seeding import derive_rng
+
+    speed = derive_rng(seed, "speed").lognormal(0.0, 0.5, size=devices).astype(np.float32)
+    network = derive_rng(seed, "network-class").integers(2, size=devices, dtype=np.uint8)
+    save_trace_npz(path, DeviceTrace(diurnal_availability(devices, seed), speed, network))
+    return path
+
+
+def section_availability(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:
+    """FedBuff always online against the same devices on a trace (the trace's sessions, speeds and networks)."""
+    devices = 2 * int(sizes.availability[sizes.availability.index("--devices-per-leaf") + 1])
+    figures = {key: Figures() for key in ("final", "best", "jobs lost to session end %", "wall s")}
+    for seed in seeds:
+        trace = write_trace(os.path.join(workdir, f"trace-{seed}.npz"), devices, seed)
+        for name, setting in AVAILABILITY_SETTINGS.items():
+            flags = [*sizes.availability, *setting, "--seed", str(seed)]
+            flags += ["--trace-file", trace] if "trace" in name else []
+            results = run_job("pt_job_fedbuff.py", flags, workdir, f"s5-{name.split()[-1]}-{seed}", None)
+            dropped = results["summary"]["dropouts_by_cause"]
+            finished = results["summary"]["accepted_updates"] + sum(dropped.values())
+            figures["final"].add(name, _final(results))
+            figures["best"].add(name, harness.best_accuracy(results))
+            figures["jobs lost to session end %"].add(name, 100 * dropped.get("session_end", 0) / max(finished, 1))
+            figures["wall s"].add(name, results["wall"])
+    return figures
+
+
 def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
     """Markdown table: one row per method, one column per figure; returns the lines printed."""
     columns = list(figures)
@@ -254,16 +307,18 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = harness.arguments(__doc__, "write the figures (and to FILE)", "FILE")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script, not figures")
-    parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1, 2, 3, 4)")
+    parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1 to 5)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
     parser.add_argument("--job-seeds", default="0", help="seeds of section 4 (FedRevive's job defaults)")
+    parser.add_argument("--trace-seeds", default="0", help="seeds of section 5 (availability)")
     parser.add_argument("--workdir", default=None, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     seeds = harness.items(parser, "--seeds", args.seeds, int)
-    sections = set(harness.items(parser, "--sections", args.sections, int, allowed=(1, 2, 3, 4)))
-    session = harness.Session("fidelity")
+    sections = set(harness.items(parser, "--sections", args.sections, int, allowed=(1, 2, 3, 4, 5)))
+    # a run of other sections than the default writes its own file, so that it replaces no other run's figures
+    session = harness.Session("fidelity" + ("" if sections == {1, 2, 3} else "-" + "".join(map(str, sorted(sections)))))
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
         workdir = os.path.abspath(args.workdir) if args.workdir else scratch
@@ -273,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             2: (STALENESS, section_staleness, harness.items(parser, "--stale-seeds", args.stale_seeds, int)),
             3: ("3. hidden groups (input_transform)", section_groups, seeds),
             4: (JOB_DEFAULTS, section_job_defaults, harness.items(parser, "--job-seeds", args.job_seeds, int)),
+            5: (AVAILABILITY, section_availability, harness.items(parser, "--trace-seeds", args.trace_seeds, int)),
         }
         for number in sorted(sections):
             title, section, section_seeds = runs[number]
@@ -284,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                     json.dump(per_seed(tables), stream, indent=1)
     print(
         f"\n=== digits, {'quick' if args.quick else 'full'} sizes; seeds {seeds} (section 2: {args.stale_seeds}, "
-        f"section 4: {args.job_seeds})"
+        f"section 4: {args.job_seeds}, section 5: {args.trace_seeds})"
     )
     for title, figures in tables.items():
         print_table(title, figures)
@@ -301,7 +357,8 @@ def per_seed(tables: dict[str, dict[str, Figures]]) -> dict:
 
 def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, session: harness.Session) -> list[dict]:
     """Section 1's mean final accuracies: centralized / FedAvg IID / FedAvg Dirichlet 0.1; section 2's FedRevive
-    minus FedBuff (mean final accuracy, points); section 4's FedRevive final accuracy per seed."""
+    minus FedBuff (mean final accuracy, points); section 4's FedRevive final accuracy per seed; section 5's FedBuff
+    mean final accuracy always-on / on the trace."""
     size = " (--quick sizes)" if quick else ""
     published = []
     if HETEROGENEITY in tables:
@@ -320,6 +377,11 @@ def readme_figures(tables: dict[str, dict[str, Figures]], quick: bool, session: 
         final = tables[JOB_DEFAULTS]["final"].values["FedRevive"]
         name = "FedRevive job defaults on digits: final accuracy" + size
         published.append(session.figure(name, " / ".join(f"{v:.4f}" for v in final), ">= 0.94"))
+    if AVAILABILITY in tables:
+        final = tables[AVAILABILITY]["final"].values
+        always, trace = (statistics.fmean(final[name]) for name in AVAILABILITY_SETTINGS)
+        name = "availability: FedBuff final accuracy always-on / trace" + size
+        published.append(session.figure(name, f"{always:.3f} / {trace:.3f}", "learns on traces"))
     return published
 
 

@@ -35,15 +35,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import REPO, Session, arguments, items, load, print_table, run_job  # noqa: E402
 from devsim.config import SimulationConfig  # noqa: E402
-from devsim.data import load_dataset  # noqa: E402
-from devsim.data.device_shards import Normaliser  # noqa: E402
-from devsim.models import build_model  # noqa: E402
 from devsim.tasks import load_task  # noqa: E402
 from devsim.tasks.fit import fit_config  # noqa: E402
 from devsim.tasks.shards import task_partitioner  # noqa: E402
@@ -130,41 +126,6 @@ def steady_parts(records: list[dict]) -> dict[str, float]:
     return parts
 
 
-def tight_loop_data(cell: Cell) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cell's training samples, normalised once (device d owns rows d * samples .. (d + 1) * samples)."""
-    data = load_dataset("synthetic", None, train=True, synthetic_train_size=cell.train_size)
-    normalise = Normaliser(data.mean, data.std)
-    images = normalise(torch.from_numpy(data.images[: cell.total_samples]))
-    return images, torch.from_numpy(data.labels[: cell.total_samples].copy())
-
-
-def tight_loop_seconds(
-    cell: Cell, args: argparse.Namespace, threads: int, images: torch.Tensor, labels: torch.Tensor
-) -> tuple[float, int]:
-    """Best seconds to train the cell's samples and steps in one process at ``threads`` torch threads;
-    returns (seconds, runs). Repeats up to ``--baseline-repeats`` times while the next run fits in
-    ``--baseline-budget`` seconds (at least one run)."""
-    torch.set_num_threads(threads)
-    model = build_model(cell.model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model.train()
-    best, spent, runs = float("inf"), 0.0, 0
-    while runs < args.baseline_repeats and (runs == 0 or spent + best <= args.baseline_budget):
-        started = time.perf_counter()
-        for device in range(cell.devices):
-            base = device * cell.samples
-            order = torch.randperm(cell.samples) + base
-            for start in range(0, cell.samples, cell.batch_size):
-                index = order[start : start + cell.batch_size]
-                loss = F.cross_entropy(model(images[index]), labels[index])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-        seconds = time.perf_counter() - started
-        best, spent, runs = min(best, seconds), spent + seconds, runs + 1
-    return best, runs
-
-
 def cell_flags(cell: Cell) -> list[str]:
     return [
         *("--num-leaf-nodes", str(cell.leaves), "--devices-per-leaf", str(cell.devices_per_leaf)),
@@ -178,8 +139,9 @@ def cell_flags(cell: Cell) -> list[str]:
 def measure(cell: Cell, args: argparse.Namespace) -> dict:
     """Sim runs (one per ``--device-batch-paths`` value) and tight-loop times of one cell."""
     sims = {path: simulate(cell_flags(cell), args, path, cell.warmup_rounds) for path in args.device_batch_paths}
-    images, labels = tight_loop_data(cell)
-    baselines = best_of_threads(lambda threads: tight_loop_seconds(cell, args, threads, images, labels))
+    parser = build_parser("round overhead benchmark")
+    config = config_from_args(parser, parser.parse_args(cell_flags(cell))).validate()
+    baselines = best_of_threads(lambda t: tight_loop(config, t, args.baseline_repeats, args.baseline_budget))
     best_threads = min(baselines, key=lambda t: baselines[t][0])
     loop = baselines[best_threads][0]
     for result in sims.values():
@@ -323,9 +285,12 @@ def task_config(task_path: str, job_args: list[str], leaves: int) -> SimulationC
     return config.validate()
 
 
-def tight_loop(config: SimulationConfig, threads: int, repeats: int, device: str = "cpu") -> float:
-    """Best seconds to train every device's shard once in one process (one model, the run's optimizer), on
-    ``device`` (the data moved there first, synchronised before the clock stops)."""
+def tight_loop(
+    config: SimulationConfig, threads: int, repeats: int, budget: float = float("inf"), device: str = "cpu"
+) -> tuple[float, int]:
+    """(Best seconds, runs) to train every device's shard once in one process (one model, the run's optimizer,
+    batch size and steps), on ``device`` (the data moved there first, synchronised before the clock stops): up to
+    ``repeats`` runs while the next one fits in ``budget`` seconds (at least one)."""
     task = load_task(config.to_dict())
     partitioner = task_partitioner(task, config.partition, config.samples_per_device, config.seed, config.alpha)
     spec = LocalTrainingSpec.from_settings(config)
@@ -340,8 +305,8 @@ def tight_loop(config: SimulationConfig, threads: int, repeats: int, device: str
         optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
-    best = float("inf")
-    for _ in range(repeats):
+    best, spent, runs = float("inf"), 0.0, 0
+    while runs < repeats and (runs == 0 or spent + best <= budget):
         started = time.perf_counter()
         for owner, rows in enumerate(shards):
             generator = torch.Generator().manual_seed(owner)
@@ -353,8 +318,9 @@ def tight_loop(config: SimulationConfig, threads: int, repeats: int, device: str
                 optimizer.step()
         if device == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - started)
-    return best
+        seconds = time.perf_counter() - started
+        best, spent, runs = min(best, seconds), spent + seconds, runs + 1
+    return best, runs
 
 
 def measure_task(task_path: str, args: argparse.Namespace) -> dict:
@@ -372,7 +338,7 @@ def measure_task(task_path: str, args: argparse.Namespace) -> dict:
         *("--eval-frequency", str(args.rounds)),
     ]
     sims = {path: simulate(flags, args, path, args.warmup_rounds, "rounds") for path in args.device_batch_paths}
-    loops = best_of_threads(lambda threads: tight_loop(config, threads, args.baseline_repeats))
+    loops = {t: s for t, (s, _) in best_of_threads(lambda t: tight_loop(config, t, args.baseline_repeats)).items()}
     loop = min(loops.values())
     row = dict(task=os.path.relpath(task_path, REPO), job_args=job_args, partition=config.partition)
     row.update(
