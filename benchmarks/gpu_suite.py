@@ -191,7 +191,8 @@ def section_throughput(args, size: dict) -> dict:
         devices, samples = leaf_shape(size, model_name)
         central_10 = centralized_rate(model_name, args.device, 10, size["central_samples"])
         central_limit = centralized_rate(model_name, args.device, LIMIT_BATCH, size["central_samples"])
-        workers = plan_workers(device=args.device, num_params=_params(model_name), batch_size=10).num_workers
+        params = sum(p.numel() for p in build_model(model_name).parameters())
+        workers = plan_workers(device=args.device, num_params=params, batch_size=10).num_workers
         pool, _ = leaf_rate(model_name, args.device, devices, samples, workers, 1)
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
         plan = auto_plan(model_name, args.device, devices, samples)
@@ -229,10 +230,6 @@ def section_tf32(args, size: dict) -> dict:
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     return out
-
-
-def _params(model_name: str) -> int:
-    return sum(p.numel() for p in build_model(model_name).parameters())
 
 
 def section_worker_sweep(args, size: dict) -> dict:
@@ -334,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="dry-run sizes (seconds on a CPU)")
     parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--out", default=None, help="JSON file of figures (default: $OUT/gpu_suite.json or stdout)")
-    parser.add_argument(
-        "--timeout", type=float, help="seconds a job run may take (default: twice its section's budget)"
-    )
+    parser.add_argument("--timeout", type=float, help="seconds a job run may take (default: twice its section budget)")
     parser.add_argument("--budget", type=float, default=SUITE_BUDGET, help="seconds for the whole suite (0: no limit)")
     # the suite runs each section in a child process of this script (benchmarks/gpu_suite_child.py):
     parser.add_argument("--section-child", choices=SECTIONS, help=argparse.SUPPRESS)
@@ -356,15 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     suite_started = time.monotonic()
     suite_deadline = suite_started + args.budget if args.budget > 0 else float("inf")
     fixed_timeout = args.timeout
-    report = {
-        "machine": machine_facts(args.device),
-        "tiny": args.tiny,
-        "budget_seconds": args.budget,
-        "sections": {},
-        "section_seconds": {},
-        "skipped": {},
-        "errors": {},
-    }
+    report = dict(machine=machine_facts(args.device), tiny=args.tiny, budget_seconds=args.budget, sections={})
+    report.update(section_seconds={}, skipped={}, errors={})
     for name in [s for s in SECTIONS if s in chosen]:
         left = suite_deadline - time.monotonic()
         budget = BUDGETS[name]
@@ -394,12 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             _write(out_path, report)
     report["machine"]["load_average_end"] = os.getloadavg()[0]
     report["suite_seconds"] = time.monotonic() - suite_started
-    text = json.dumps(report, indent=2, default=str)
     if out_path:
         _write(out_path, report)
         print(f"[gpu_suite] figures in {out_path} ({report['suite_seconds']:.0f} s)")
     else:
-        print(text)
+        print(json.dumps(report, indent=2, default=str))
     return 1 if report["errors"] else 0
 
 
