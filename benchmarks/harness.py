@@ -265,40 +265,28 @@ def read_results(folder: str, name: str = "results.json") -> dict[str, Any] | No
         return json.load(stream)
 
 
-def _descendants(pid: int) -> dict[int, float]:
-    """pid -> create time of every live descendant of ``pid``."""
+def _descendants(pid: int) -> dict[int, Any]:
+    """pid -> ``psutil.Process`` of every live descendant of ``pid`` (psutil never signals a recycled pid)."""
     import psutil
 
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return {}
-    found = {}
-    for child in children:
-        try:
-            found[child.pid] = child.create_time()
-        except psutil.Error:
-            pass
-    return found
+    with contextlib.suppress(psutil.Error):
+        return {child.pid: child for child in psutil.Process(pid).children(recursive=True)}
+    return {}
 
 
-def _kill_tracked(tracked: dict[int, float], spare_warm_parents: bool = False) -> None:
-    """Kill each tracked process that still runs (same pid and create time: never a recycled pid); with
-    ``spare_warm_parents`` not the warm parents a job command started (their caller stops them)."""
+def _kill_tracked(tracked: dict[int, Any], spare_warm_parents: bool = False) -> None:
+    """SIGKILL each tracked process that still runs and wait for it; with ``spare_warm_parents`` not the warm
+    parents a job command started (their caller stops them)."""
     import psutil
 
-    killed = []
-    for pid, created in tracked.items():
-        try:
-            process = psutil.Process(pid)
-            if spare_warm_parents and WARM_PARENT_MODULE in process.cmdline():
-                continue
-            if process.create_time() == created:
-                process.kill()
-                killed.append(process)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(killed, timeout=5)
+    from devsim_flare.run_signals import stop_processes
+
+    doomed = []
+    for process in tracked.values():
+        with contextlib.suppress(psutil.Error):
+            if not (spare_warm_parents and WARM_PARENT_MODULE in process.cmdline()):
+                doomed.append(process)
+    stop_processes(doomed, term_seconds=0)
 
 
 def _freeze_group(pgid: int, sig: int) -> None:
@@ -351,7 +339,7 @@ def run_isolated(
     if own_home and not caller_keeps_warm_parents:
         full_env.setdefault("DEVSIM_WARM", "0")
     started = time.perf_counter()
-    tracked: dict[int, float] = {}
+    tracked: dict[int, Any] = {}
     tail: deque[str] = deque(maxlen=200)
     with open(os.path.join(workdir, log_name), "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
