@@ -10,9 +10,7 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
    new version every B arrivals) on the ``paper_shifted`` delay schedule for the same simulated time,
    (FedRevive under the ``fedrevive_small_cpu`` preset): final and best accuracy, versions, and server seconds per
    arrival (the server's aggregation time, FedRevive's distillation included, over accepted updates).
-3. **Hidden groups.** Leaves in hidden input-transform groups (``--group-kind input_transform``):
-   cluster aggregation vs FedAvg: whether the clusters equal the hidden groups exactly, and the mean
-   per-leaf accuracy (each leaf's model on the test set as its group sees it).
+3. (Hidden groups, cluster aggregation against FedAvg: ``benchmarks/cluster_recovery.py`` measures them.)
 4. **FedRevive's job defaults.** ``jobs/pt_job_fedrevive.py --dataset digits`` with nothing else set (its
    recipe's CPU-sized schedule, the background distillation included), per ``--job-seeds``: final and best
    accuracy and the whole command's wall time.
@@ -20,14 +18,14 @@ run through the jobs' own command lines (``jobs/pt_job_*.py``, NVFlare's simulat
    network classes) against the same devices always online with the schedule's delays, same data, model and
    version budget, per ``--trace-seeds``: final and best accuracy, the share of jobs lost when a session ended.
 
-    .venv/bin/python benchmarks/fidelity.py                       # the full table (sections 1-3)
+    .venv/bin/python benchmarks/fidelity.py                       # the default table (sections 1 and 2)
     .venv/bin/python benchmarks/fidelity.py --quick               # tiny sizes: checks the script itself
     .venv/bin/python benchmarks/fidelity.py --sections 2,4 --stale-seeds 0,1,2 --job-seeds 0 --json
     .venv/bin/python benchmarks/fidelity.py --sections 5 --json
 
 ``--json`` writes the per-seed figures of every section run and the published figures (section 1's mean final
 accuracies, section 2's FedRevive minus FedBuff, section 4's final accuracies, section 5's always-on / trace) to
-``benchmarks/results/fidelity-<date>.json`` (``fidelity-<sections>-<date>.json`` for other sections than 1, 2, 3,
+``benchmarks/results/fidelity-<date>.json`` (``fidelity-<sections>-<date>.json`` for other sections than 1, 2,
 e.g. ``fidelity-5-<date>.json``); ``--json FILE`` also writes the per-seed figures to FILE after each
 section.
 
@@ -70,7 +68,6 @@ class Sizes:
     concurrency: int
     sim_time: float
     eval_every: int
-    groups: list[str]
     availability: list[str]
 
 
@@ -95,7 +92,6 @@ FULL = Sizes(
     20,
     1.0,
     10,
-    _population(6, 10, 100, "--device-selection-size", "30", "--num-rounds", "15", "--hidden-groups", "3"),
     _population(2, 50_000, 50, "--max-versions", "150", "--eval-frequency", "25", *_AVAILABILITY),
 )
 QUICK = Sizes(
@@ -105,7 +101,6 @@ QUICK = Sizes(
     4,
     0.3,
     2,
-    _population(4, 3, 20, "--device-selection-size", "12", "--num-rounds", "2", "--hidden-groups", "2"),
     _population(2, 200, 20, "--max-versions", "10", "--eval-frequency", "5", *_AVAILABILITY),
 )
 
@@ -125,20 +120,6 @@ def mean_spread(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4f}"
     return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f} (n={len(values)})"
-
-
-def exact_recovery(cluster_labels: dict[str, int], num_groups: int) -> bool:
-    """Whether the clusters are exactly the hidden groups (leaf ``i`` of the natural order is in group ``i % G``).
-
-    Labels are compared as partitions: the numbering of clusters does not matter.
-    """
-    from devsim.data.groups import leaf_group
-    from devsim.population.devices import natural_sort
-
-    leaves = natural_sort(list(cluster_labels))
-    hidden = [leaf_group(i, num_groups) for i in range(len(leaves))]
-    found = [cluster_labels[leaf] for leaf in leaves]
-    return all((hidden[a] == hidden[b]) == (found[a] == found[b]) for a in range(len(leaves)) for b in range(a))
 
 
 def server_seconds_per_arrival(results: dict) -> float:
@@ -221,21 +202,6 @@ def section_staleness(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str,
     return figures
 
 
-def section_groups(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:
-    groups = int(sizes.groups[sizes.groups.index("--hidden-groups") + 1])
-    figures = {key: Figures() for key in ("exact recovery", "mean per-leaf accuracy", "clusters")}
-    for seed in seeds:
-        for name, script in (("cluster", "pt_job_cluster.py"), ("FedAvg", "pt_job_fedavg.py")):
-            flags = [*sizes.groups, "--group-kind", "input_transform", "--partition", "iid", "--seed", str(seed)]
-            results = run_job(script, flags, workdir, f"s3-{name}-{seed}")
-            last = results["rounds"][-1]
-            figures["mean per-leaf accuracy"].add(name, last["mean_leaf_accuracy"])
-            if "cluster_labels" in last:
-                figures["exact recovery"].add(name, exact_recovery(last["cluster_labels"], groups))
-                figures["clusters"].add(name, last["num_clusters"])
-    return figures
-
-
 def section_job_defaults(sizes: Sizes, seeds: list[int], workdir: str) -> dict[str, Figures]:
     """FedRevive's job as a user runs it on digits (``--quick``: 20 versions instead of its 150)."""
     figures = {key: Figures() for key in ("final", "best", "wall s")}
@@ -293,9 +259,7 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
             values = figures[column].values.get(method)
             if values is None:
                 cells.append("-")
-            elif column == "exact recovery":
-                cells.append(f"{sum(bool(v) for v in values)}/{len(values)} seeds")
-            elif column in ("versions", "clusters", "wall s"):
+            elif column in ("versions", "wall s"):
                 cells.append(" / ".join(f"{v:.0f}" for v in values))
             else:
                 cells.append(mean_spread(values))
@@ -307,8 +271,8 @@ def print_table(title: str, figures: dict[str, Figures]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = harness.arguments(__doc__, "write the figures (and to FILE)", "FILE")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script, not figures")
-    parser.add_argument("--sections", default="1,2,3", help="comma list of sections to run (1 to 5)")
-    parser.add_argument("--seeds", default="0,1,2", help="seeds of sections 1 and 3")
+    parser.add_argument("--sections", default="1,2", help="comma list of sections to run (1, 2, 4, 5)")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds of section 1")
     parser.add_argument("--stale-seeds", default="0", help="seeds of section 2 (FedRevive is the slow part)")
     parser.add_argument("--job-seeds", default="0", help="seeds of section 4 (FedRevive's job defaults)")
     parser.add_argument("--trace-seeds", default="0", help="seeds of section 5 (availability)")
@@ -316,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     seeds = harness.items(parser, "--seeds", args.seeds, int)
-    sections = set(harness.items(parser, "--sections", args.sections, int, allowed=(1, 2, 3, 4, 5)))
+    sections = set(harness.items(parser, "--sections", args.sections, int, allowed=(1, 2, 4, 5)))
     # a run of other sections than the default writes its own file, so that it replaces no other run's figures
-    session = harness.Session("fidelity" + ("" if sections == {1, 2, 3} else "-" + "".join(map(str, sorted(sections)))))
+    session = harness.Session("fidelity" + ("" if sections == {1, 2} else "-" + "".join(map(str, sorted(sections)))))
     tables: dict[str, dict[str, Figures]] = {}
     with tempfile.TemporaryDirectory(prefix="devsim-fidelity-") as scratch:
         workdir = os.path.abspath(args.workdir) if args.workdir else scratch
@@ -326,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         runs = {
             1: (HETEROGENEITY, section_heterogeneity, seeds),
             2: (STALENESS, section_staleness, harness.items(parser, "--stale-seeds", args.stale_seeds, int)),
-            3: ("3. hidden groups (input_transform)", section_groups, seeds),
             4: (JOB_DEFAULTS, section_job_defaults, harness.items(parser, "--job-seeds", args.job_seeds, int)),
             5: (AVAILABILITY, section_availability, harness.items(parser, "--trace-seeds", args.trace_seeds, int)),
         }
