@@ -219,12 +219,17 @@ class Session:
         }
 
     def write(self, payload: dict[str, Any], figures: list[dict[str, str]], path: str = "") -> str:
-        """Write ``payload`` with ``load_start``, the ``figures``, the date, machine and commit to ``path`` (default
-        ``benchmarks/results/<benchmark>-<date>.json``) and print where; returns the path."""
+        """Write ``payload`` with ``load_start``, the ``figures``, the date, time written, machine and commit to
+        ``path`` (default ``benchmarks/results/<benchmark>-<date>.json``, or ``...-<date>-N.json`` when an earlier
+        run of the day has that name: it is kept, and the table takes the newest) and print where; returns the path."""
         if not path:
             os.makedirs(RESULTS, exist_ok=True)
-            path = os.path.join(RESULTS, f"{self.benchmark}-{self.date}.json")
-        document = {"date": self.date, "machine": machine(), "commit": short_commit(), "load_start": self.load_start}
+            path, n = os.path.join(RESULTS, f"{self.benchmark}-{self.date}.json"), 1
+            while os.path.exists(path):
+                n += 1
+                path = os.path.join(RESULTS, f"{self.benchmark}-{self.date}-{n}.json")
+        document = {"date": self.date, "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine()}
+        document.update(commit=short_commit(), load_start=self.load_start)
         with open(path, "w", encoding="utf-8") as stream:
             json.dump({**document, **payload, "figures": figures}, stream, indent=1)
         print(f"wrote {path}", flush=True)

@@ -4,8 +4,8 @@
 .venv/bin/python scripts/benchmark_table.py --write    # rewrite it in benchmarks/README.md
 .venv/bin/python scripts/benchmark_table.py --check    # exit 1 when the README's table differs
 
-One row per figure name: the one from the newest file (by its ``date``, then file name) wins, so re-running a
-benchmark replaces its row.
+One row per figure name: the one from the newest file (by its ``date``, then the time it was ``written``, then file
+name) wins, so re-running a benchmark replaces its row.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ def latest_figures(results_dir: str = os.path.join(ROOT, "benchmarks", "results"
         with open(path, encoding="utf-8") as stream:
             document = json.load(stream)
         if document.get("figures"):
-            documents.append((str(document.get("date", "")), os.path.basename(path), document["figures"]))
+            when = (str(document.get("date", "")), str(document.get("written", "")), os.path.basename(path))
+            documents.append((*when, document["figures"]))
     chosen: dict[str, dict[str, str]] = {}
-    for _, _, figures in sorted(documents):
+    for *_, figures in sorted(documents, key=lambda entry: entry[:3]):
         for entry in figures:
             chosen[entry["figure"]] = entry
     return list(chosen.values())

@@ -86,6 +86,9 @@ def test_session_stamps_figures_and_writes_the_results_file(tmp_path, monkeypatc
     written = json.loads(open(path, encoding="utf-8").read())
     assert written["figures"] == [entry] and written["rows"] == [1] and {"date", "commit", "load_start"} <= set(written)
     assert session.write({}, [], str(tmp_path / "x.json")).endswith("x.json")
+    again = session.write({"rows": [2]}, [entry])  # a second run of the day keeps the first one's file
+    assert again == path.replace(".json", "-2.json") and json.loads(open(path, encoding="utf-8").read())["rows"] == [1]
+    assert json.loads(open(again, encoding="utf-8").read())["written"] >= written["written"]
 
 
 def test_a_baseline_commit_is_a_temporary_worktree():

@@ -33,6 +33,17 @@ def test_the_newest_file_wins_for_a_figure(tmp_path):
     assert [(f["figure"], f["value"]) for f in table.latest_figures(str(tmp_path))] == [("x", "3"), ("y", "2")]
 
 
+def test_a_later_run_of_the_same_day_wins(tmp_path):
+    table = _table_module()
+    first = {"date": "2026-01-01", "figures": [{"figure": "x", "value": "1"}]}  # before "written" existed
+    morning = {"date": "2026-01-01", "written": "2026-01-01T09:00:00", "figures": [{"figure": "x", "value": "2"}]}
+    evening = {"date": "2026-01-01", "written": "2026-01-01T21:00:00", "figures": [{"figure": "x", "value": "3"}]}
+    (tmp_path / "b-2026-01-01.json").write_text(json.dumps(first))
+    (tmp_path / "b-2026-01-01-3.json").write_text(json.dumps(evening))
+    (tmp_path / "b-2026-01-01-2.json").write_text(json.dumps(morning))
+    assert [f["value"] for f in table.latest_figures(str(tmp_path))] == ["3"]
+
+
 def test_every_figure_command_is_one_command_a_reader_can_paste():
     """The environment's Python on a benchmark script: no chains through temporary files, no placeholders for a
     checkout the reader does not have."""
