@@ -35,6 +35,9 @@ from devsim.shared_arrays import ExchangeClosed, received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unmark_lost
 
+RUN_ENDED = {"run_ended": True}
+"""A leaf's answer to a call of a run that has ended (Ctrl-C, SIGTERM): no one reads it."""
+
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
 
 
@@ -176,6 +179,16 @@ class LeafNode:
             payload["startup"] = self._startup
             self._startup = None
 
+    def _receive(self, weights: dict, exchange_folder: str | None, shared_weights: dict | None) -> dict | None:
+        """A call's weights (:func:`~devsim.shared_arrays.received_weights`), the periodic collection run; None when
+        the run that sent the call has ended (its exchange folder is gone, so no one reads the answer)."""
+        try:
+            weights = received_weights(weights, exchange_folder, shared_weights)
+        except ExchangeClosed:
+            return None
+        self._collector.maybe_collect()
+        return weights
+
     def _norm_limit(self, weights: dict) -> float | None:
         """Device-update L2 limit: --max-update-norm and --max-update-ratio times the global model's norm."""
         limits = [float(v) for v in (self.settings.get("max_update_norm"),) if v is not None]
@@ -207,11 +220,9 @@ class LeafNode:
         :meth:`train_jobs`). ``dp`` (differential privacy; the server's ``_leaf_privacy``) holds this round's clip
         norm, each device's local noise std and this leaf's share of the central noise (std, 0: none)."""
         received_at = time.time()
-        try:
-            weights = received_weights(weights, exchange_folder, shared_weights)
-        except ExchangeClosed:
-            return {"run_ended": True}  # the run that sent this call has ended; no one reads the answer
-        self._collector.maybe_collect()
+        weights = self._receive(weights, exchange_folder, shared_weights)
+        if weights is None:
+            return dict(RUN_ENDED)
         device_ids = np.asarray(assignments[collab.site_name], dtype=np.int64).tolist()
         max_norm = self._norm_limit(weights)
         privacy = None
@@ -264,11 +275,9 @@ class LeafNode:
         :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
         """
         received_at = time.time()
-        try:
-            weights = received_weights(weights, exchange_folder, shared_weights)
-        except ExchangeClosed:
-            return {"run_ended": True}  # the run that sent this call has ended; no one reads the answer
-        self._collector.maybe_collect()
+        weights = self._receive(weights, exchange_folder, shared_weights)
+        if weights is None:
+            return dict(RUN_ENDED)
         payload = self._runner.run_jobs(
             weights,
             np.asarray(job_ids).tolist(),
