@@ -215,17 +215,15 @@ def section_job_defaults(sizes: Sizes, seeds: list[int], workdir: str) -> dict[s
 
 
 def write_trace(path: str, devices: int, seed: int) -> str:
-    """An NPZ trace of ``devices`` devices: diurnal sessions, lognormal speeds (log-sd 0.5, the jobs'
-    ``--speed-distribution lognormal`` draw) and uniform network classes, all from ``seed``."""
-    import numpy as np
-
-    from devsim.population.availability import diurnal_availability
+    """An NPZ trace of the population the jobs draw for ``devices`` devices and ``seed`` with ``--availability
+    diurnal --speed-distribution lognormal --speed-sigma 0.5``: sessions, speeds and network classes."""
+    from devsim.config import SimulationConfig
+    from devsim.population.heterogeneity import build_population_model
     from devsim.population.traces import DeviceTrace, save_trace_npz
-    from devsim.seeding import derive_rng
 
-    speed = derive_rng(seed, "speed").lognormal(0.0, 0.5, size=devices).astype(np.float32)
-    network = derive_rng(seed, "network-class").integers(2, size=devices, dtype=np.uint8)
-    save_trace_npz(path, DeviceTrace(diurnal_availability(devices, seed), speed, network))
+    drawn = dict(availability="diurnal", speed_distribution="lognormal", speed_sigma=0.5, seed=seed)
+    model = build_population_model(SimulationConfig(num_leaf_nodes=1, devices_per_leaf=devices, **drawn))
+    save_trace_npz(path, DeviceTrace(model.availability, model.speed, model.network_class))
     return path
 
 

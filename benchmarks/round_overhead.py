@@ -139,8 +139,7 @@ def cell_flags(cell: Cell) -> list[str]:
 def measure(cell: Cell, args: argparse.Namespace) -> dict:
     """Sim runs (one per ``--device-batch-paths`` value) and tight-loop times of one cell."""
     sims = {path: simulate(cell_flags(cell), args, path, cell.warmup_rounds) for path in args.device_batch_paths}
-    parser = build_parser("round overhead benchmark")
-    config = config_from_args(parser, parser.parse_args(cell_flags(cell))).validate()
+    config = job_config(cell_flags(cell)).validate()
     baselines = best_of_threads(lambda t: tight_loop(config, t, args.baseline_repeats, args.baseline_budget))
     best_threads = min(baselines, key=lambda t: baselines[t][0])
     loop = baselines[best_threads][0]
@@ -273,13 +272,16 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         write_json(rows, args)
 
 
+def job_config(flags: list[str]) -> SimulationConfig:
+    """The FedAvg job's configuration for these command-line flags."""
+    parser = build_parser("round overhead benchmark")
+    return config_from_args(parser, parser.parse_args(flags))
+
+
 def task_config(task_path: str, job_args: list[str], leaves: int) -> SimulationConfig:
     """The job's configuration for these flags, fitted to the task (population from its owners, if any), with
     every device selected."""
-    parser = build_parser("task round benchmark")
-    config = config_from_args(
-        parser, parser.parse_args(["--task", task_path, "--num-leaf-nodes", str(leaves), *job_args])
-    )
+    config = job_config(["--task", task_path, "--num-leaf-nodes", str(leaves), *job_args])
     config, _ = fit_config(config, load_task(config.to_dict()))
     config.device_selection_size = config.num_devices
     return config.validate()

@@ -46,14 +46,16 @@ from benchmarks.harness import (  # noqa: E402
     read_results,
     run_command,
 )
+from benchmarks.tasks.api_run import PENGUINS  # noqa: E402
+from benchmarks.tasks.api_run import SETTINGS as PENGUINS_SETTINGS  # noqa: E402
 from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
     "digits": ["jobs/pt_job_fedavg.py", "--dataset", "digits"],
     "penguins": [
-        *("jobs/pt_job_fedavg.py", "--task", os.path.join(REPO, "examples", "penguins_task.py")),
-        *("--local-epochs", "5", "--batch-size", "4", "--device-selection-size", "40", "--num-rounds", "20"),
+        *("jobs/pt_job_fedavg.py", "--task", PENGUINS),
+        *(item for key, value in PENGUINS_SETTINGS.items() for item in (f"--{key.replace('_', '-')}", str(value))),
     ],
     "fedbuff": ["jobs/pt_job_fedbuff.py", "--dataset", "digits"],
     "api": ["benchmarks/tasks/api_run.py"],  # the penguins run through recipe.execute()
