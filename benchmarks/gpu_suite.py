@@ -2,8 +2,9 @@
 
 Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring says
 what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
-``fedrevive``, ``tf32``, ``compiled_step``. A section starts only while at least half of its budget is left of
-``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own child process
+``fedrevive``, ``tf32``, ``compiled_step``, ``async_revive`` (FedRevive's command against FedBuff's, for the FedRevive
+issue). A section starts only while at least half of its budget is left of ``--budget`` (default 360 s, one device
+call of at most 6 minutes), runs in its own child process
 (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is recorded under
 ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at twice what is
 left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
@@ -34,6 +35,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
     run_job,
+    section_async_revive,
     section_async_throughput,
     section_fedrevive,
     warm_parent_facts,
@@ -50,7 +52,7 @@ from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=75, throughput=50, profile=30, async_throughput=95, worker_sweep=20, fedrevive=75)
-BUDGETS.update(tf32=15, compiled_step=25)
+BUDGETS.update(tf32=15, compiled_step=25, async_revive=90)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 360 s."""
@@ -82,6 +84,8 @@ SIZES = {  # workload size: (the dry run's, seconds on a CPU; the real suite's)
     "async_settings": (["fedavg", "fedbuff B=2"], list(ASYNC_SETTINGS)),
     "step_groups": ([2], [2, 4, 10]),
     "step_samples": (20, 100),
+    "revive_updates": (80, 1200),
+    "revive_repeats": (1, 2),
 }
 
 
@@ -317,6 +321,7 @@ RUNNERS = {
     "async_throughput": section_async_throughput,
     "compiled_step": section_compiled_step,
     "tf32": section_tf32,
+    "async_revive": section_async_revive,
 }
 
 

@@ -82,6 +82,8 @@ TARGETS = tuple(
          ("cnn_repeat", "first_round_seconds"), "<= 10 s", " s"),
         ("FedRevive at the paper's per-arrival size (server on the GPU): wall seconds", "fedrevive",
          _fedrevive_wall, "<= 90 s", " s"),
+        ("FedRevive paper's whole command against FedBuff paper's (on request: async_revive)", "async_revive",
+         ("command_ratio",), "<= 1.5", "x"),
         ("the whole suite in one call", "", lambda r: r["suite_seconds"], "<= 360 s", " s"),
     )
 )  # fmt: skip

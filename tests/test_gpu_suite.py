@@ -92,14 +92,20 @@ def test_job_sections_dry_run(dry_run):
 
 @pytest.mark.slow
 def test_async_and_compiled_step_sections_dry_run(dry_run):
-    """Ratios that are the ratio of the printed rates, compiled deltas equal to eager's up to float rounding (the
-    compiled step compiles here with inductor on the CPU: about 15 s)."""
+    """Ratios that are the ratio of the printed rates (FedRevive's command against FedBuff's too), compiled deltas
+    equal to eager's up to float rounding (the compiled step compiles here with inductor on the CPU: about 15 s)."""
     sections = dry_run[0]["sections"]
     rates = sections["async_throughput"]["settings"]
     assert set(rates) == {"fedavg", "fedbuff B=2"} and sections["async_throughput"]["tight_loop_ms_per_update"] > 0
     fedbuff = rates["fedbuff B=2"]
     assert fedbuff["updates"] > 0 and fedbuff["ratio_to_fedavg"] == pytest.approx(
         fedbuff["updates_per_s"] / rates["fedavg"]["updates_per_s"]
+    )
+    revive = sections["async_revive"]
+    (pair,) = revive["pairs"]  # one pair in the dry run
+    assert set(pair) == {"fedbuff paper", "fedrevive paper"} and pair["fedrevive paper"]["updates"] > 0
+    assert revive["command_ratio"] == pytest.approx(
+        pair["fedrevive paper"]["command_wall"] / pair["fedbuff paper"]["command_wall"]
     )
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "graphs", "compiled"} and step["eager"]["ms_per_device"] > 0
