@@ -117,6 +117,8 @@ class SimulationConfig(
         self.check_observation(population)
         self.check_environment(population)
         self.check_privacy(population)
+        if self.dp != "off":
+            self.refuse_server_optimizer(f"--dp {self.dp} (DP-FedAvg applies --global-lr itself)")
         return self
 
 
@@ -161,6 +163,7 @@ class AsyncConfig(
 
     def validate(self, population: bool = True) -> AsyncConfig:
         super().validate(population)
+        self.refuse_server_optimizer("asynchronous jobs (their server applies --global-lr to the buffer)")
         self.check_async_population(population)
         self.check_buffered_aggregation(population)
         self.check_async_observation(population)
@@ -174,6 +177,7 @@ class ClusterConfig(ClusterSettings, SimulationConfig):
 
     def validate(self, population: bool = True) -> ClusterConfig:
         super().validate(population)
+        self.refuse_server_optimizer("cluster aggregation (one model per cluster)")
         self.check_cluster(population)
         return self
 

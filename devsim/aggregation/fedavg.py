@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from devsim.aggregation.base import LeafUpdate, SyncStrategy, Weights
+from devsim.aggregation.server_optimizers import ServerOptimizer
 
 DEVICE_MIN_PARAMS = 1_000_000
 """Models with at least this many float entries are aggregated on the server's torch device when it is a GPU;
@@ -19,15 +20,26 @@ class FedAvg(SyncStrategy):
     which leaf answered first. With a CUDA ``device`` and a model of at least :data:`DEVICE_MIN_PARAMS` entries
     the same float64 arithmetic runs there (same order, same result to the bit); ``device="cpu"`` forces the torch
     path on the CPU (tests).
+
+    With a ``server_optimizer`` other than ``sgd`` (:mod:`devsim.aggregation.server_optimizers`: FedAvgM, FedAdagrad,
+    FedAdam, FedYogi) the same float64 mean update goes through that optimizer instead (in NumPy, on any device),
+    which uses its own learning rate.
     """
 
     name = "fedavg"
 
-    def __init__(self, global_lr: float = 1.0, device: str | torch.device | None = None):
+    def __init__(
+        self,
+        global_lr: float = 1.0,
+        device: str | torch.device | None = None,
+        server_optimizer: ServerOptimizer | None = None,
+    ):
         if not (np.isfinite(global_lr) and global_lr > 0):
             raise ValueError(f"global_lr must be a finite number > 0, got {global_lr}")
         self.global_lr = float(global_lr)
         self.device = None if device is None else torch.device(device)
+        adaptive = server_optimizer is not None and server_optimizer.name != "sgd"
+        self.server_optimizer = server_optimizer if adaptive else None
 
     def _on_device(self, global_weights: Weights) -> bool:
         if self.device is None:
@@ -40,16 +52,30 @@ class FedAvg(SyncStrategy):
         total_weight = sum(u.total_weight for u in updates)
         if not updates or total_weight <= 0:
             raise ValueError("FedAvg needs at least one update with a positive total weight")
+        if self.server_optimizer is not None:
+            mean = {name: _summed(updates, name, value.shape) / total_weight for name, value in global_weights.items()}
+            return self.server_optimizer.apply(global_weights, mean)
         scale = self.global_lr / total_weight
         if self._on_device(global_weights):
             return self._aggregate_torch(global_weights, updates, scale)
-        new_weights: Weights = {}
-        for name, value in global_weights.items():
-            summed = np.zeros(value.shape, dtype=np.float64)
-            for update in updates:
-                summed += update.delta_sum[name]
-            new_weights[name] = (value + scale * summed).astype(np.float32)
-        return new_weights
+        return {
+            name: (value + scale * _summed(updates, name, value.shape)).astype(np.float32)
+            for name, value in global_weights.items()
+        }
+
+    def state_dict(self) -> dict:
+        """The server optimizer's state (empty for plain FedAvg), for a checkpoint."""
+        return {} if self.server_optimizer is None else {"server_optimizer": self.server_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; a checkpoint and a run must agree on whether a server optimizer is used."""
+        saved = state.get("server_optimizer")
+        if (saved is None) != (self.server_optimizer is None):
+            mine = "sgd" if self.server_optimizer is None else self.server_optimizer.name
+            theirs = "sgd" if saved is None else saved.get("name")
+            raise ValueError(f"the checkpoint's server optimizer is {theirs!r}; this run's is {mine!r}")
+        if saved is not None:
+            self.server_optimizer.load_state_dict(saved)
 
     def _aggregate_torch(self, global_weights: Weights, updates: list[LeafUpdate], scale: float) -> Weights:
         """The NumPy arithmetic in float64 on ``self.device``: one copy in per array, one copy out per entry."""
@@ -62,3 +88,11 @@ class FedAvg(SyncStrategy):
             base = torch.from_numpy(np.ascontiguousarray(value)).to(device, dtype=torch.float64)
             new_weights[name] = (base + summed * scale).to(torch.float32).cpu().numpy()
         return new_weights
+
+
+def _summed(updates: list[LeafUpdate], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The leaves' ``delta_sum[name]`` added in float64, in the order given."""
+    summed = np.zeros(shape, dtype=np.float64)
+    for update in updates:
+        summed += update.delta_sum[name]
+    return summed

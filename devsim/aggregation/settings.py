@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from devsim.aggregation.server_optimizers import SERVER_OPTIMIZERS
 from devsim.config_errors import ConfigError
 from devsim.sections import check_choice, check_fraction, check_min, check_positive_finite, meta
 
@@ -51,6 +52,28 @@ class AggregationSettings:
         default=20, metadata={"section": "aggregation", "help": "synchronous rounds", "sync_only": True}
     )
     global_lr: float = field(default=1.0, metadata=_aggregation("server learning rate applied to the mean delta"))
+    server_optimizer: str = field(
+        default="sgd",
+        metadata={
+            **_aggregation(
+                f"how the round's mean delta moves the model, one of {', '.join(SERVER_OPTIMIZERS)} (sgd: FedAvg; "
+                "momentum: FedAvgM; adagrad / adam / yogi: Reddi et al.'s FedOpt, which want --global-lr near "
+                "0.01-0.1); FedAvg job only"
+            ),
+            "sync_only": True,
+        },
+    )
+    server_momentum: float = field(
+        default=0.9,
+        metadata={**_aggregation("beta1 of --server-optimizer momentum, adagrad, adam and yogi"), "sync_only": True},
+    )
+    server_beta2: float = field(
+        default=0.99, metadata={**_aggregation("beta2 of --server-optimizer adam and yogi"), "sync_only": True}
+    )
+    server_tau: float = field(
+        default=1e-3,
+        metadata={**_aggregation("adaptivity tau of --server-optimizer adagrad, adam and yogi"), "sync_only": True},
+    )
     min_devices_fraction: float = field(
         default=0.5,
         metadata=_aggregation(
@@ -80,10 +103,22 @@ class AggregationSettings:
             limits.append(self.max_update_ratio * global_norm)
         return min(limits) if limits else None
 
+    def refuse_server_optimizer(self, why: str) -> None:
+        """Raise ConfigError unless ``server_optimizer`` is sgd: ``why`` says what the other optimizers do not
+        support (e.g. "asynchronous jobs")."""
+        if self.server_optimizer != "sgd":
+            raise ConfigError(
+                "server_optimizer", f"{self.server_optimizer!r} is not supported with {why}; allowed there: sgd"
+            )
+
     def check_aggregation(self, population: bool = True) -> None:
         """Raise ConfigError naming the first bad aggregation flag (asynchronous runs have no rounds: 0 is allowed)."""
         check_min("num_rounds", self.num_rounds, 0 if hasattr(self, "buffer_size") else 1)
         check_positive_finite("global_lr", self.global_lr)
+        check_choice("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        check_fraction("server_momentum", self.server_momentum)
+        check_fraction("server_beta2", self.server_beta2)
+        check_positive_finite("server_tau", self.server_tau)
         check_fraction("min_devices_fraction", self.min_devices_fraction, closed=True)
         if not 1 <= self.min_leaves <= self.num_leaf_nodes:
             raise ConfigError("min_leaves", f"{self.min_leaves} is not allowed; allowed: 1..{self.num_leaf_nodes}")

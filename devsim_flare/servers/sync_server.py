@@ -19,6 +19,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.aggregation import FedAvg, LeafUpdate
+from devsim.aggregation.server_optimizers import ServerOptimizer
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule
 from devsim.codec import load_numpy_into_model, weights_norm
@@ -72,7 +73,12 @@ class SyncServer:
         self.settings = settings
 
     def setup_strategy(self, config: SimulationConfig) -> None:
-        self.strategy = FedAvg(global_lr=config.global_lr, device=getattr(self, "device", None))
+        optimizer = ServerOptimizer(
+            config.server_optimizer, config.global_lr, config.server_momentum, config.server_beta2, config.server_tau
+        )
+        self.strategy = FedAvg(
+            global_lr=config.global_lr, device=getattr(self, "device", None), server_optimizer=optimizer
+        )
 
     def leaf_models(self, leaves: list[str]) -> dict[str, Weights]:
         """The model each leaf trains from this round."""
@@ -107,13 +113,15 @@ class SyncServer:
         return record
 
     def strategy_state(self) -> dict:
-        return {}
+        """What the strategy carries from round to round (a server optimizer's moments), for the checkpoint."""
+        return self.strategy.state_dict()
 
     def save_outputs(self, output_dir: str) -> None:
         """Extra files at the end of a run (cluster runs: each leaf's model)."""
 
     def load_strategy_state(self, state: dict) -> None:
         """Restore what :meth:`strategy_state` saved."""
+        self.strategy.load_state_dict(state)
 
     def score(self, weights: Weights, group: int = 0) -> EvalResult:
         """``weights`` evaluated on the test set as hidden group ``group`` sees it."""
@@ -183,6 +191,8 @@ class SyncServer:
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
+        if config.server_optimizer != "sgd":
+            print(f"[server] server optimizer {config.server_optimizer}, eta {config.global_lr:g}", flush=True)
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "

@@ -1,0 +1,152 @@
+"""Server optimizers of synchronous FedAvg (FedAvgM, FedAdagrad, FedAdam, FedYogi): the formulas, the state a
+checkpoint carries, the flags' checks, and a FedAdam run in the simulator that learns and resumes bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from devsim.aggregation.base import LeafUpdate
+from devsim.aggregation.fedavg import FedAvg
+from devsim.aggregation.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
+from devsim.config import AsyncConfig, ClusterConfig, ConfigError, SimulationConfig
+from tests.conftest import SMALL_RUN, find_results, refused_job, run_job
+
+B1, B2, TAU, LR = 0.8, 0.95, 1e-2, 0.1
+
+
+def _reference(name: str, deltas: list[np.ndarray], w: np.ndarray) -> np.ndarray:
+    """The methods written out literally, one scalar at a time, in float64."""
+    w = w.astype(np.float64).copy()
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for delta in deltas:
+        for i in range(w.size):
+            d = float(delta.flat[i])
+            if name == "sgd":
+                w.flat[i] += LR * d
+                continue
+            if name == "momentum":
+                m.flat[i] = B1 * m.flat[i] + d
+                w.flat[i] += LR * m.flat[i]
+                continue
+            m.flat[i] = B1 * m.flat[i] + (1 - B1) * d
+            if name == "adagrad":
+                v.flat[i] = v.flat[i] + d * d
+            elif name == "adam":
+                v.flat[i] = B2 * v.flat[i] + (1 - B2) * d * d
+            else:
+                v.flat[i] = v.flat[i] - (1 - B2) * d * d * np.sign(v.flat[i] - d * d)
+            w.flat[i] += LR * m.flat[i] / (np.sqrt(v.flat[i]) + TAU)
+    return w
+
+
+@pytest.mark.parametrize("name", SERVER_OPTIMIZERS)
+def test_each_optimizer_follows_its_formula_over_rounds(name):
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal(12).astype(np.float32)
+    deltas = [rng.standard_normal(12) * scale for scale in (0.5, 0.1, 1.0, 0.02)]
+    optimizer = ServerOptimizer(name, LR, B1, B2, TAU)
+    weights = {"a": w0}
+    for delta in deltas:
+        weights = optimizer.apply(weights, {"a": delta})
+    # float32 weights between rounds against float64 throughout: equal to float32 rounding
+    np.testing.assert_allclose(weights["a"], _reference(name, deltas, w0), rtol=1e-5, atol=1e-6)
+
+
+def _updates(rng, shapes, leaves=3):
+    return [
+        LeafUpdate(f"site-{i}", {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, 5.0 + i, 2)
+        for i in range(leaves)
+    ]
+
+
+def test_fedavg_with_sgd_is_plain_fedavg_to_the_bit_and_adam_uses_the_weighted_mean():
+    rng = np.random.default_rng(0)
+    shapes = {"w": (4, 3), "b": (3,)}
+    weights = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    updates = _updates(rng, shapes)
+    plain = FedAvg(global_lr=0.7).aggregate(weights, updates)
+    with_sgd = FedAvg(global_lr=0.7, server_optimizer=ServerOptimizer("sgd", 0.7)).aggregate(weights, updates)
+    for key in weights:
+        np.testing.assert_array_equal(plain[key], with_sgd[key])
+    adam = ServerOptimizer("adam", 0.05)
+    got = FedAvg(global_lr=0.05, server_optimizer=adam).aggregate(weights, updates)
+    total = sum(u.total_weight for u in updates)
+    mean = {k: sum(u.delta_sum[k].astype(np.float64) for u in updates) / total for k in shapes}
+    want = ServerOptimizer("adam", 0.05).apply(weights, mean)
+    for key in weights:
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-7)
+    # the first Adam step moves every coordinate by about eta * (1 - beta1) / sqrt(1 - beta2), whatever its size
+    step = np.abs(got["w"].astype(np.float64) - weights["w"])
+    assert np.all(step < 0.05 * 0.1 / np.sqrt(0.01) * 1.01)
+
+
+def test_state_round_trip_continues_exactly_and_a_changed_method_is_refused():
+    rng = np.random.default_rng(1)
+    deltas = [{"a": rng.standard_normal(5)} for _ in range(4)]
+    whole = ServerOptimizer("yogi", 0.05)
+    weights = {"a": np.zeros(5, np.float32)}
+    for delta in deltas:
+        weights = whole.apply(weights, delta)
+    first = ServerOptimizer("yogi", 0.05)
+    half = {"a": np.zeros(5, np.float32)}
+    for delta in deltas[:2]:
+        half = first.apply(half, delta)
+    second = ServerOptimizer("yogi", 0.05)
+    second.load_state_dict(first.state_dict())
+    for delta in deltas[2:]:
+        half = second.apply(half, delta)
+    np.testing.assert_array_equal(half["a"], weights["a"])
+    with pytest.raises(ValueError, match="'yogi'; this run's is 'adam'"):
+        ServerOptimizer("adam", 0.05).load_state_dict(first.state_dict())
+    with pytest.raises(ValueError, match="'sgd'; this run's is 'adam'"):
+        FedAvg(server_optimizer=ServerOptimizer("adam", 0.05)).load_state_dict({})
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "words"),
+    [
+        ({"server_optimizer": "lamb"}, "server_optimizer", "sgd, momentum, adagrad, adam, yogi"),
+        ({"server_momentum": 1.0}, "server_momentum", "[0, 1)"),
+        ({"server_beta2": -0.1}, "server_beta2", "[0, 1)"),
+        ({"server_tau": 0.0}, "server_tau", "> 0"),
+        ({"server_optimizer": "adam", "dp": "central", "dp_noise_multiplier": 1.0}, "server_optimizer", "sgd"),
+    ],
+)
+def test_bad_server_optimizer_settings_name_the_field(values, field, words):
+    with pytest.raises(ConfigError) as error:
+        SimulationConfig.from_dict({"dataset": "synthetic", **values})
+    assert error.value.field_name == field and words in str(error.value)
+
+
+@pytest.mark.parametrize("config_cls", [AsyncConfig, ClusterConfig])
+def test_jobs_without_a_server_optimizer_refuse_one(config_cls):
+    with pytest.raises(ConfigError, match="allowed there: sgd") as error:
+        config_cls.from_dict({"dataset": "synthetic", "server_optimizer": "momentum"})
+    assert error.value.field_name == "server_optimizer"
+
+
+def test_the_fedavg_job_refuses_a_bad_server_optimizer_in_one_line(tmp_path):
+    stderr = refused_job("pt_job_fedavg.py", ["--server-optimizer", "lamb", "--workspace", str(tmp_path)], tmp_path)
+    assert "server_optimizer" in stderr or "--server-optimizer" in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_fedadam_run_learns_and_resumes_bit_for_bit(tmp_path):
+    """A FedAdam run in the simulator learns (above chance) and records its optimizer; stopped after round 3 and
+    resumed, it ends with the uninterrupted run's weights to the bit (the moments travel in the checkpoint)."""
+    args = [*SMALL_RUN, "--server-optimizer", "adam", "--global-lr", "0.03"]
+    run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "a")], tmp_path)
+    results = find_results(tmp_path / "a" / "runs")
+    assert results["config"]["server_optimizer"] == "adam"
+    assert results["summary"]["final_accuracy"] > 0.5, results["summary"]
+    uninterrupted = torch.load(results["summary"]["final_model"])
+    run_dir, common = tmp_path / "run", ["--workspace", str(tmp_path / "b")]
+    run_job("pt_job_fedavg.py", [*args, *common, "--output-dir", str(run_dir), "--stop-after-round", "3"], tmp_path)
+    run_job("pt_job_fedavg.py", ["--resume", str(run_dir), *common], tmp_path)
+    resumed = torch.load(run_dir / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], resumed[key]), key
