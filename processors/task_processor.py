@@ -103,6 +103,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         lr: float = 0.05,
         momentum: float = 0.9,
         augment: bool = False,
+        prox_mu: float = 0.0,
         seed: int = 0,
         hidden_group: int = 0,
         group_kind: str = "label_permutation",
@@ -127,6 +128,7 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         self.lr = lr
         self.momentum = momentum
         self.augment = augment
+        self.prox_mu = prox_mu
         self.seed = seed
         self.hidden_group = hidden_group
         self.group_kind = group_kind

@@ -359,11 +359,27 @@ class _Lockstep:
         params = tuple(rows.take(v) for v in self.params)
         buffers = tuple(rows.take(v) for v in self.buffers)
         grads, (loss, outputs) = trainer._step(params, buffers, inputs, targets)
-        self.optimizer.step(list(grads), rows, list(params), step + 1)
+        grads = list(grads)
+        if trainer.spec.prox_mu:
+            grads = self._with_prox(grads, params, rows)
+        self.optimizer.step(grads, rows, list(params), step + 1)
         rows.put(self.buffers, list(buffers))
         rows.add(self.loss_sum, loss.detach())
         if trainer.objective.classification:
             rows.add(self.correct, (outputs.detach().argmax(dim=-1) == targets.t()).sum(dim=1))
+
+    def _with_prox(
+        self, grads: list[torch.Tensor], params: tuple[torch.Tensor, ...], rows: StackedRows
+    ) -> list[torch.Tensor]:
+        """FedProx: ``grad + prox_mu * (w - w_start)`` per parameter, ``w_start`` each device's starting weights
+        (the one global model broadcast over the devices, or each device's own base)."""
+        mu = self.trainer.spec.prox_mu
+        out = []
+        for key, grad, param in zip(self.trainer.param_keys, grads, params, strict=True):
+            base = self.globals_by_key[key]
+            base = rows.take(base) if self.per_device_base else base
+            out.append(torch.add(grad, param.detach() - base, alpha=mu))
+        return out
 
     def finish(self) -> tuple[list[torch.Tensor], list[float], list[int]]:
         """Per key the (D, *shape) deltas, and per device its summed loss and correct predictions."""

@@ -31,7 +31,9 @@ class LocalTrainingSpec:
     epochs; otherwise ``epochs`` full passes are made, the last batch possibly short. ``optimizer``
     is "sgd" (with ``momentum``) or "adam"; either starts from fresh state for every device.
     ``augment`` applies the task's augmentation (:class:`Objective`; for images: a random crop of the
-    4-pixel reflect-padded image and a random horizontal flip) to every training batch.
+    4-pixel reflect-padded image and a random horizontal flip) to every training batch. ``prox_mu`` > 0 is FedProx:
+    every step adds ``prox_mu * (w - w_start)`` to each parameter's gradient (the gradient of
+    ``prox_mu / 2 * ||w - w_start||^2``, ``w_start`` the weights the device started from) before the optimizer.
     """
 
     epochs: int = 1
@@ -42,6 +44,7 @@ class LocalTrainingSpec:
     weight_decay: float = 0.0
     optimizer: str = "sgd"
     augment: bool = False
+    prox_mu: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> LocalTrainingSpec:
@@ -55,6 +58,7 @@ class LocalTrainingSpec:
             momentum=settings.momentum,
             optimizer=settings.optimizer,
             augment=settings.augment,
+            prox_mu=float(getattr(settings, "prox_mu", 0.0)),
         )
 
     def steps_for(self, num_samples: int) -> int:
@@ -118,6 +122,9 @@ class LocalTrainer:
         self.keys = float_state_keys(self.model)
         state = self.model.state_dict()
         self.state_tensors: list[torch.Tensor] = [state[k] for k in self.keys]
+        parameters = dict(self.model.named_parameters())
+        self.prox_terms = [(parameters[k], i) for i, k in enumerate(self.keys) if k in parameters]
+        """(parameter, its position in ``keys``) pairs that FedProx's term pulls back (``spec.prox_mu`` > 0)."""
         if spec.optimizer == "adam":
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
         elif spec.optimizer == "sgd":
@@ -168,6 +175,8 @@ class LocalTrainer:
             loss = loss_fn(outputs, batch_targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if self.spec.prox_mu:
+                self._add_prox_gradient(global_tensors)
             self.optimizer.step()
             loss_sum += loss.detach()
             if classification:
@@ -181,6 +190,13 @@ class LocalTrainer:
             accuracy=float(correct) / max(seen, 1) if classification else math.nan,
             compute_seconds=time.perf_counter() - started,
         )
+
+    @torch.no_grad()
+    def _add_prox_gradient(self, global_tensors: list[torch.Tensor]) -> None:
+        """FedProx: ``grad += prox_mu * (w - w_start)`` for every parameter that has a gradient."""
+        for parameter, position in self.prox_terms:
+            if parameter.grad is not None:
+                parameter.grad.add_(parameter - global_tensors[position], alpha=self.spec.prox_mu)
 
     def accumulate_delta(self, accumulator: list[torch.Tensor], global_tensors: list[torch.Tensor], weight: float):
         """``accumulator += weight * (local - global)``, entry by entry, in place."""

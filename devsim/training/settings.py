@@ -6,6 +6,7 @@ Units: learning rates are plain multipliers, the batch size counts samples, loca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,13 @@ class TrainingSettings:
     lr: float = field(default=0.05, metadata=_training("local learning rate"))
     momentum: float = field(default=0.9, metadata=_training("local SGD momentum in [0, 1) (--optimizer sgd)"))
     augment: bool = field(default=False, metadata=_training("random crop (4 px reflect padding) and flip locally"))
+    prox_mu: float = field(
+        default=0.0,
+        metadata=_training(
+            "FedProx: each device adds mu/2 ||w - w_start||^2 to its local loss, w_start the model it received "
+            "(0: off, plain local training)"
+        ),
+    )
 
     def check_training(self, population: bool = True) -> None:
         """Raise ConfigError naming the first bad training flag."""
@@ -45,5 +53,7 @@ class TrainingSettings:
         if self.local_iterations is not None:
             check_min("local_iterations", self.local_iterations, 1)
         check_positive_finite("lr", self.lr)
+        if not (math.isfinite(self.prox_mu) and self.prox_mu >= 0):
+            raise ConfigError("prox_mu", f"{self.prox_mu} is not allowed; it must be a finite number >= 0")
         if not (0.0 <= self.momentum < 1.0):
             raise ConfigError("momentum", f"{self.momentum} is outside the allowed range [0, 1)")
