@@ -1,15 +1,14 @@
 """The GPU suite: every figure of the GPU issues measured in one run, written to one JSON file.
 
 Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring says
-what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``,
-``fedrevive``, ``tf32``, ``compiled_step``, ``async_revive`` (FedRevive's command against FedBuff's, for the FedRevive
-issue). A section starts only while at least half of its budget is left of ``--budget`` (default 360 s, one device
-call of at most 6 minutes), runs in its own child process
-(``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is recorded under
-``errors`` and the next section runs), its job runs are killed at twice its budget and the child at twice what is
-left of it, and the figures are written after every section. ``gpu_suite.py check FILE``
-(``benchmarks/gpu_suite_check.py``) prints every target beside its figure. ``--device cpu --tiny`` is the dry run
-(tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the suite on the GPU machine:
+what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
+``tf32``, ``compiled_step``, ``async_revive``. A section starts only while half its budget is left of ``--budget``
+(default 360 s, one device call of at most 6 minutes), runs in its own child process (``benchmarks/gpu_suite_child.py``:
+a crash, a Python error or the time limit of one section is recorded under ``errors`` and the next section runs), its
+job runs are killed at twice its budget and the child at twice what is left of it, and the figures are written after
+every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``) prints every target beside its figure.
+``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the
+suite on the GPU machine:
 
     .venv/bin/python benchmarks/gpu_suite.py --device cpu --tiny --out /tmp/gpu_suite.json
 """

@@ -22,7 +22,6 @@ from benchmarks.async_throughput import run_setting, settings, tight_loop_per_up
 from devsim_flare.launch.warm_parent import plain_interpreter, running_parents, warm_enabled
 
 REPO = harness.REPO
-REVIVE_PAIR = ("fedbuff paper", "fedrevive paper")
 
 
 class VramMonitor:
@@ -123,13 +122,17 @@ def section_fedrevive(args, size: dict) -> dict:
     return _run_facts(run) | dict(summary=summary, revive_seconds_per_arrival=per_arrival, server_device=args.device)
 
 
+def _async_rows(updates: int, names, timeout: float) -> dict:
+    """``async_throughput.py``'s rows ``names`` for ``updates`` device updates on digits, 2 leaves x 50 devices."""
+    common = ["--dataset", "digits", "--num-leaf-nodes", "2", "--devices-per-leaf", "50"]
+    runs = settings(updates, 2, 50)
+    return {name: run_setting(*runs[name], common, timeout, 2) for name in names}
+
+
 def section_async_throughput(args, size: dict) -> dict:
     """FedBuff's device updates/s against FedAvg's on the same work, and against a tight loop on this device."""
-    leaves, per_leaf = 2, 50
-    common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
-    runs = settings(size["async_updates"], leaves, per_leaf)
-    rows = {name: run_setting(*runs[name], common, args.timeout, leaves) for name in size["async_settings"]}
-    loop_per_update = tight_loop_per_update("digits", leaves, args.device)
+    rows = _async_rows(size["async_updates"], size["async_settings"], args.timeout)
+    loop_per_update = tight_loop_per_update("digits", 2, args.device)
     fedavg = rows["fedavg"]["updates_per_s"]
     for row in rows.values():
         row["ratio_to_fedavg"] = row["updates_per_s"] / fedavg
@@ -138,21 +141,13 @@ def section_async_throughput(args, size: dict) -> dict:
 
 
 def section_async_revive(args, size: dict) -> dict:
-    """FedRevive paper's whole command against FedBuff paper's on the same work (``async_throughput.py``'s two paper
-    rows, ``revive_updates`` device updates, digits): the ratio FedRevive's issue asks <= 1.5x for, here on a host
-    with cores to spare and the server's synthesis and distillation on its device. The pair runs up to
-    ``revive_repeats`` times in turn while the section has time; ``command_ratios`` per pair, and their median."""
-    leaves, per_leaf = 2, 50
-    common = ["--dataset", "digits", "--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(per_leaf)]
-    runs = settings(size["revive_updates"], leaves, per_leaf)
+    """FedRevive paper's command against FedBuff paper's (``async_throughput.py``'s rows; FedRevive's issue: <= 1.5x)
+    with cores to spare, DFKD on the device: up to ``revive_repeats`` pairs in time, each pair's ratio, the median."""
     pairs = []
-    for _ in range(size["revive_repeats"]):
-        if pairs and time.monotonic() > args.section_deadline:
-            break
-        pairs.append({name: run_setting(*runs[name], common, args.timeout, leaves) for name in REVIVE_PAIR})
+    while len(pairs) < size["revive_repeats"] and not (pairs and time.monotonic() > args.section_deadline):
+        pairs.append(_async_rows(size["revive_updates"], ("fedbuff paper", "fedrevive paper"), args.timeout))
     ratios = [pair["fedrevive paper"]["command_wall"] / pair["fedbuff paper"]["command_wall"] for pair in pairs]
-    median = statistics.median(ratios)
-    return dict(updates=size["revive_updates"], pairs=pairs, command_ratios=ratios, command_ratio=median)
+    return dict(pairs=pairs, command_ratios=ratios, command_ratio=statistics.median(ratios))
 
 
 def warm_parent_facts(env: dict[str, str], wait_seconds: float = 30.0) -> dict:
