@@ -163,7 +163,6 @@ class AsyncConfig(
 
     def validate(self, population: bool = True) -> AsyncConfig:
         super().validate(population)
-        self.refuse_server_optimizer("asynchronous jobs (their server applies --global-lr to the buffer)")
         self.check_async_population(population)
         self.check_buffered_aggregation(population)
         self.check_async_observation(population)

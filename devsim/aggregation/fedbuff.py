@@ -9,7 +9,8 @@ where ``n`` is the number of buffered updates (``buffer_size`` when full), ``tau
 of update ``i`` and ``s`` the staleness weight: 1 for ``"none"``, ``(1 + tau) ** -exponent`` for
 ``"polynomial"`` (FedAsync / FedBuff). Normalisation divides by the update count, not by the sum of
 the weights, as the FedBuff paper does: stale updates therefore shrink the step instead of being
-re-normalised back to full size.
+re-normalised back to full size. ``--server-optimizer`` replaces the plain step with a server optimizer on that
+mean (:mod:`devsim.aggregation.server_optimizers`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import numpy as np
 
 from devsim.aggregation.base import Weights
+from devsim.aggregation.server_optimizers import ServerOptimizer
 from devsim.aggregation.settings import STALENESS_WEIGHTINGS
 
 
@@ -33,6 +35,7 @@ class FedBuff:
         global_lr: float,
         staleness_weighting: str = "none",
         staleness_exponent: float = 0.5,
+        server_optimizer: ServerOptimizer | None = None,
     ):
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) or buffer_size < 1:
             raise ValueError(f"buffer_size must be an integer >= 1, got {buffer_size!r}")
@@ -46,6 +49,8 @@ class FedBuff:
         self.global_lr = float(global_lr)
         self.staleness_weighting = staleness_weighting
         self.staleness_exponent = float(staleness_exponent)
+        adaptive = server_optimizer is not None and server_optimizer.name != "sgd"
+        self.server_optimizer = server_optimizer if adaptive else None
         self._sum: dict[str, np.ndarray] = {}
         self._count = 0
         self._weight_sum = 0.0
@@ -104,12 +109,21 @@ class FedBuff:
 
         Normally called when :meth:`ready`; a partial buffer is divided by its own count. ``noise`` (DP-FedBuff:
         Gaussian noise on the sum, arrays of the model's shapes) is added to the sum before the division.
-        ``global_weights`` is not modified.
+        ``global_weights`` is not modified. With a ``server_optimizer`` other than sgd the mean
+        ``sum(s_i * delta_i) / count`` goes through it instead (its own learning rate; no noise).
         """
         if self._count == 0:
             raise RuntimeError("FedBuff.apply() called with an empty buffer")
         if global_weights.keys() != self._sum.keys():
             raise ValueError(f"global weights {sorted(global_weights)} differ from the buffered {sorted(self._sum)}")
+        if self.server_optimizer is not None:
+            if noise is not None:
+                raise ValueError("a server optimizer other than sgd does not take DP noise")
+            new_weights = self.server_optimizer.apply(
+                global_weights, {k: v / self._count for k, v in self._sum.items()}
+            )
+            self.reset()
+            return new_weights
         scale = self.global_lr / self._count
         new_weights: Weights = {}
         for name, value in global_weights.items():
@@ -136,6 +150,7 @@ class FedBuff:
             "count": self._count,
             "weight_sum": self._weight_sum,
             "sum": {name: array.copy() for name, array in self._sum.items()},
+            **({"server_optimizer": self.server_optimizer.state_dict()} if self.server_optimizer is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -146,3 +161,10 @@ class FedBuff:
         self._sum = {name: np.array(array, dtype=np.float64) for name, array in dict(state["sum"]).items()}
         self._count = count
         self._weight_sum = float(state["weight_sum"])
+        saved = state.get("server_optimizer")
+        if (saved is None) != (self.server_optimizer is None):
+            mine = "sgd" if self.server_optimizer is None else self.server_optimizer.name
+            theirs = "sgd" if saved is None else dict(saved).get("name")
+            raise ValueError(f"the checkpoint's server optimizer is {theirs!r}; this run's is {mine!r}")
+        if saved is not None:
+            self.server_optimizer.load_state_dict(dict(saved))

@@ -55,6 +55,15 @@ class ServerOptimizer:
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
 
+    def describe(self) -> str:
+        """One line with the method and the constants it uses."""
+        names = {"sgd": (), "momentum": ("beta1",), "adagrad": ("beta1", "tau")}.get(
+            self.name, ("beta1", "beta2", "tau")
+        )
+        return ", ".join(
+            [f"server optimizer {self.name}", f"eta {self.lr:g}", *(f"{n} {getattr(self, n):g}" for n in names)]
+        )
+
     def apply(self, weights: Weights, mean_delta: dict[str, np.ndarray]) -> Weights:
         """New float32 weights from ``weights`` and the round's mean update (float64 per entry); updates the state."""
         out: Weights = {}

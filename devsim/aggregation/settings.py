@@ -54,25 +54,18 @@ class AggregationSettings:
     global_lr: float = field(default=1.0, metadata=_aggregation("server learning rate applied to the mean delta"))
     server_optimizer: str = field(
         default="sgd",
-        metadata={
-            **_aggregation(
-                f"how the round's mean delta moves the model, one of {', '.join(SERVER_OPTIMIZERS)} (sgd: FedAvg; "
-                "momentum: FedAvgM; adagrad / adam / yogi: Reddi et al.'s FedOpt, which want --global-lr near "
-                "0.01-0.1); FedAvg job only"
-            ),
-            "sync_only": True,
-        },
+        metadata=_aggregation(
+            f"how the mean delta (a round's, or a full buffer's) moves the model, one of {', '.join(SERVER_OPTIMIZERS)}"
+            " (sgd: plain --global-lr step; momentum: FedAvgM; adagrad / adam / yogi: Reddi et al.'s FedOpt, which "
+            "want --global-lr near 0.01-0.1); not with --dp or cluster aggregation"
+        ),
     )
     server_momentum: float = field(
-        default=0.9,
-        metadata={**_aggregation("beta1 of --server-optimizer momentum, adagrad, adam and yogi"), "sync_only": True},
+        default=0.9, metadata=_aggregation("beta1 of --server-optimizer momentum, adagrad, adam and yogi")
     )
-    server_beta2: float = field(
-        default=0.99, metadata={**_aggregation("beta2 of --server-optimizer adam and yogi"), "sync_only": True}
-    )
+    server_beta2: float = field(default=0.99, metadata=_aggregation("beta2 of --server-optimizer adam and yogi"))
     server_tau: float = field(
-        default=1e-3,
-        metadata={**_aggregation("adaptivity tau of --server-optimizer adagrad, adam and yogi"), "sync_only": True},
+        default=1e-3, metadata=_aggregation("adaptivity tau of --server-optimizer adagrad, adam and yogi")
     )
     min_devices_fraction: float = field(
         default=0.5,

@@ -22,6 +22,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.aggregation.fedbuff import FedBuff
+from devsim.aggregation.server_optimizers import ServerOptimizer
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
 from devsim.clock.gather import JobGatherer, JobKey, job_key
@@ -138,6 +139,13 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             global_lr=config.global_lr,
             staleness_weighting=config.staleness_weighting,
             staleness_exponent=config.staleness_exponent,
+            server_optimizer=ServerOptimizer(
+                config.server_optimizer,
+                config.global_lr,
+                config.server_momentum,
+                config.server_beta2,
+                config.server_tau,
+            ),
         )
         self.privacy = buffered_privacy(config)
         self.setup_method(config, device)
@@ -191,6 +199,8 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
+        if self.buffer.server_optimizer is not None:
+            print(f"[server] {self.buffer.server_optimizer.describe()}", flush=True)
         run_started = time.time()
         timings: list[RoundTiming] = []
         window = WindowTiming(run_started)

@@ -191,8 +191,9 @@ class SyncServer:
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
-        if config.server_optimizer != "sgd":
-            print(f"[server] server optimizer {config.server_optimizer}, eta {config.global_lr:g}", flush=True)
+        optimizer = getattr(self.strategy, "server_optimizer", None)  # FedAvg's; cluster aggregation has none
+        if optimizer is not None:
+            print(f"[server] {optimizer.describe()}", flush=True)
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
