@@ -1,16 +1,15 @@
 """Device task processor: one simulated device's local training on the run's task (built-in or the user's).
 
-One processor instance is one *worker*: it owns a model and an optimizer that are reused for every device it
-trains. The task (model factory, data, loss, metrics) is loaded once per process
-(:func:`devsim.tasks.task_from_settings`) and its training split, partitioned into device shards, is shared
-by all processors in it (see :func:`shared_data_source`). Model, global weights and data are placed on the GPU
-when one is present.
+One processor instance is one *worker*: it owns a model and an optimizer reused for every device it trains. The
+task (model factory, data, loss, metrics) is loaded once per process (:func:`devsim.tasks.task_from_settings`) and
+its training split, partitioned into device shards, is shared by all processors in it (see
+:func:`shared_data_source`). Model, global weights and data are placed on the GPU when one is present.
 
 Two ways in:
 - :meth:`train_device` / :meth:`accumulate_delta`: the fast path used by this project's leaf node, which keeps
   everything on the compute device and sums deltas in place.
-- :meth:`process_task`: NVFlare's edge ``DeviceTaskProcessor`` interface, so the same processor runs inside
-  NVFlare's own edge device simulation; it returns a NumPy delta.
+- :meth:`process_task`: NVFlare's edge ``DeviceTaskProcessor`` interface, so the same processor runs inside NVFlare's
+  own edge device simulation; it returns a NumPy delta.
 """
 
 from __future__ import annotations
@@ -60,10 +59,8 @@ def shared_data_source(
     group_kind: str = "label_permutation",
     data_seed: int = 0,
 ) -> DeviceDataSource:
-    """The process-wide device data of ``task`` for these settings, built on first use only.
-
-    The cache holds one entry (the job's), never one per device.
-    """
+    """The process-wide device data of ``task`` for these settings, built on first use only. The cache holds one
+    entry (the job's), never one per device."""
     key = (id(task), hidden_group, group_kind, data_seed, partition, alpha, samples_per_device, seed, str(device))
     with _SHARED_LOCK:
         source = _SHARED_SOURCES.get(key)
