@@ -4,6 +4,7 @@ against the loss written out, for one global model and for per-job base versions
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_loop_follows_the_proximal_loss_and_pulls_toward_the_start():
     got = dict(trainer.model.named_parameters())
     for (name, _), expected in zip(model.named_parameters(), want, strict=True):
         torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-6, msg=name)
-    plain = LocalTrainer(copy.deepcopy(model), LocalTrainingSpec(**{**PROX.__dict__, "prox_mu": 0.0}), "cpu")
+    plain = LocalTrainer(copy.deepcopy(model), dataclasses.replace(PROX, prox_mu=0.0), "cpu")
     plain.train(0, global_tensors, images, labels, torch.Generator().manual_seed(5))
     drift = [float((a - b).norm()) for a, b in zip(trainer.state_tensors, global_tensors, strict=True)]
     plain_drift = [float((a - b).norm()) for a, b in zip(plain.state_tensors, global_tensors, strict=True)]

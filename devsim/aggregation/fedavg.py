@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from devsim.aggregation.base import LeafUpdate, SyncStrategy, Weights
-from devsim.aggregation.server_optimizers import ServerOptimizer
+from devsim.aggregation.server_optimizers import ServerOptimizer, active, restore, state_of
 
 DEVICE_MIN_PARAMS = 1_000_000
 """Models with at least this many float entries are aggregated on the server's torch device when it is a GPU;
@@ -38,8 +38,7 @@ class FedAvg(SyncStrategy):
             raise ValueError(f"global_lr must be a finite number > 0, got {global_lr}")
         self.global_lr = float(global_lr)
         self.device = None if device is None else torch.device(device)
-        adaptive = server_optimizer is not None and server_optimizer.name != "sgd"
-        self.server_optimizer = server_optimizer if adaptive else None
+        self.server_optimizer = active(server_optimizer)
 
     def _on_device(self, global_weights: Weights) -> bool:
         if self.device is None:
@@ -65,17 +64,11 @@ class FedAvg(SyncStrategy):
 
     def state_dict(self) -> dict:
         """The server optimizer's state (empty for plain FedAvg), for a checkpoint."""
-        return {} if self.server_optimizer is None else {"server_optimizer": self.server_optimizer.state_dict()}
+        return state_of(self.server_optimizer)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`; a checkpoint and a run must agree on whether a server optimizer is used."""
-        saved = state.get("server_optimizer")
-        if (saved is None) != (self.server_optimizer is None):
-            mine = "sgd" if self.server_optimizer is None else self.server_optimizer.name
-            theirs = "sgd" if saved is None else saved.get("name")
-            raise ValueError(f"the checkpoint's server optimizer is {theirs!r}; this run's is {mine!r}")
-        if saved is not None:
-            self.server_optimizer.load_state_dict(saved)
+        """Restore :meth:`state_dict`; a checkpoint and a run must agree on the server optimizer."""
+        restore(self.server_optimizer, state)
 
     def _aggregate_torch(self, global_weights: Weights, updates: list[LeafUpdate], scale: float) -> Weights:
         """The NumPy arithmetic in float64 on ``self.device``: one copy in per array, one copy out per entry."""

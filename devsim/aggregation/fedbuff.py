@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from devsim.aggregation.base import Weights
-from devsim.aggregation.server_optimizers import ServerOptimizer
+from devsim.aggregation.server_optimizers import ServerOptimizer, active, restore, state_of
 from devsim.aggregation.settings import STALENESS_WEIGHTINGS
 
 
@@ -49,8 +49,7 @@ class FedBuff:
         self.global_lr = float(global_lr)
         self.staleness_weighting = staleness_weighting
         self.staleness_exponent = float(staleness_exponent)
-        adaptive = server_optimizer is not None and server_optimizer.name != "sgd"
-        self.server_optimizer = server_optimizer if adaptive else None
+        self.server_optimizer = active(server_optimizer)
         self._sum: dict[str, np.ndarray] = {}
         self._count = 0
         self._weight_sum = 0.0
@@ -150,7 +149,7 @@ class FedBuff:
             "count": self._count,
             "weight_sum": self._weight_sum,
             "sum": {name: array.copy() for name, array in self._sum.items()},
-            **({"server_optimizer": self.server_optimizer.state_dict()} if self.server_optimizer is not None else {}),
+            **state_of(self.server_optimizer),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -161,10 +160,4 @@ class FedBuff:
         self._sum = {name: np.array(array, dtype=np.float64) for name, array in dict(state["sum"]).items()}
         self._count = count
         self._weight_sum = float(state["weight_sum"])
-        saved = state.get("server_optimizer")
-        if (saved is None) != (self.server_optimizer is None):
-            mine = "sgd" if self.server_optimizer is None else self.server_optimizer.name
-            theirs = "sgd" if saved is None else dict(saved).get("name")
-            raise ValueError(f"the checkpoint's server optimizer is {theirs!r}; this run's is {mine!r}")
-        if saved is not None:
-            self.server_optimizer.load_state_dict(dict(saved))
+        restore(self.server_optimizer, state)

@@ -1,7 +1,8 @@
-"""Server optimizers for synchronous FedAvg (FedOpt): how the round's mean update moves the global model.
+"""Server optimizers (FedAvgM, FedOpt): how a round's or a full buffer's mean update moves the global model.
 
-The round's pseudo-gradient is ``delta = sum_leaves(delta_sum) / sum_leaves(total_weight)``, the sample-weighted mean
-of the devices' ``local - global`` (float64, each model entry's shape). With ``eta = --global-lr``:
+The pseudo-gradient ``delta`` is a synchronous round's ``sum_leaves(delta_sum) / sum_leaves(total_weight)`` (the
+sample-weighted mean of the devices' ``local - global``) or a FedBuff buffer's ``sum_i s(tau_i) delta_i / B``
+(float64, each model entry's shape). With ``eta = --global-lr``:
 
 - ``sgd`` (FedAvg): ``w += eta * delta``;
 - ``momentum`` (FedAvgM, Hsu et al. 2019): ``m = beta1 * m + delta``, ``w += eta * m``;
@@ -26,7 +27,6 @@ import math
 import numpy as np
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
-ADAPTIVE = ("adagrad", "adam", "yogi")
 
 Weights = dict[str, np.ndarray]
 
@@ -98,7 +98,7 @@ class ServerOptimizer:
         return self.lr * m / (np.sqrt(v) + self.tau)
 
     def state_dict(self) -> dict:
-        """The method, its constants and ``m`` / ``v`` (float64 copies), for a checkpoint."""
+        """The method's name and ``m`` / ``v`` (float64 copies), for a checkpoint."""
         return {
             "name": self.name,
             "m": {k: v.copy() for k, v in self.m.items()},
@@ -111,3 +111,39 @@ class ServerOptimizer:
             raise ValueError(f"the checkpoint's server optimizer is {state.get('name')!r}; this run's is {self.name!r}")
         self.m = {k: np.array(v, dtype=np.float64) for k, v in state.get("m", {}).items()}
         self.v = {k: np.array(v, dtype=np.float64) for k, v in state.get("v", {}).items()}
+
+
+def active(optimizer: ServerOptimizer | None) -> ServerOptimizer | None:
+    """``optimizer``, or None when there is none or it is sgd (the strategies take their own plain step then)."""
+    return None if optimizer is None or optimizer.name == "sgd" else optimizer
+
+
+def server_optimizer_for(settings) -> ServerOptimizer | None:
+    """The optimizer a run's settings name (``server_optimizer``, ``global_lr``, ``server_momentum``,
+    ``server_beta2``, ``server_tau``); None for sgd."""
+    return active(
+        ServerOptimizer(
+            settings.server_optimizer,
+            settings.global_lr,
+            settings.server_momentum,
+            settings.server_beta2,
+            settings.server_tau,
+        )
+    )
+
+
+def state_of(optimizer: ServerOptimizer | None) -> dict:
+    """A strategy's checkpoint entry for its optimizer: ``{"server_optimizer": state}``, or ``{}`` without one."""
+    return {} if optimizer is None else {"server_optimizer": optimizer.state_dict()}
+
+
+def restore(optimizer: ServerOptimizer | None, state) -> None:
+    """Load what :func:`state_of` saved into ``optimizer``; raises ValueError when the checkpoint and the run disagree
+    on the method (no entry counts as sgd)."""
+    saved = state.get("server_optimizer")
+    if (saved is None) != (optimizer is None):
+        mine = "sgd" if optimizer is None else optimizer.name
+        theirs = "sgd" if saved is None else dict(saved).get("name")
+        raise ValueError(f"the checkpoint's server optimizer is {theirs!r}; this run's is {mine!r}")
+    if optimizer is not None:
+        optimizer.load_state_dict(dict(saved))

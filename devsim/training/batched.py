@@ -322,6 +322,8 @@ class _Lockstep:
             return source.detach().unsqueeze(0).repeat(count, *([1] * source.dim()))
 
         self.params = [stacked(k) for k in trainer.param_keys]
+        self.prox_bases = [self.globals_by_key[k] for k in trainer.param_keys]
+        """Each parameter's starting weights, for FedProx's term: one global tensor, or (D, *shape) per device."""
         self.buffers = [stacked(k) for k in trainer.buffer_keys]
         self.optimizer = StackedOptimizer(trainer.spec, self.params)
         if min(sizes) == max(sizes):
@@ -373,13 +375,9 @@ class _Lockstep:
     ) -> list[torch.Tensor]:
         """FedProx: ``grad + prox_mu * (w - w_start)`` per parameter, ``w_start`` each device's starting weights
         (the one global model broadcast over the devices, or each device's own base)."""
+        bases = [rows.take(b) for b in self.prox_bases] if self.per_device_base else self.prox_bases
         mu = self.trainer.spec.prox_mu
-        out = []
-        for key, grad, param in zip(self.trainer.param_keys, grads, params, strict=True):
-            base = self.globals_by_key[key]
-            base = rows.take(base) if self.per_device_base else base
-            out.append(torch.add(grad, param.detach() - base, alpha=mu))
-        return out
+        return [torch.add(g, p.detach() - b, alpha=mu) for g, p, b in zip(grads, params, bases, strict=True)]
 
     def finish(self) -> tuple[list[torch.Tensor], list[float], list[int]]:
         """Per key the (D, *shape) deltas, and per device its summed loss and correct predictions."""

@@ -22,7 +22,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.aggregation.fedbuff import FedBuff
-from devsim.aggregation.server_optimizers import ServerOptimizer
+from devsim.aggregation.server_optimizers import server_optimizer_for
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
 from devsim.clock.gather import JobGatherer, JobKey, job_key
@@ -139,13 +139,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             global_lr=config.global_lr,
             staleness_weighting=config.staleness_weighting,
             staleness_exponent=config.staleness_exponent,
-            server_optimizer=ServerOptimizer(
-                config.server_optimizer,
-                config.global_lr,
-                config.server_momentum,
-                config.server_beta2,
-                config.server_tau,
-            ),
+            server_optimizer=server_optimizer_for(config),
         )
         self.privacy = buffered_privacy(config)
         self.setup_method(config, device)

@@ -19,7 +19,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.aggregation import FedAvg, LeafUpdate
-from devsim.aggregation.server_optimizers import ServerOptimizer
+from devsim.aggregation.server_optimizers import server_optimizer_for
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import NetworkModel, SyncRoundClock, load_schedule
 from devsim.codec import load_numpy_into_model, weights_norm
@@ -73,12 +73,8 @@ class SyncServer:
         self.settings = settings
 
     def setup_strategy(self, config: SimulationConfig) -> None:
-        optimizer = ServerOptimizer(
-            config.server_optimizer, config.global_lr, config.server_momentum, config.server_beta2, config.server_tau
-        )
-        self.strategy = FedAvg(
-            global_lr=config.global_lr, device=getattr(self, "device", None), server_optimizer=optimizer
-        )
+        device = getattr(self, "device", None)
+        self.strategy = FedAvg(global_lr=config.global_lr, device=device, server_optimizer=server_optimizer_for(config))
 
     def leaf_models(self, leaves: list[str]) -> dict[str, Weights]:
         """The model each leaf trains from this round."""
@@ -191,9 +187,8 @@ class SyncServer:
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
-        optimizer = getattr(self.strategy, "server_optimizer", None)  # FedAvg's; cluster aggregation has none
-        if optimizer is not None:
-            print(f"[server] {optimizer.describe()}", flush=True)
+        if config.server_optimizer != "sgd":  # FedAvg's (cluster aggregation refuses one)
+            print(f"[server] {self.strategy.server_optimizer.describe()}", flush=True)
         print(
             f"[server] {self.method}: {config.num_leaf_nodes} leaves x {config.devices_per_leaf} devices, "
             f"{config.device_selection_size} selected per round, rounds {start_round + 1}..{config.num_rounds}, "
