@@ -257,6 +257,7 @@ def run_job(
 
 def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_ids, exporting: bool, download_dir):
     """:func:`run_job` from the shared-memory check on: data, task, privacy, then export or run."""
+    from devsim_flare.launch.warm_parent import note_job_accepted
     from devsim_flare.recipe import build_recipe
 
     simulated_here = args.env == "sim" and not exporting
@@ -269,6 +270,7 @@ def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_i
     prepare_data(parser, config)
     config = task_config(parser, config)
     config = with_privacy(parser, config, resumed=bool(args.resume))
+    note_job_accepted()  # a warm parent starts at the end of a cold command only once its flags have passed
     args.results_dir = None if exporting else (download_dir or config.output_dir)
     leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host

@@ -238,3 +238,31 @@ def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_pat
     assert done.returncode == 0, done.stderr
     assert [json.loads(line) for line in done.stdout.splitlines()] == [["slow_first"], ["slow_first"]]
     assert "RuntimeWarning" not in done.stderr  # the module the fork server imported runs afresh as __main__
+
+
+def test_a_request_whose_requester_gave_up_is_not_forked():
+    """A command that stopped waiting for the answer (a busy warm parent) runs cold: its request, read later, must
+    not start the same run a second time."""
+    import socket
+
+    from devsim_flare.launch.fork_server import _start_child
+    from devsim_flare.launch.forked_process import send_frame
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    for gave_up in (True, False):
+        server_end, requester = socket.socketpair()
+        request = {"module": "json.tool", "argv": ["--help"], "cwd": "/", "env": dict(os.environ)}
+        with open(os.devnull, "wb") as null:
+            send_frame(requester, request, (null.fileno(),) * 3)
+        if gave_up:
+            requester.close()
+        children: dict = {}
+        _start_child(server_end, listener, None, children)
+        if gave_up:
+            assert children == {} and server_end.fileno() == -1  # nothing forked; the connection is closed
+            continue
+        (pid,) = children
+        assert os.waitpid(pid, 0)[1] == 0  # the live requester's module ran (json.tool --help exits 0)
+        server_end.close()
+        requester.close()
+    listener.close()

@@ -17,6 +17,7 @@ import pytest
 
 from devsim_flare.launch.warm_parent import (
     CHILD_ENV,
+    is_ready,
     parent_key,
     running_parents,
     socket_path,
@@ -30,12 +31,15 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     sys.path.insert(0, {repo!r})
-    from devsim_flare.launch.warm_parent import run_in_warm_parent
+    from devsim_flare.launch.warm_parent import note_job_accepted, run_in_warm_parent
 
     if __name__ == "__main__":
         run_in_warm_parent()
         preloaded = "torch" in sys.modules
-        import torch  # a cold run that imported PyTorch starts a warm parent when it ends
+        import torch  # a cold run that imported PyTorch and was accepted starts a warm parent when it ends
+        if sys.argv[1:2] == ["--help"]:
+            sys.exit(0)  # as argparse: no warm parent
+        note_job_accepted()
         try:  # the test's SIGINT may come as soon as the line is out
             print(json.dumps({{
                 "argv": sys.argv[1:], "cwd": os.getcwd(), "warm": os.environ.get({child!r}), "pid": os.getpid(),
@@ -63,14 +67,17 @@ def warm_env():
     shutil.rmtree(cache, ignore_errors=True)
 
 
-def _wait_for_parent(env: dict[str, str], timeout: float = 30.0) -> int:
+def _wait_for_parent(env: dict[str, str], timeout: float = 30.0, ready: bool = False) -> int:
+    """The pid of the warm parent once its socket answers (with ``ready``: once it has taken all its imports too,
+    so that a command sent to it does not wait for an import; on a loaded machine one can outlast the command's
+    wait for an answer, and the command then runs cold)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = running_parents(env)
-        if found and os.path.exists(found[0][1]):
+        if found and os.path.exists(found[0][1]) and (is_ready(found[0][1]) or not ready):
             return found[0][0]
         time.sleep(0.1)
-    raise AssertionError("no warm parent started")
+    raise AssertionError(f"no warm parent {'ready' if ready else 'started'} in {timeout:g} s")
 
 
 def _run(script, env, cwd, *args) -> tuple[int, dict, str]:
@@ -108,6 +115,10 @@ def test_a_later_command_runs_in_the_warm_parent_as_it_would_run_cold(tmp_path, 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
+    helped = subprocess.run([sys.executable, str(script), "--help"], env=warm_env, capture_output=True, text=True)
+    assert helped.returncode == 0 and "warm start:" not in helped.stderr  # not accepted: no warm parent
+    assert not running_parents(warm_env)
+
     code, cold, stderr = _run(script, warm_env, tmp_path, "a")
     assert (code, cold["warm"], cold["torch_preloaded"]) == (5, None, False)
     assert "warm start: a background process" in stderr
@@ -120,6 +131,7 @@ def test_a_later_command_runs_in_the_warm_parent_as_it_would_run_cold(tmp_path, 
     assert [pid for pid, _ in running_parents(warm_env)] == [parent]
 
     # Ctrl-C reaches the forked command through the waiting one; its status comes back
+    assert _wait_for_parent(warm_env, timeout=120, ready=True) == parent
     waiting = subprocess.Popen(
         [sys.executable, str(script), "sleep"], cwd=tmp_path, env=warm_env, stdout=subprocess.PIPE, text=True
     )
@@ -158,6 +170,16 @@ def test_a_job_run_in_the_warm_parent_gives_the_cold_run_s_results(tmp_path, war
         with open(out / "results.json", encoding="utf-8") as stream:
             return json.load(stream)
 
+    refused = subprocess.run(
+        [sys.executable, "jobs/pt_job_fedavg.py", "--num-rounds", "-1"],
+        cwd=REPO,
+        env=warm_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--num-rounds" in refused.stderr
+    assert "warm start:" not in refused.stderr and not running_parents(warm_env)  # a refused command starts none
     cold = job("cold")
     _wait_for_parent(warm_env)
     warm = job("warm")

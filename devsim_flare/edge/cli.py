@@ -16,6 +16,7 @@ from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
 from devsim_flare.flags import SHORT_USAGE
+from devsim_flare.launch.warm_parent import note_job_accepted
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = build_recipe(args, output_dir, leaves_on_host=args.num_leaf_nodes if args.env == "sim" else 1)
     except ValueError as error:
         parser.error(str(error))
+    note_job_accepted()  # a warm parent starts at the end of a cold command only once its flags have passed
     code = run_prod(recipe, args, output_dir) if args.env == "prod" else run_sim(recipe, args, output_dir)
     if code in signal_exit_codes():
         exit_now(code)  # every process the run started is stopped; skip the interpreter's teardown

@@ -232,6 +232,7 @@ def _serve(
     stop_orphans: bool = False,
     before_exit: Callable[[], None] | None = None,
     import_beside_children: bool = True,
+    after_imports: Callable[[], None] | None = None,
 ) -> int:
     """The fork server's loop: fork a child per request, report each child's exit; returns the exit code. The
     ``imports`` are taken one by one between requests, so a request that comes early waits for one import at most and
@@ -243,7 +244,8 @@ def _serve(
     (waiting ``child_wait`` seconds at most; None: as long as they run), or after ``idle_seconds`` without a child
     (None: never). With ``stop_orphans``, a child whose requester's connection closes before the child has exited
     gets SIGTERM (its requester died or gave up on it). ``before_exit`` runs before a SIGTERM ends it at once (no
-    child running: the exit does not wait for an import in progress)."""
+    child running: the exit does not wait for an import in progress); ``after_imports`` once the last of ``imports``
+    is taken."""
     closing = []
     children: dict[int, socket.socket] = {}
     orphans: set[int] = set()
@@ -298,6 +300,8 @@ def _serve(
             if threading.active_count() > 1 and not children:  # a fork would copy that thread's locks mid-use
                 print(f"fork server: importing {name} started a thread; no more forks from here", file=sys.stderr)
                 return 1
+            if not pending and after_imports is not None:
+                after_imports()
         _stop_children_of(readable, requesters, orphans)
 
 
@@ -332,6 +336,16 @@ def _reap(children: dict[int, socket.socket]) -> None:
             conn.close()
 
 
+def _closed(conn: socket.socket) -> bool:
+    """Whether the other end of ``conn`` has closed it (a requester writes nothing after its request)."""
+    if not select.select([conn], [], [], 0.0)[0]:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
 def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int | None, children: dict) -> None:
     """Read one request from ``conn``, fork its child and answer its pid (the connection then waits for its exit)."""
     try:
@@ -339,7 +353,7 @@ def _start_child(conn: socket.socket, listener: socket.socket, lifeline: int | N
     except (OSError, ValueError):
         conn.close()
         return
-    if request is None or len(fds) != 3:
+    if request is None or len(fds) != 3 or _closed(conn):  # closed: its requester gave up waiting for the answer
         for fd in fds:
             os.close(fd)
         conn.close()

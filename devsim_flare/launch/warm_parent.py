@@ -11,8 +11,9 @@ How a job command uses it (:func:`run_in_warm_parent`, the first thing a job scr
   checkout, fresh signal handlers, exit handlers, logging and random seeds). The command waits, passes on SIGINT,
   SIGTERM, SIGHUP and SIGQUIT to the child, and exits with the child's status. When the command dies, its
   connection closes and the warm parent sends the child SIGTERM (the run stops as on SIGTERM).
-- **None answers**: the command runs here as before; when it ends, having imported PyTorch, it starts a warm parent
-  for the next commands (:func:`start_warm_parent`, printing one line). The warm parent imports what that command
+- **None answers**: the command runs here as before; when it ends, having imported PyTorch and got past its checks
+  (:func:`note_job_accepted`: not ``--help``, not a refused flag), it starts a warm parent for the next commands
+  (:func:`start_warm_parent`, printing one line). The warm parent imports what that command
   imported from the standard library and site-packages (never this project's modules), and what the simulator's
   server and leaf processes import (:data:`WARM_IMPORTS`).
 
@@ -55,6 +56,8 @@ FOLDER = "warm"
 CONNECT_SECONDS = 2.0
 """How long a command waits to connect to a warm parent, and then for the forked child's pid, before it runs cold."""
 REPLY_SECONDS = 10.0
+READY_SUFFIX = ".ready"
+"""Beside a warm parent's socket: a file that exists once it has taken all its imports."""
 MAX_SOCKET_PATH = 107  # bytes of a Unix socket path on Linux (a longer cache folder path: no warm parent)
 KEY_ENV_PREFIXES = (
     *("PYTHON", "LD_", "MALLOC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR_", "BLIS_", "NPY_"),
@@ -212,9 +215,16 @@ def _wait_for_child(pid: int, conn: socket.socket) -> int:
     return code & 0xFF
 
 
+def note_job_accepted() -> None:
+    """Called by a job command once its flags are parsed and checked, before it exports or runs: only such a command
+    starts a warm parent when it ends (``--help``, ``--version`` and a refused flag end without one)."""
+    _at_start["accepted"] = True
+
+
 def _start_after_cold_run() -> None:
-    """At the exit of a command that ran cold and imported PyTorch: start a warm parent for the next commands."""
-    if "torch" not in sys.modules or not _at_start:
+    """At the exit of a command that ran cold, imported PyTorch and was accepted (:func:`note_job_accepted`): start a
+    warm parent for the next commands."""
+    if "torch" not in sys.modules or not _at_start.get("accepted") or "key_path" not in _at_start:
         return
     with contextlib.suppress(Exception):
         pid = start_warm_parent(_at_start["key_path"], _at_start["environ"], imported_modules())
@@ -306,11 +316,17 @@ def serve(path: str, idle: float) -> int:
 
     stem = path.removesuffix(".sock")
 
+    def mark_ready() -> None:
+        with open(stem + READY_SUFFIX, "w", encoding="utf-8"):
+            pass
+
     def remove_socket() -> None:
-        """Remove the socket (unless another warm parent has bound the path since) and an empty log."""
+        """Remove the socket and the ready mark (unless another warm parent has bound the path since) and an empty
+        log."""
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == bound:
                 os.unlink(path)
+                os.unlink(stem + READY_SUFFIX)
         with contextlib.suppress(OSError):
             if os.path.getsize(stem + ".log") == 0:
                 os.unlink(stem + ".log")
@@ -332,9 +348,16 @@ def serve(path: str, idle: float) -> int:
             stop_orphans=True,
             before_exit=remove_socket,
             import_beside_children=False,
+            after_imports=mark_ready,
         )
     finally:
         remove_socket()
+
+
+def is_ready(path: str) -> bool:
+    """Whether the warm parent at socket ``path`` has taken all its imports (a command sent to it meanwhile waits for
+    the import in progress, :data:`REPLY_SECONDS` at most, then runs cold)."""
+    return os.path.exists(path.removesuffix(".sock") + READY_SUFFIX)
 
 
 def running_parents(environ=None) -> list[tuple[int, str]]:
@@ -380,7 +403,7 @@ def main(argv: list[str]) -> int:
         return 0
     if argv == ["status"]:
         for pid, path in running_parents():
-            print(f"{pid} {path}")
+            print(f"{pid} {path} {'ready' if is_ready(path) else 'importing'}")
         return 0
     print("usage: python -m devsim_flare.launch.warm_parent stop|status", file=sys.stderr)
     return 2
