@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from benchmarks.harness import REPO, RESULTS, Session  # noqa: E402
 from devsim.aggregation import FedAvg, LeafUpdate  # noqa: E402
 from devsim.aggregation.fedbuff import FedBuff  # noqa: E402
+from devsim.aggregation.server_optimizers import SERVER_OPTIMIZERS, server_optimizer_for  # noqa: E402
 from devsim.codec import load_numpy_into_model, model_to_numpy  # noqa: E402
 from devsim.config import AsyncConfig, SimulationConfig  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -111,10 +112,8 @@ def _asynchronous(args: argparse.Namespace, runner: LeafRoundRunner, session: Se
                 buffer = FedBuff(len(devices), 1.0)
                 for row in range(len(devices)):
                     buffer.add({k: v[row] for k, v in payload["deltas"].items()}, 0)
-                if name == "plain":
-                    buffer.apply(weights)
-                else:
-                    buffer.apply(weights, privacy.noise(version, shapes))
+                buffer.apply(weights, privacy.noise(version, shapes) if name == "dp" else None)
+                if name == "dp":
                     privacy.applied()
                 if version > 1:
                     times[name].append(time.perf_counter() - started)
@@ -156,9 +155,11 @@ def utility_run(args, config: SimulationConfig, epsilon: float | None) -> dict:
             dataclasses.replace(config, dp_epsilon=epsilon, dp_noise_multiplier=None), args.rounds
         )
         plan = PrivacyPlan.from_settings(dataclasses.replace(config, dp_noise_multiplier=z))
-        aggregator = PrivateAggregator(plan, config.seed, num_leaves=1, global_lr=config.global_lr)
+        aggregator = PrivateAggregator(
+            plan, config.seed, 1, config.global_lr, server_optimizer=server_optimizer_for(config)
+        )
     population = DevicePopulation(1, args.devices, seed=config.seed)
-    fedavg = FedAvg(config.global_lr)
+    fedavg = FedAvg(config.global_lr, server_optimizer=server_optimizer_for(config))
     curve, started = [], time.perf_counter()
     try:
         for round_num in range(args.rounds):
@@ -197,6 +198,7 @@ def utility(args: argparse.Namespace, session: Session) -> int:
     torch.set_num_threads(1)
     population = dict(num_leaf_nodes=1, devices_per_leaf=args.devices, device_selection_size=args.cohort)
     training = dict(local_epochs=args.local_epochs, batch_size=args.batch_size, lr=args.lr, global_lr=args.global_lr)
+    training.update(server_optimizer=args.server_optimizer)
     dp = dict(dp="central", dp_noise_multiplier=1.0, dp_clip=args.clip, seed=0)
     config = SimulationConfig(
         task=os.path.abspath(args.task),
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--clip", type=float, default=1.0)
     table.add_argument("--lr", type=float, default=0.1)
     table.add_argument("--global-lr", type=float, default=1.0)
+    table.add_argument("--server-optimizer", choices=SERVER_OPTIMIZERS, default="sgd", help="(momentum 0.9, tau 1e-3)")
     table.add_argument("--local-epochs", type=int, default=1)
     table.add_argument("--batch-size", type=int, default=8)
     table.add_argument("--device-batch", type=int, default=25)

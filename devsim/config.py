@@ -117,8 +117,6 @@ class SimulationConfig(
         self.check_observation(population)
         self.check_environment(population)
         self.check_privacy(population)
-        if self.dp != "off":
-            self.refuse_server_optimizer(f"--dp {self.dp} (DP-FedAvg applies --global-lr itself)")
         return self
 
 

@@ -59,6 +59,24 @@ def test_dp_run_resumes_bit_for_bit(dp_run, tmp_path):
         assert torch.equal(uninterrupted[key], again[key]), key
 
 
+@pytest.mark.slow
+def test_dp_fedadam_says_so_and_resumes_bit_for_bit(tmp_path):
+    """DP-FedAdam: the server's line names the optimizer after the mechanism; stopped after round 3 and resumed, the
+    run ends with the uninterrupted run's epsilon and weights (the moments and the accountant both travel)."""
+    args = [*DP_RUN, "--server-optimizer", "adam", "--global-lr", "0.03", "--workspace", str(tmp_path / "ws")]
+    proc = run_job("pt_job_fedavg.py", [*args, "--output-dir", str(tmp_path / "full")], tmp_path)
+    assert "then adam" in proc.stdout and "server optimizer adam, eta 0.03" in proc.stdout
+    run_dir = tmp_path / "part"
+    run_job("pt_job_fedavg.py", [*args, "--output-dir", str(run_dir), "--stop-after-round", "3"], tmp_path)
+    run_job("pt_job_fedavg.py", ["--resume", str(run_dir), "--workspace", str(tmp_path / "ws")], tmp_path)
+    full, resumed = find_results(tmp_path / "full"), find_results(run_dir)
+    assert resumed["config"]["server_optimizer"] == "adam"
+    assert [r["dp_epsilon"] for r in resumed["rounds"]] == [r["dp_epsilon"] for r in full["rounds"]]
+    uninterrupted, again = torch.load(tmp_path / "full" / "final_model.pt"), torch.load(run_dir / "final_model.pt")
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], again[key]), key
+
+
 def test_dp_budget_stops_the_run_saying_so(tmp_path):
     proc = run_job(
         "pt_job_fedavg.py",

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from devsim.aggregation.server_optimizers import ServerOptimizer
 
 Weights = dict[str, np.ndarray]
 
@@ -29,6 +33,9 @@ class SyncStrategy(ABC):
     """Turns the global weights and the leaves' updates of one round into new global weights."""
 
     name: str = "base"
+    server_optimizer: ServerOptimizer | None = None
+    """What moves the global model from a round's mean update when it is not the plain ``w += global_lr * mean``
+    (FedAvgM, FedAdam, ...): a DP round's noised mean goes through it too."""
 
     @abstractmethod
     def aggregate(self, global_weights: Weights, updates: list[LeafUpdate]) -> Weights:

@@ -109,18 +109,15 @@ class FedBuff:
         Normally called when :meth:`ready`; a partial buffer is divided by its own count. ``noise`` (DP-FedBuff:
         Gaussian noise on the sum, arrays of the model's shapes) is added to the sum before the division.
         ``global_weights`` is not modified. With a ``server_optimizer`` other than sgd the mean
-        ``sum(s_i * delta_i) / count`` goes through it instead (its own learning rate; no noise).
+        ``(sum(s_i * delta_i) + noise) / count`` goes through it instead (its own learning rate).
         """
         if self._count == 0:
             raise RuntimeError("FedBuff.apply() called with an empty buffer")
         if global_weights.keys() != self._sum.keys():
             raise ValueError(f"global weights {sorted(global_weights)} differ from the buffered {sorted(self._sum)}")
         if self.server_optimizer is not None:
-            if noise is not None:
-                raise ValueError("a server optimizer other than sgd does not take DP noise")
-            new_weights = self.server_optimizer.apply(
-                global_weights, {k: v / self._count for k, v in self._sum.items()}
-            )
+            summed = self._sum if noise is None else {k: v + noise[k] for k, v in self._sum.items()}
+            new_weights = self.server_optimizer.apply(global_weights, {k: v / self._count for k, v in summed.items()})
             self.reset()
             return new_weights
         scale = self.global_lr / self._count

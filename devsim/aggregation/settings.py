@@ -57,7 +57,7 @@ class AggregationSettings:
         metadata=_aggregation(
             f"how the mean delta (a round's, or a full buffer's) moves the model, one of {', '.join(SERVER_OPTIMIZERS)}"
             " (sgd: plain --global-lr step; momentum: FedAvgM; adagrad / adam / yogi: Reddi et al.'s FedOpt, which "
-            "want --global-lr near 0.01-0.1); not with --dp or cluster aggregation"
+            "want --global-lr near 0.01-0.1; with --dp it takes the noised mean); not with cluster aggregation"
         ),
     )
     server_momentum: float = field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from devsim.privacy.device import DevicePrivacy
 from devsim.privacy.noise import gaussian_like
 from devsim.privacy.plan import PrivacyPlan
 from devsim.seeding import derive_rng
+
+if TYPE_CHECKING:
+    from devsim.aggregation.server_optimizers import ServerOptimizer
 
 Weights = dict[str, np.ndarray]
 
@@ -33,7 +37,9 @@ class LeafSum:
 
 
 class PrivateAggregator:
-    """DP-FedAvg at the server: ``w <- w + global_lr * (sum_leaves + noise) / expected_devices``.
+    """DP-FedAvg at the server: ``w <- w + global_lr * (sum_leaves + noise) / expected_devices``; with a
+    ``server_optimizer`` (DP-FedAvgM, DP-FedAdam, ...) the noised mean ``(sum_leaves + noise) / expected_devices`` goes
+    through it instead (post-processing of the noised sum: the guarantee is the same).
 
     ``num_leaves`` is L, the leaves that share the noise with ``noise_at == "leaves"``: each adds standard deviation
     ``z_sum * S / sqrt(L)``, and the server adds the shares of leaves whose sum did not arrive (none selected, lost,
@@ -43,11 +49,21 @@ class PrivateAggregator:
     :meth:`aggregate` there (FedBuff sums and divides by B).
     """
 
-    def __init__(self, plan: PrivacyPlan, seed: int, num_leaves: int, global_lr: float = 1.0, share: str = "leaf_sum"):
+    def __init__(
+        self,
+        plan: PrivacyPlan,
+        seed: int,
+        num_leaves: int,
+        global_lr: float = 1.0,
+        share: str = "leaf_sum",
+        server_optimizer: ServerOptimizer | None = None,
+    ):
         if plan.target_quantile is not None and plan.noise_at == "leaves":
             raise ValueError("adaptive clipping counts at the server; use server noise placement")
         self.plan, self.seed, self.num_leaves, self.global_lr = plan, int(seed), int(num_leaves), float(global_lr)
         self.share = share
+        self.server_optimizer = server_optimizer
+        """Applies the noised mean when set (its state is its owner's: the strategy saves it)."""
         self.clip = plan.clip
         self.accountant = plan.new_accountant()
         self.leaf_accountant = None  # leaf placement: one share alone carries 1/L of the noise variance
@@ -91,13 +107,19 @@ class PrivateAggregator:
         noise = gaussian_like(shapes, std, self.seed, "dp-noise", round_num) if std else None
         scale = self.global_lr / plan.denominator
         new_weights: Weights = {}
+        means: Weights = {}
         for name, value in global_weights.items():
             summed = np.zeros(value.shape, dtype=np.float64)
             for leaf in leaves:
                 summed += leaf.delta_sum[name]
             if noise is not None:
                 summed += noise[name]
-            new_weights[name] = (value + scale * summed).astype(np.float32)
+            if self.server_optimizer is not None:
+                means[name] = summed / plan.denominator
+            else:
+                new_weights[name] = (value + scale * summed).astype(np.float32)
+        if self.server_optimizer is not None:
+            new_weights = self.server_optimizer.apply(global_weights, means)
         devices = sum(leaf.devices for leaf in leaves)
         record = {"dp_devices": devices}
         if plan.target_quantile is not None:
@@ -154,7 +176,8 @@ class PrivateAggregator:
             if plan.target_quantile
             else f"S={plan.clip:g}"
         )
+        step = f", then {self.server_optimizer.name}" if self.server_optimizer is not None else ""
         return (
             f"DP {plan.mode}: {clip}, z={plan.noise_multiplier:.4g}, {where}, {sampling}, denominator "
-            f"{plan.denominator:g}, delta={plan.delta:.3g}, {plan.accountant.upper()} accountant"
+            f"{plan.denominator:g}{step}, delta={plan.delta:.3g}, {plan.accountant.upper()} accountant"
         )

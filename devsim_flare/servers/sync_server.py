@@ -153,7 +153,7 @@ class SyncServer:
         self.sim_time = 0.0
         self.participation = Participation(config.num_devices)
         self.setup_strategy(config)
-        self.privacy = private_aggregator(config, len(self.leaves))
+        self.privacy = private_aggregator(config, len(self.leaves), self.strategy.server_optimizer)
         recorder = RunRecorder(output_dir, config.to_dict(), method=self.method, task=self.task.record())
         start_round = self._resume(config, recorder) if config.resume_from else 0
         model_bytes = array_bytes(self.weights)
@@ -540,14 +540,16 @@ class SyncServer:
         }
 
 
-def private_aggregator(config: SimulationConfig, num_leaves: int):
-    """The run's :class:`~devsim.privacy.server.PrivateAggregator`, or None without ``--dp``."""
+def private_aggregator(config: SimulationConfig, num_leaves: int, server_optimizer=None):
+    """The run's :class:`~devsim.privacy.server.PrivateAggregator` (the noised mean through ``server_optimizer`` when
+    given: the strategy's, which keeps its state in the checkpoint), or None without ``--dp``."""
     if config.dp == "off":
         return None
     from devsim.privacy.plan import PrivacyPlan
     from devsim.privacy.server import PrivateAggregator
 
-    return PrivateAggregator(PrivacyPlan.from_settings(config), config.seed, num_leaves, config.global_lr)
+    plan = PrivacyPlan.from_settings(config)
+    return PrivateAggregator(plan, config.seed, num_leaves, config.global_lr, server_optimizer=server_optimizer)
 
 
 class FedAvgServer(SyncServer):
