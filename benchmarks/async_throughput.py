@@ -120,9 +120,7 @@ def median_round(rounds: list[dict], fedavg: list[dict] | None, loop_per_update:
 def spread(row: dict) -> str:
     """`` (median of N rounds, lo-hix)`` for a row of several rounds with ratios, else ``""``."""
     ratios = [r["ratio_to_fedavg"] for r in row.get("rounds", []) if r["ratio_to_fedavg"] is not None]
-    if len(ratios) < 2:
-        return ""
-    return f" (median of {len(ratios)} rounds, {min(ratios):.2f}-{max(ratios):.2f}x)"
+    return f" (median of {len(ratios)} rounds, {min(ratios):.2f}-{max(ratios):.2f}x)" if len(ratios) > 1 else ""
 
 
 def tight_loop_per_update(dataset: str, leaves: int, device: str = "cpu") -> float:

@@ -178,9 +178,7 @@ def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int,
 
 def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
     """(devices, samples per device) of one leaf's round for ``model_name``."""
-    if model_name == "cnn":
-        return size["leaf_devices"], size["leaf_samples"]
-    return size["resnet_leaf_devices"], 10
+    return (size["leaf_devices"], size["leaf_samples"]) if model_name == "cnn" else (size["resnet_leaf_devices"], 10)
 
 
 def section_throughput(args, size: dict) -> dict:

@@ -12,11 +12,12 @@ also noised with its share, then one buffer applied with its noise and the accou
 
 ``utility``: test accuracy of DP-FedAvg at epsilon 1, 4 and 8 against the same run without DP. A population of
 ``--devices`` (default 5,000) devices on a real task (``--task``, default the MNIST digits of examples/mnist_task.py:
-4,000 training images, so the devices' iid shards of ``--samples`` images overlap). With DP each round selects
-devices by Poisson sampling at rate ``--cohort / --devices``, clips each update to ``--clip``, adds Gaussian noise to
-the sum (server placement) and divides by ``--cohort``; the noise multiplier is solved with dp-accounting (RDP) for
-the target epsilon after ``--rounds`` rounds at delta = 1 / devices^1.1. Without DP the cohort is ``--cohort``
-devices drawn without replacement, sample-weighted FedAvg. Same seed everywhere.
+4,000 training images, so the devices' iid shards of ``--samples`` images overlap). With DP each round selects devices
+by Poisson sampling at rate ``--cohort / --devices``, clips each update to ``--clip``, adds Gaussian noise to the sum
+(server placement) and divides by ``--cohort``; the noise multiplier is solved with dp-accounting (RDP) for the target
+epsilon after ``--rounds`` rounds at delta = 1 / devices^1.1. Without DP the cohort is ``--cohort`` devices drawn
+without replacement, sample-weighted FedAvg. ``--server-optimizer`` steps both with that optimizer (DP-FedAvgM,
+DP-FedAdam: the noised mean). Same seed everywhere.
 
     .venv/bin/python benchmarks/privacy.py cost --rounds 12 --json        # privacy_cost-rdp-<date>.json
     .venv/bin/python benchmarks/privacy.py cost --asynchronous --json     # privacy_cost-async-server-<date>.json
@@ -248,9 +249,7 @@ def plot(rows: list[dict], path: str) -> None:
     for row in rows:
         label = "no DP" if row["target_epsilon"] is None else f"epsilon {row['target_epsilon']:g}"
         ax.plot([c["round"] for c in row["curve"]], [c["accuracy"] for c in row["curve"]], marker="o", label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("DP-FedAvg privacy-utility (5,000 devices)")
+    ax.set(xlabel="round", ylabel="test accuracy", title="DP-FedAvg privacy-utility (5,000 devices)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
