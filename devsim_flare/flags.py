@@ -121,6 +121,15 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     return parser
 
 
+def add_config_flags(group, names: tuple[str, ...], defaults: SimulationConfig | None = None) -> None:
+    """The Collab jobs' flags of the configuration fields ``names`` (their help, parsing and ``defaults``' values), on
+    a parser or group that builds its own flags otherwise (the edge job)."""
+    defaults = defaults or SimulationConfig()
+    fields = {f.name: f for f in dataclasses.fields(type(defaults))}
+    for name in names:
+        _add_flag(group, fields[name], getattr(defaults, name))
+
+
 def _add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field, default: object) -> None:
     """The flag of configuration field ``f``: ``--name VALUE`` (``none`` unsets an optional one) or, for a bool,
     the pair ``--name`` / ``--no-name``."""

@@ -140,6 +140,61 @@ def test_numpy_model_manager_builds_the_same_models_as_nvflares_list_manager(sta
     assert any(not np.allclose(ours[k], initial[k]) for k in initial)
 
 
+def test_numpy_model_manager_sends_the_versions_mean_through_the_server_optimizer():
+    """``--server-optimizer adam`` on the edge job: each version's mean update (staleness-weighted, float64) is the
+    optimizer's pseudo-gradient, its moments carried from version to version."""
+    from nvflare.apis.fl_context import FLContext
+
+    from devsim.aggregation.server_optimizers import ServerOptimizer
+
+    initial = seeded_initial_weights({"model": "cnn", "seed": 3})
+    rng = np.random.default_rng(1)
+    manager = NumpyBuffModelManager(num_updates_for_model=2, global_lr=0.01, server_optimizer="adam")
+    manager.fire_event = lambda *args, **kwargs: None
+    ctx = FLContext()
+    manager.initialize_model(DXO(DataKind.WEIGHTS, {k: v.copy() for k, v in initial.items()}), ctx)
+    manager.generate_new_model(ctx)
+    by_hand, expected = ServerOptimizer("adam", 0.01), dict(initial)
+    for version in (1, 2):
+        deltas = [{k: rng.normal(0, 0.01, a.shape).astype(np.float32) for k, a in initial.items()} for _ in "ab"]
+        for delta in deltas:
+            dxo = DXO(DataKind.WEIGHT_DIFF, {"dict": {k: v.copy() for k, v in delta.items()}, "count": 1})
+            manager.updates[version].aggregator.accept(dxo.to_shareable(), ctx)
+        manager.generate_new_model(ctx)
+        mean = {k: (deltas[0][k] + deltas[1][k]).astype(np.float64) / 2 for k in initial}
+        expected = by_hand.apply(expected, mean)
+    for key in initial:
+        np.testing.assert_array_equal(manager.current_model.data[key], expected[key])
+    assert by_hand.v and manager.optimizer.name == "adam"
+
+
+def test_edge_flags_reach_the_job_and_bad_ones_are_refused(tmp_path):
+    """--server-optimizer and --prox-mu as in the Collab jobs: exported into the model manager's and the processor's
+    arguments; a bad value, or an optimizer with NVFlare's list payloads, ends in one line naming the flag."""
+    flags = [*EDGE_RUN, "--server-optimizer", "yogi", "--global-lr", "0.02", "--server-tau", "0.01", "--prox-mu", "0.1"]
+    _run_edge_job([*flags, "--export", "--export-dir", str(tmp_path / "job")], tmp_path, timeout=120)
+    app = tmp_path / "job" / "devsim_edge" / "app" / "config"
+    server = json.loads((app / "config_fed_server.json").read_text())
+    manager = next(c for c in server["components"] if c["id"] == "model_manager")["args"]
+    assert (manager["server_optimizer"], manager["global_lr"], manager["server_tau"]) == ("yogi", 0.02, 0.01)
+    client = json.loads((app / "config_fed_client.json").read_text())
+    processor = next(c for c in client["components"] if c["id"] == "task_processor")["args"]
+    assert processor["settings"]["prox_mu"] == 0.1
+    for bad, message in (
+        (["--server-tau", "0"], "--server-tau: 0.0 is not allowed"),
+        (["--prox-mu", "-1"], "--prox-mu"),
+        (["--server-optimizer", "adam", "--payloads", "lists"], "--server-optimizer: adam needs --payloads numpy"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, os.path.join(REPO, "jobs", "pt_job_edge.py"), *bad],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_processor_survives_deepcopy_like_the_stock_device_factory():
     import copy
 

@@ -15,10 +15,12 @@ import time
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
-from devsim_flare.flags import SHORT_USAGE
+from devsim_flare.flags import SHORT_USAGE, add_config_flags
 from devsim_flare.launch.warm_parent import note_job_accepted
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
+SERVER_OPTIMIZER_FLAGS = ("server_optimizer", "server_momentum", "server_beta2", "server_tau")
+"""The Collab jobs' server optimizer flags, which the edge job's model manager takes."""
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
 
 
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="fedavg")
     p.add_argument("--buffer-size", type=int, default=None, help="fedbuff: updates per new version")
     p.add_argument("--global-lr", type=float, default=1.0)
+    add_config_flags(p, SERVER_OPTIMIZER_FLAGS)
     p.add_argument("--staleness-weight", action="store_true")
     p.add_argument(
         "--num-workers",
@@ -78,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
+    add_config_flags(p, ("prox_mu",))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--synthetic-train-size", type=int, default=20000)
     p.add_argument("--synthetic-test-size", type=int, default=2000)
@@ -113,6 +117,7 @@ def settings_from(args: argparse.Namespace) -> dict:
         "local_epochs",
         "batch_size",
         "lr",
+        "prox_mu",
         "seed",
         "synthetic_train_size",
         "synthetic_test_size",
@@ -139,6 +144,7 @@ def build_recipe(
         buffer_size=args.buffer_size,
         global_lr=args.global_lr,
         staleness_weight=args.staleness_weight,
+        **{name: getattr(args, name) for name in SERVER_OPTIMIZER_FLAGS},
         num_workers=args.num_workers,
         runner=args.runner,
         numpy_payloads=args.payloads == "numpy",
@@ -162,6 +168,7 @@ def check_task_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         args.task = os.path.abspath(args.task)
     names = ("task", "dataset", "data_root", "model", "partition", "alpha", "samples_per_device", "local_epochs")
     names += ("batch_size", "lr", "seed", "synthetic_train_size", "synthetic_test_size", "num_leaf_nodes")
+    names += ("prox_mu", "global_lr", *SERVER_OPTIMIZER_FLAGS)
     try:
         config = SimulationConfig(
             **{n: getattr(args, n) for n in names},

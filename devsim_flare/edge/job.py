@@ -53,6 +53,7 @@ from nvflare.edge.widgets.tpo_runner import TPORunner
 from nvflare.recipe.spec import Recipe
 from nvflare.widgets.widget import Widget
 
+from devsim.aggregation.server_optimizers import ServerOptimizer, active
 from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.observe.progress import format_metrics
 from devsim.seeding import derive_seed
@@ -214,7 +215,29 @@ class NumpyBuffModelManager(BuffModelManager):
     optional staleness weight ``1 / (1 + sqrt(staleness))``, times ``global_lr``, added to the current
     global weights) and keeps it as arrays. Real devices behind NVFlare's web API need lists: use the
     stock manager (``numpy_payloads=False``) for them.
+
+    ``server_optimizer`` other than ``sgd`` (with ``server_momentum``, ``server_beta2``, ``server_tau``; ``global_lr``
+    is its ``eta``): the float64 mean of the (staleness-weighted) buffered updates goes through that optimizer
+    (:mod:`devsim.aggregation.server_optimizers`: FedAvgM, FedAdagrad, FedAdam, FedYogi) instead of the plain step.
     """
+
+    def __init__(
+        self,
+        num_updates_for_model: int,
+        max_model_history: int | None = None,
+        global_lr: float = 1.0,
+        staleness_weight: bool = False,
+        server_optimizer: str = "sgd",
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_tau: float = 1e-3,
+    ):
+        super().__init__(num_updates_for_model, max_model_history, global_lr, staleness_weight)
+        # NVFlare's job export reads each constructor argument back from the attribute of the same name
+        self.server_optimizer, self.server_momentum = server_optimizer, server_momentum
+        self.server_beta2, self.server_tau = server_beta2, server_tau
+        self.optimizer = active(ServerOptimizer(server_optimizer, global_lr, server_momentum, server_beta2, server_tau))
+        """The server optimizer's state (None: the plain step)."""
 
     def generate_new_model(self, fl_ctx: FLContext) -> None:
         self.current_model_version += 1
@@ -232,13 +255,18 @@ class NumpyBuffModelManager(BuffModelManager):
                         summed[key] = summed[key] + scaled if key in summed else scaled
                     num_updates += aggregator.count
                 aggregator.reset(fl_ctx)
-            if num_updates:
+            for key in [k for k in summed if k not in current]:
+                self.log_error(fl_ctx, f"update key {key} is not in the global model; ignored")
+                del summed[key]
+            if num_updates and self.optimizer is not None:
+                mean = {key: value.astype(np.float64) / num_updates for key, value in summed.items()}
+                current.update(self.optimizer.apply({key: current[key] for key in mean}, mean))
+            elif num_updates:
                 factor = np.float32(self.global_lr / num_updates)
                 for key, value in summed.items():
-                    if key not in current:
-                        self.log_error(fl_ctx, f"update key {key} is not in the global model; ignored")
-                        continue
                     current[key] = current[key] + value * factor
+        if version == 1 and self.optimizer is not None:
+            self.log_info(fl_ctx, self.optimizer.describe())
         self.updates[version] = _ModelState(ModelUpdateDXOAggregator())
         self.log_info(fl_ctx, f"generated new model version {version} with {num_updates} updates")
         self.current_model = DXO(data_kind=DataKind.WEIGHTS, data=current)
@@ -261,6 +289,8 @@ class DevsimEdgeRecipe(Recipe):
         mode: ``fedavg`` (synchronous) or ``fedbuff`` (new version every ``buffer_size`` updates,
             refill as soon as one slot is free).
         buffer_size, global_lr, staleness_weight, max_model_history: FedBuff settings.
+        server_optimizer, server_momentum, server_beta2, server_tau: how a version's mean update moves the model
+            (``global_lr`` is the optimizer's eta; anything but ``sgd`` needs ``numpy_payloads``).
         num_workers: device-training threads per leaf (each owns one model); None sizes them from the
             cores / free VRAM (fast runner) or uses NVFlare's stock count of 4 (stock runner).
         runner: ``fast`` (:class:`~devsim_flare.edge.runner.FastEdgeRunner`: immediate dispatch, one shared
@@ -291,6 +321,10 @@ class DevsimEdgeRecipe(Recipe):
         buffer_size: int | None = None,
         global_lr: float = 1.0,
         staleness_weight: bool = False,
+        server_optimizer: str = "sgd",
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_tau: float = 1e-3,
         max_model_history: int | None = 10,
         num_workers: int | None = None,
         runner: str = "fast",
@@ -323,6 +357,11 @@ class DevsimEdgeRecipe(Recipe):
             buffer, min_hole = buffer_size or 1, 1
             if not 1 <= buffer <= selection:
                 raise ValueError(f"buffer_size must be in 1..{selection} (device_selection_size), got {buffer}")
+        optimizer = ServerOptimizer(server_optimizer, global_lr, server_momentum, server_beta2, server_tau)
+        if active(optimizer) is not None and not numpy_payloads:
+            raise ValueError(
+                f"--server-optimizer: {server_optimizer} needs --payloads numpy (NVFlare's list manager only takes sgd)"
+            )
         self.settings = dict(settings)
         self.mode = mode
 
@@ -333,16 +372,21 @@ class DevsimEdgeRecipe(Recipe):
             EdgeGlobalEvaluator(settings=self.settings, eval_frequency=eval_frequency, output_dir=output_dir),
             id="evaluator",
         )
-        manager_cls = NumpyBuffModelManager if numpy_payloads else BuffModelManager
-        model_manager_id = job.to_server(
-            manager_cls(
-                num_updates_for_model=buffer,
-                max_model_history=max_model_history,
-                global_lr=global_lr,
-                staleness_weight=staleness_weight,
-            ),
-            id="model_manager",
+        manager_args = dict(
+            num_updates_for_model=buffer,
+            max_model_history=max_model_history,
+            global_lr=global_lr,
+            staleness_weight=staleness_weight,
         )
+        if numpy_payloads:
+            manager_args.update(
+                server_optimizer=server_optimizer,
+                server_momentum=server_momentum,
+                server_beta2=server_beta2,
+                server_tau=server_tau,
+            )
+        manager_cls = NumpyBuffModelManager if numpy_payloads else BuffModelManager
+        model_manager_id = job.to_server(manager_cls(**manager_args), id="model_manager")
         device_manager_id = job.to_server(
             SeededDeviceManager(
                 device_selection_size=selection,
