@@ -49,6 +49,22 @@ class StartInterrupted(BaseException):
     swallow it."""
 
 
+def stop_quietly_until_the_run() -> None:
+    """From a job command's first lines until :class:`StopOnSignals` takes over (and again after it): SIGINT or
+    SIGTERM ends the command at once with one line and 128 + the signal's number. Nothing started by then needs
+    stopping (a fork server ends when its command does). Without it, Ctrl-C in the first seconds printed a
+    ``KeyboardInterrupt`` traceback from inside an import or the data preparation, or was lost in PyTorch's import
+    (the interpreter raised it inside a call that swallows exceptions, and the run went on)."""
+
+    def stop(signum: int, _frame) -> None:
+        print(f"\n{signal_name(signum)}: command stopped (no run in progress)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(128 + signum)
+
+    for signum in SIGNALS:
+        signal.signal(signum, stop)
+
+
 def signal_name(signum: int) -> str:
     """``SIGINT``, ``SIGTERM``, ... for a signal number."""
     return signal.Signals(signum).name

@@ -202,3 +202,27 @@ def test_ctrl_c_on_an_async_run_prints_nothing_from_leaves_still_answering(tmp_p
     for noise in ("Traceback", "[shared memory]", " - ERROR - "):
         assert noise not in after, after[-3000:]
     assert find_results(run_dir)["stopped"]["reason"] == "SIGINT"
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as stream:
+        caught = next(line for line in stream if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def test_a_signal_while_the_command_starts_ends_it_in_one_line(tmp_path):
+    """Ctrl-C or SIGTERM while a job command imports PyTorch and NVFlare (before its run takes signals): one line,
+    exit 128 + the signal, no ``KeyboardInterrupt`` traceback, nothing left running. Sent as soon as the command
+    handles SIGTERM, which Python leaves alone until the job script takes both signals."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        workspace = tmp_path / signal.Signals(signum).name
+        proc = start_job("pt_job_fedavg.py", [*SMALL_RUN, "--workspace", str(workspace)], tmp_path)
+        deadline = time.monotonic() + 30
+        while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.killpg(proc.pid, signum)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signum, output
+        assert output.strip() == f"{signal.Signals(signum).name}: command stopped (no run in progress)", output
+        assert end_leftovers(str(workspace)) == []
