@@ -89,20 +89,9 @@ def plain_interpreter() -> bool:
     """Whether this interpreter runs without options that a warm parent would not share (``-X``, ``-W``, ``-O``,
     ``-I``, ``-E``, ``-S``, ``-i``, ``-v``, ``-b``, ``-P``, dev mode)."""
     flags = sys.flags
-    return not (
-        sys.warnoptions
-        or getattr(sys, "_xoptions", {})
-        or flags.optimize
-        or flags.isolated
-        or flags.ignore_environment
-        or flags.no_site
-        or flags.inspect
-        or flags.interactive
-        or flags.verbose
-        or flags.bytes_warning
-        or flags.dev_mode
-        or getattr(flags, "safe_path", False)
-    )
+    names = ("optimize", "isolated", "ignore_environment", "no_site", "inspect", "interactive", "verbose")
+    names += ("bytes_warning", "dev_mode", "safe_path")
+    return not (sys.warnoptions or getattr(sys, "_xoptions", {}) or any(getattr(flags, n, False) for n in names))
 
 
 def parent_key(environ=None) -> str:
@@ -316,10 +305,6 @@ def serve(path: str, idle: float) -> int:
 
     stem = path.removesuffix(".sock")
 
-    def mark_ready() -> None:
-        with open(stem + READY_SUFFIX, "w", encoding="utf-8"):
-            pass
-
     def remove_socket() -> None:
         """Remove the socket and the ready mark (unless another warm parent has bound the path since) and an empty
         log."""
@@ -348,7 +333,7 @@ def serve(path: str, idle: float) -> int:
             stop_orphans=True,
             before_exit=remove_socket,
             import_beside_children=False,
-            after_imports=mark_ready,
+            after_imports=lambda: os.close(os.open(stem + READY_SUFFIX, os.O_CREAT | os.O_WRONLY, 0o600)),
         )
     finally:
         remove_socket()

@@ -75,6 +75,10 @@ class ClusterAggregation:
     (:func:`~devsim.aggregation.cluster.result.config_settings`).
     """
 
+    server_optimizer = None
+    """None: one model per cluster takes no server optimizer (``ClusterConfig`` refuses one), as the synchronous
+    strategies' interface (:class:`~devsim.aggregation.base.SyncStrategy`) has it."""
+
     name = "cluster"
 
     def __init__(
