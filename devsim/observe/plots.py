@@ -243,3 +243,56 @@ def plot_participation(run_dirs: Sequence[str], out: str, title: str | None = No
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=DPI, format="png")
     return out
+
+
+def plot_comparison(arm_runs: dict[str, Sequence[str]], out: str, title: str | None = None) -> str:
+    """Write one PNG comparing arms over seeds to ``out``; returns its path. ``arm_runs`` maps each arm's name to
+    its finished runs' folders (one per seed).
+
+    Panels: each arm's mean accuracy against round (or version) over the steps every one of its runs evaluated,
+    with the band from its lowest to its highest run; and each arm's final accuracy per seed (dots) with the mean
+    and the sample standard deviation.
+    """
+    arms = {name: [load_run(run_dir) for run_dir in dirs] for name, dirs in arm_runs.items() if dirs}
+    if not arms:
+        raise PlotError("no finished runs to compare")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(PANEL_SIZE_IN[0] * 2, PANEL_SIZE_IN[1]))
+    FigureCanvasAgg(figure)
+    curves, finals = figure.subplots(1, 2, squeeze=True)
+    for index, (name, runs) in enumerate(arms.items()):
+        steps = sorted(set.intersection(*(set(run.step) for run in runs)))
+        table = [[dict(zip(run.step, run.step_accuracy, strict=True))[s] for s in steps] for run in runs]
+        columns = list(zip(*table, strict=True))
+        line = curves.plot(steps, [sum(c) / len(c) for c in columns], marker=".", label=f"{name} (n={len(runs)})")
+        curves.fill_between(
+            steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, lw=0, color=line[0].get_color()
+        )
+        values = [run.step_accuracy[-1] for run in runs if run.step_accuracy]
+        if not values:
+            continue
+        finals.scatter([index] * len(values), values, color=line[0].get_color(), alpha=0.7)
+        mean = sum(values) / len(values)
+        spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+        finals.errorbar([index + 0.15], [mean], yerr=[spread], fmt="D", color=line[0].get_color(), capsize=4)
+    kinds = {run.is_async for runs in arms.values() for run in runs}
+    curves.set_xlabel("global model version" if kinds == {True} else "round" if kinds == {False} else "round / version")
+    from matplotlib.ticker import MaxNLocator
+
+    curves.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and versions are whole numbers
+    curves.set_ylabel("test accuracy (fraction)")
+    curves.set_title("mean accuracy (band: lowest to highest seed)", fontsize="medium")
+    curves.legend(loc="best", fontsize="small")
+    finals.set_xticks(range(len(arms)), list(arms), fontsize="small")
+    finals.set_xlim(-0.5, len(arms) - 0.5)
+    finals.set_ylabel("final test accuracy (fraction)")
+    finals.set_title("final accuracy per seed; mean ± std", fontsize="medium")
+    for ax in (curves, finals):
+        ax.grid(True, alpha=0.3)
+    figure.suptitle(title or f"{len(arms)} arms over seeds", fontsize="medium")
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    figure.savefig(out, dpi=DPI, format="png")
+    return out

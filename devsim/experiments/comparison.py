@@ -1,0 +1,152 @@
+"""Compare arms (a job and its flags) over seeds: the arms as given on a command line, and the table of their final
+accuracies (mean, sample standard deviation, per seed) with each arm's paired difference from the first arm.
+
+An arm reads ``NAME=[JOB:] FLAGS``: ``FedAdam=--server-optimizer adam --global-lr 0.01`` runs ``pt_job_fedavg.py``
+with those flags, ``FedBuff=fedbuff: --buffer-size 10`` runs ``pt_job_fedbuff.py``. Accuracies are fractions; the
+table writes them with four decimals and differences in points (hundredths).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import statistics
+from dataclasses import dataclass, field
+
+JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
+"""The jobs an arm can run (``jobs/pt_job_<job>.py``)."""
+SET_BY_COMPARISON = ("--seed", "--output-dir", "--workspace", "--resume", "--export", "--export-dir")
+"""Flags the comparison sets itself (or that make a run something other than a run), refused in an arm's flags."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+class ComparisonError(ValueError):
+    """A bad arm, seed list or flag; the message names it."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: its ``name`` (a folder name too), the ``job`` it runs and that job's ``flags``."""
+
+    name: str
+    job: str
+    flags: tuple[str, ...]
+
+
+def parse_arm(text: str) -> Arm:
+    """``NAME=[JOB:] FLAGS`` -> :class:`Arm`; ComparisonError names what is wrong."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not _NAME.fullmatch(name):
+        raise ComparisonError(
+            f"--arm {text!r}: expected NAME=[JOB:] FLAGS, NAME of letters, digits and _.+- (a folder name)"
+        )
+    rest = rest.strip()
+    job = "fedavg"
+    head, colon, tail = rest.partition(":")
+    if colon and " " not in head.strip() and not head.strip().startswith("-"):
+        job, rest = head.strip(), tail
+        if job not in JOBS:
+            raise ComparisonError(f"--arm {name}: job {job!r} is not one of {', '.join(JOBS)}")
+    try:
+        flags = tuple(shlex.split(rest))
+    except ValueError as error:
+        raise ComparisonError(f"--arm {name}: cannot split its flags: {error}") from error
+    check_flags(flags, f"--arm {name}")
+    return Arm(name, job, flags)
+
+
+def check_flags(flags: tuple[str, ...] | list[str], where: str) -> None:
+    """Refuse the flags of :data:`SET_BY_COMPARISON` (as ``--flag value`` or ``--flag=value``) in ``flags``."""
+    for flag in flags:
+        if flag.split("=", 1)[0] in SET_BY_COMPARISON:
+            raise ComparisonError(
+                f"{where}: {flag.split('=', 1)[0]} is set by the comparison itself "
+                f"(not allowed in an arm or the common flags: {', '.join(SET_BY_COMPARISON)})"
+            )
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0,1,2`` or ``0-4`` (inclusive) -> the seeds, each once, in order; ComparisonError otherwise."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, dash, high = part.strip().partition("-")
+            values = range(int(low), int(high) + 1) if dash else [int(low)]
+            seeds.extend(seed for seed in values if seed not in seeds)
+    except ValueError as error:
+        raise ComparisonError(f"--seeds {text!r}: expected seeds like 0,1,2 or 0-4 ({error})") from error
+    if not seeds or any(seed < 0 for seed in seeds):
+        raise ComparisonError(f"--seeds {text!r}: expected one or more seeds >= 0")
+    return seeds
+
+
+@dataclass
+class ArmSummary:
+    """One arm's finished runs: ``final`` accuracy per seed (fraction), ``loss`` and ``wall`` seconds per seed, the
+    seeds that failed, and the paired difference from the first arm on the seeds both finished (points)."""
+
+    arm: Arm
+    final: dict[int, float] = field(default_factory=dict)
+    loss: dict[int, float] = field(default_factory=dict)
+    wall: dict[int, float] = field(default_factory=dict)
+    failed: list[int] = field(default_factory=list)
+    paired: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.final.values()) if self.final else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.final.values()) if len(self.final) > 1 else math.nan
+
+    def to_dict(self) -> dict:
+        """The summary as JSON-ready values (seeds as string keys)."""
+        return {
+            "name": self.arm.name,
+            "job": self.arm.job,
+            "flags": list(self.arm.flags),
+            "final_accuracy": {str(s): v for s, v in self.final.items()},
+            "final_loss": {str(s): v for s, v in self.loss.items()},
+            "wall_seconds": {str(s): v for s, v in self.wall.items()},
+            "failed_seeds": self.failed,
+            "mean": None if math.isnan(self.mean) else self.mean,
+            "std": None if math.isnan(self.std) else self.std,
+            "paired_points_vs_first": {str(s): v for s, v in self.paired.items()},
+        }
+
+
+def pair_with_first(summaries: list[ArmSummary]) -> None:
+    """Set each arm's paired differences from the first arm (points, same seed, seeds both finished)."""
+    first = summaries[0].final if summaries else {}
+    for summary in summaries[1:]:
+        summary.paired = {s: 100.0 * (v - first[s]) for s, v in summary.final.items() if s in first}
+
+
+def markdown_table(summaries: list[ArmSummary]) -> str:
+    """The comparison as a Markdown table: one row per arm."""
+    lines = [
+        "| arm | job | final accuracy, mean ± std (n) | per seed | vs first arm (paired) | final loss | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for index, summary in enumerate(summaries):
+        n = len(summary.final)
+        spread = f" ± {summary.std:.4f}" if n > 1 else ""
+        accuracy = f"{summary.mean:.4f}{spread} ({n})" if n else "—"
+        seeds = " / ".join(f"{summary.final[s]:.4f}" for s in sorted(summary.final)) or "—"
+        if summary.failed:
+            seeds += f" (failed: seeds {', '.join(map(str, summary.failed))})"
+        if index == 0:
+            versus = "(first)"
+        elif summary.paired:
+            deltas = list(summary.paired.values())
+            better = sum(delta > 0 for delta in deltas)
+            versus = f"{statistics.fmean(deltas):+.1f} points, better in {better}/{len(deltas)}"
+        else:
+            versus = "—"
+        loss = f"{statistics.fmean(summary.loss.values()):.4f}" if summary.loss else "—"
+        wall = f"{statistics.fmean(summary.wall.values()):.1f}" if summary.wall else "—"
+        lines.append(f"| {summary.arm.name} | {summary.arm.job} | {accuracy} | {seeds} | {versus} | {loss} | {wall} |")
+    return "\n".join(lines)

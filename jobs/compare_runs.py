@@ -1,0 +1,227 @@
+"""Compare arms over seeds: run each arm (a job and its flags) once per seed, then tabulate and plot the results.
+
+python jobs/compare_runs.py --seeds 0,1,2 --out cmp \\
+    --arm "FedAvg=" --arm "FedAdam=--server-optimizer adam --global-lr 0.01" --arm "FedProx=--prox-mu 0.01" \\
+    -- --dataset digits --alpha 0.1 --num-rounds 20
+
+An arm is ``NAME=[JOB:] FLAGS`` (JOB one of fedavg, fedbuff, fedrevive, cluster; default fedavg); the flags after
+``--`` go to every arm first, the arm's own after them (the last value of a flag wins), then ``--seed S`` and the
+run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 first), one at a time, each job's output in
+``OUT/NAME/seed-S.log``. A finished run with the same command is kept and a run stopped by a signal is resumed
+(``--resume``), so the same command continues a comparison that was stopped, or extends it with more seeds or arms
+(``--rerun``: run everything again). Ctrl-C or SIGTERM stops the running job as its own command would (its checkpoint
+and results are kept) and ends the comparison.
+
+Writes ``OUT/comparison.md`` (the table: mean ± sample std of the final accuracy, each seed's, each arm's paired
+difference from the first arm), ``OUT/comparison.json`` and ``OUT/comparison.png``. Exit code 0: every run finished;
+1: some failed (the table has the rest); 2: bad input, or a job refused its flags; 130 / 143: stopped by a signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from devsim.experiments.comparison import (  # noqa: E402  (the repo root must be importable first)
+    ArmSummary,
+    ComparisonError,
+    check_flags,
+    markdown_table,
+    pair_with_first,
+    parse_arm,
+    parse_seeds,
+)
+
+JOBS_DIR = os.path.dirname(os.path.abspath(__file__))
+STOP_WAIT_SECONDS = 60.0
+"""How long a stopped job gets to write its results and end after the signal is passed on (then SIGKILL)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    common = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=[JOB:] FLAGS", help="an arm (repeat)")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds, as 0,1,2 or 0-4")
+    parser.add_argument("--out", default="comparison", help="folder for the runs, the table and the plot")
+    parser.add_argument("--run-timeout", type=float, default=3600.0, help="seconds a run may take before it is stopped")
+    parser.add_argument("--rerun", action="store_true", help="run every arm and seed again, finished or not")
+    parser.add_argument("--title", default=None, help="the plot's title")
+    args = parser.parse_args(own)
+    try:
+        arms = [parse_arm(text) for text in args.arm]
+        seeds = parse_seeds(args.seeds)
+        check_flags(common, "the common flags (after --)")
+        names = [arm.name for arm in arms]
+        if len(set(names)) < len(names):
+            raise ComparisonError(f"--arm: each arm needs its own name, got {', '.join(names)}")
+        if not args.run_timeout > 0:
+            raise ComparisonError(f"--run-timeout: must be > 0 seconds, got {args.run_timeout}")
+    except ComparisonError as error:
+        parser.error(str(error))
+    out = os.path.abspath(args.out)
+    summaries = [ArmSummary(arm) for arm in arms]
+    planned = [(seed, summary) for seed in seeds for summary in summaries]
+    code = 0
+    for done, (seed, summary) in enumerate(planned, start=1):
+        outcome = _run(summary, seed, common, out, args, f"[{done}/{len(planned)}]")
+        if outcome in (2, 130, 143):
+            code = outcome
+            break
+        code = code or outcome
+    pair_with_first(summaries)
+    _write(out, summaries, seeds, common, args.title)
+    if code in (130, 143):
+        print(f"stopped; the same command continues the comparison (finished runs are kept in {out})")
+    return code
+
+
+def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step: str) -> int:
+    """Run, resume or keep ``summary``'s arm on ``seed`` and record its figures; 0, or why it did not finish (1: the
+    run failed; 2: the job refused its flags; 130 / 143: stopped by a signal)."""
+    arm = summary.arm
+    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
+    workspace = os.path.join(out, "workspace")
+    command = [sys.executable, os.path.join(JOBS_DIR, f"pt_job_{arm.job}.py"), *common, *arm.flags]
+    command += ["--seed", str(seed), "--output-dir", run_dir, "--workspace", workspace]
+    record = run_dir + ".command.json"
+    results = _finished(run_dir)
+    same = not args.rerun and _read_json(record) == command
+    kept = results is not None and same
+    if not kept:
+        how = "running"
+        if same and _stopped_with_checkpoint(run_dir):  # stopped by a signal: the job continues it
+            command, how = [*command[:2], "--resume", run_dir, "--workspace", workspace], "resuming"
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+            with open(record, "w", encoding="utf-8") as stream:
+                json.dump(command, stream)
+        log = run_dir + ".log"
+        print(f"{step} {arm.name} seed {seed}: {how} {arm.job} (log: {os.path.relpath(log)})", flush=True)
+        returncode = _run_job(command, log, args.run_timeout, append=how == "resuming")
+        results = _finished(run_dir) if returncode == 0 else None
+        if returncode in (2, 130, 143):
+            print(f"{step} {arm.name} seed {seed}: {_last_lines(log)}", file=sys.stderr)
+            return returncode
+        if results is None:
+            summary.failed.append(seed)
+            print(f"{step} {arm.name} seed {seed}: failed (exit {returncode}): {_last_lines(log)}")
+            return 1
+    final = results["summary"]
+    summary.final[seed] = float(final["final_accuracy"])
+    summary.loss[seed] = float(final["final_loss"])
+    summary.wall[seed] = float(final.get("wall_seconds") or 0.0)
+    note = " (kept: finished earlier with the same command)" if kept else ""
+    print(
+        f"{step} {arm.name} seed {seed}: final accuracy {summary.final[seed]:.4f}, loss {summary.loss[seed]:.4f}{note}"
+    )
+    return 0
+
+
+def _stopped_with_checkpoint(run_dir: str) -> bool:
+    """Whether the run in ``run_dir`` was stopped by a signal after writing a checkpoint (``--resume`` continues it)."""
+    results = _read_json(os.path.join(run_dir, "results.json")) or {}
+    return bool(results.get("stopped")) and os.path.isfile(os.path.join(run_dir, "checkpoint.pt"))
+
+
+def _run_job(command: list[str], log_path: str, timeout: float, append: bool = False) -> int:
+    """Run one job command in its own session, its output into ``log_path``; its exit code. SIGINT and SIGTERM are
+    passed on to it (it stops its run as on a terminal), and 128 + the signal's number comes back once it has ended;
+    after ``timeout`` seconds it gets SIGTERM, and 1 comes back. A job still there :data:`STOP_WAIT_SECONDS` after
+    either gets the signal again (its command then stops every process at once), and SIGKILL 10 s later."""
+    state = {"signal": 0, "timed_out": False, "deadline": time.monotonic() + timeout, "repeated": False}
+    with open(log_path, "a" if append else "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def forward(signum: int, _frame) -> None:
+            if not state["signal"]:
+                state.update(signal=signum, deadline=time.monotonic() + STOP_WAIT_SECONDS)
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > state["deadline"]:
+                    if not (state["signal"] or state["timed_out"]):
+                        print(f"\nrun timed out after {timeout:g} s (--run-timeout); stopping it", file=log, flush=True)
+                        proc.send_signal(signal.SIGTERM)
+                        state.update(timed_out=True, deadline=time.monotonic() + STOP_WAIT_SECONDS)
+                    elif not state["repeated"]:
+                        proc.send_signal(state["signal"] or signal.SIGTERM)
+                        state.update(repeated=True, deadline=time.monotonic() + 10.0)
+                    else:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                time.sleep(0.05)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    if state["signal"]:
+        return 128 + state["signal"]
+    return 1 if state["timed_out"] else proc.returncode
+
+
+def _finished(run_dir: str) -> dict | None:
+    """The run's results when it finished (a summary with a final accuracy), else None."""
+    results = _read_json(os.path.join(run_dir, "results.json"))
+    summary = (results or {}).get("summary") or {}
+    if summary.get("final_accuracy") is None or (results or {}).get("stopped"):
+        return None
+    return results
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except (OSError, ValueError):
+        return None
+
+
+def _last_lines(log_path: str, count: int = 3) -> str:
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as stream:
+            lines = [line.strip() for line in stream if line.strip()]
+    except OSError:
+        return "(no output)"
+    return " | ".join(lines[-count:]) or "(no output)"
+
+
+def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list[str], title: str | None) -> None:
+    """The table (printed and ``comparison.md``), ``comparison.json`` and, with finished runs, ``comparison.png``."""
+    from devsim.observe.plots import PlotError, plot_comparison
+
+    table = markdown_table(summaries)
+    print(table)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as stream:
+        stream.write(table + "\n")
+    with open(os.path.join(out, "comparison.json"), "w", encoding="utf-8") as stream:
+        document = {"seeds": seeds, "common_flags": common, "arms": [s.to_dict() for s in summaries]}
+        json.dump(document, stream, indent=1)
+    finished = {
+        s.arm.name: [os.path.join(out, s.arm.name, f"seed-{seed}") for seed in sorted(s.final)] for s in summaries
+    }
+    try:
+        print(f"wrote {plot_comparison(finished, os.path.join(out, 'comparison.png'), title)}")
+    except PlotError as error:
+        print(f"no plot: {error}")
+    except ImportError:
+        print("no plot: matplotlib is not installed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Comparing arms over seeds: the arms and seeds as given, the table's figures, the plot, and
+``jobs/compare_runs.py`` end to end (runs, keeps, resumes after Ctrl-C, refuses bad input in one line)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from devsim.experiments.comparison import (
+    Arm,
+    ArmSummary,
+    ComparisonError,
+    markdown_table,
+    pair_with_first,
+    parse_arm,
+    parse_seeds,
+)
+from devsim.observe.plots import plot_comparison
+from tests.conftest import REPO, SMALL_RUN, end_leftovers, isolated_env
+
+
+def test_arms_name_their_job_and_flags_and_bad_ones_are_refused():
+    assert parse_arm("FedAvg=") == Arm("FedAvg", "fedavg", ())
+    assert parse_arm("FedAdam=--server-optimizer adam --global-lr 0.01").flags == (
+        "--server-optimizer",
+        "adam",
+        "--global-lr",
+        "0.01",
+    )
+    assert parse_arm("B10=fedbuff: --buffer-size 10") == Arm("B10", "fedbuff", ("--buffer-size", "10"))
+    assert parse_arm("gpus=--gpus 0:1").job == "fedavg"  # a colon inside the flags names no job
+    for text, words in (
+        ("no equals sign", "expected NAME=[JOB:] FLAGS"),
+        ("a/b=--lr 0.1", "expected NAME=[JOB:] FLAGS"),
+        ("x=fedsgd: --lr 1", "job 'fedsgd' is not one of fedavg, fedbuff, fedrevive, cluster"),
+        ("x=--seed 3", "--seed is set by the comparison itself"),
+        ("x=--output-dir=o", "--output-dir is set by the comparison itself"),
+        ("x=--task 'unclosed", "cannot split its flags"),
+    ):
+        with pytest.raises(ComparisonError) as error:
+            parse_arm(text)
+        assert words in str(error.value)
+
+
+def test_seeds_as_lists_and_ranges():
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    assert parse_seeds("3-5,1,4") == [3, 4, 5, 1]
+    for bad in ("", "a", "-1", "2-x"):
+        with pytest.raises(ComparisonError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_the_table_gives_mean_spread_seeds_and_paired_differences():
+    first = ArmSummary(parse_arm("A="), final={0: 0.90, 1: 0.94, 2: 0.92}, loss={0: 0.3, 1: 0.2, 2: 0.25})
+    second = ArmSummary(parse_arm("B=--lr 0.1"), final={0: 0.93, 1: 0.93}, failed=[2])
+    empty = ArmSummary(parse_arm("C=fedbuff:"))
+    summaries = [first, second, empty]
+    pair_with_first(summaries)
+    assert first.mean == pytest.approx(0.92) and first.std == pytest.approx(0.02)
+    assert second.paired == pytest.approx({0: 3.0, 1: -1.0})
+    assert math.isnan(empty.mean) and empty.to_dict()["mean"] is None
+    rows = markdown_table(summaries).splitlines()
+    assert rows[2].startswith("| A | fedavg | 0.9200 ± 0.0200 (3) | 0.9000 / 0.9400 / 0.9200 | (first) | 0.2500 |")
+    assert (
+        "| B | fedavg | 0.9300 ± 0.0000 (2) | 0.9300 / 0.9300 (failed: seeds 2) | +1.0 points, better in 1/2 |"
+        in rows[3]
+    )
+    assert rows[4] == "| C | fedbuff | — | — | — | — | — |"
+
+
+def _fake_run(folder, accuracies: list[float], key: str = "round") -> str:
+    os.makedirs(folder)
+    records = [{key: i + 1, "accuracy": a, "round_seconds": 0.1} for i, a in enumerate(accuracies)]
+    summary = {"final_accuracy": accuracies[-1], "final_loss": 1.0 - accuracies[-1]}
+    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as stream:
+        json.dump({"method": "fedavg", "config": {}, "rounds": records, "summary": summary}, stream)
+    return str(folder)
+
+
+def test_the_plot_shows_each_arm_over_its_seeds(tmp_path):
+    arms = {
+        "A": [_fake_run(tmp_path / "a0", [0.1, 0.5, 0.7]), _fake_run(tmp_path / "a1", [0.2, 0.4, 0.8])],
+        "B": [_fake_run(tmp_path / "b0", [0.3, 0.6], key="version")],
+    }
+    path = plot_comparison(arms, str(tmp_path / "out" / "cmp.png"))
+    with open(path, "rb") as stream:
+        assert stream.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+TINY = [*SMALL_RUN[:-4], "--num-rounds", "3", "--batch-size", "10"]  # SMALL_RUN without its rounds and seed
+
+
+def _compare(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "compare_runs.py"), "--out", str(tmp_path / "cmp"), *args]
+    return subprocess.run(
+        cmd, cwd=tmp_path, env=isolated_env(tmp_path), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_input(tmp_path):
+    arms = ["--arm", "FedAvg=", "--arm", "FedAdam=--server-optimizer adam --global-lr 0.03"]
+    proc = _compare(tmp_path, "--seeds", "0,1", *arms, "--", *TINY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert [arm["name"] for arm in document["arms"]] == ["FedAvg", "FedAdam"]
+    for arm in document["arms"]:
+        assert set(arm["final_accuracy"]) == {"0", "1"} and arm["failed_seeds"] == []
+        for seed in (0, 1):
+            results = json.loads((tmp_path / "cmp" / arm["name"] / f"seed-{seed}" / "results.json").read_text())
+            assert (
+                results["config"]["seed"] == seed
+                and arm["final_accuracy"][str(seed)] == results["summary"]["final_accuracy"]
+            )
+    assert results["config"]["server_optimizer"] == "adam"
+    assert "| FedAdam | fedavg |" in (tmp_path / "cmp" / "comparison.md").read_text()
+    assert (tmp_path / "cmp" / "comparison.png").is_file()
+
+    again = _compare(tmp_path, "--seeds", "0,1", *arms, "--", *TINY)  # the same command: nothing runs again
+    assert again.returncode == 0 and again.stdout.count("(kept: finished earlier with the same command)") == 4
+    assert json.loads((tmp_path / "cmp" / "comparison.json").read_text())["arms"] == document["arms"]
+
+    refused = _compare(tmp_path, "--seeds", "0", "--arm", "Bad=--num-rounds -2", "--", *TINY)
+    assert refused.returncode == 2 and "Bad seed 0:" in refused.stderr and "--num-rounds" in refused.stderr
+    for bad, words in (
+        (["--arm", "x=--seed 1"], "--seed is set by the comparison"),
+        (["--arm", "a=", "--arm", "a="], "its own name"),
+    ):
+        proc = _compare(tmp_path, *bad)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_stops_the_running_job_and_the_same_command_resumes_it(tmp_path):
+    args = ["--seeds", "0", "--arm", "Long=", "--", *TINY, "--num-rounds", "40"]
+    cmd = [sys.executable, os.path.join(REPO, "jobs", "compare_runs.py"), "--out", str(tmp_path / "cmp"), *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "cmp" / "Long" / "seed-0.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.is_file() and "round 2/40" in log.read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, output
+    assert "the same command continues the comparison" in output
+    assert end_leftovers(str(tmp_path / "cmp")) == []
+    resumed = _compare(tmp_path, *args)
+    assert resumed.returncode == 0 and "Long seed 0: resuming fedavg" in resumed.stdout, resumed.stdout
+    results = json.loads((tmp_path / "cmp" / "Long" / "seed-0" / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == list(range(1, 41))
