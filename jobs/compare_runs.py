@@ -13,7 +13,8 @@ run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 firs
 and results are kept) and ends the comparison.
 
 Writes ``OUT/comparison.md`` (the table: mean ± sample std of the final accuracy, each seed's, each arm's paired
-difference from the first arm), ``OUT/comparison.json`` and ``OUT/comparison.png``. Exit code 0: every run finished;
+difference from the first arm; with ``--target-accuracy A`` when each run first reached A), ``OUT/comparison.json``
+and ``OUT/comparison.png``. Exit code 0: every run finished;
 1: some failed (the table has the rest); 2: bad input, or a job refused its flags; 130 / 143: stopped by a signal.
 """
 
@@ -34,6 +35,7 @@ from devsim.experiments.comparison import (  # noqa: E402  (the repo root must b
     ArmSummary,
     ComparisonError,
     check_flags,
+    first_reaching,
     markdown_table,
     pair_with_first,
     parse_arm,
@@ -58,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="seconds a run may take before it is stopped")
     parser.add_argument("--rerun", action="store_true", help="run every arm and seed again, finished or not")
     parser.add_argument("--title", default=None, help="the plot's title")
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        metavar="A",
+        help="also tabulate when each run first reached test accuracy A (a fraction): round or version, simulated s",
+    )
     args = parser.parse_args(own)
     try:
         arms = [parse_arm(text) for text in args.arm]
@@ -66,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [arm.name for arm in arms]
         if len(set(names)) < len(names):
             raise ComparisonError(f"--arm: each arm needs its own name, got {', '.join(names)}")
+        if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+            raise ComparisonError(f"--target-accuracy: a fraction in (0, 1], got {args.target_accuracy}")
         if not args.run_timeout > 0:
             raise ComparisonError(f"--run-timeout: must be > 0 seconds, got {args.run_timeout}")
     except ComparisonError as error:
@@ -81,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         code = code or outcome
     pair_with_first(summaries)
-    _write(out, summaries, seeds, common, args.title)
+    _write(out, summaries, seeds, common, args.title, args.target_accuracy)
     if code in (130, 143):
         print(f"stopped; the same command continues the comparison (finished runs are kept in {out})")
     return code
@@ -123,6 +134,8 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
     summary.final[seed] = float(final["final_accuracy"])
     summary.loss[seed] = float(final["final_loss"])
     summary.wall[seed] = float(final.get("wall_seconds") or 0.0)
+    if args.target_accuracy is not None:
+        summary.reached[seed] = first_reaching(results.get("rounds") or [], args.target_accuracy)
     note = " (kept: finished earlier with the same command)" if kept else ""
     print(
         f"{step} {arm.name} seed {seed}: final accuracy {summary.final[seed]:.4f}, loss {summary.loss[seed]:.4f}{note}"
@@ -200,17 +213,18 @@ def _last_lines(log_path: str, count: int = 3) -> str:
     return " | ".join(lines[-count:]) or "(no output)"
 
 
-def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list[str], title: str | None) -> None:
+def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list[str], title, target) -> None:
     """The table (printed and ``comparison.md``), ``comparison.json`` and, with finished runs, ``comparison.png``."""
     from devsim.observe.plots import PlotError, plot_comparison
 
-    table = markdown_table(summaries)
+    table = markdown_table(summaries, target)
     print(table)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as stream:
         stream.write(table + "\n")
     with open(os.path.join(out, "comparison.json"), "w", encoding="utf-8") as stream:
-        document = {"seeds": seeds, "common_flags": common, "arms": [s.to_dict() for s in summaries]}
+        document = {"seeds": seeds, "common_flags": common, "target_accuracy": target}
+        document["arms"] = [s.to_dict() for s in summaries]
         json.dump(document, stream, indent=1)
     finished = {
         s.arm.name: [os.path.join(out, s.arm.name, f"seed-{seed}") for seed in sorted(s.final)] for s in summaries

@@ -17,6 +17,7 @@ from devsim.experiments.comparison import (
     Arm,
     ArmSummary,
     ComparisonError,
+    first_reaching,
     markdown_table,
     pair_with_first,
     parse_arm,
@@ -75,6 +76,21 @@ def test_the_table_gives_mean_spread_seeds_and_paired_differences():
     assert rows[4] == "| C | fedbuff | — | — | — | — | — |"
 
 
+def test_time_to_a_target_accuracy():
+    sync = [
+        {"round": 1, "accuracy": 0.5, "simulated_time": 10.0},
+        {"round": 2, "accuracy": 0.8, "simulated_time": 21.0},
+    ]
+    assert first_reaching(sync, 0.8) == (2.0, 21.0) and first_reaching(sync, 0.9) is None
+    assert first_reaching([{"version": 7, "accuracy": 0.9}], 0.85) == (7.0, None)
+    summary = ArmSummary(
+        parse_arm("A="), final={0: 0.8, 1: 0.9, 2: 0.7}, reached={0: (4.0, 40.0), 1: (2.0, 20.0), 2: None}
+    )
+    header, _, row = markdown_table([summary], target=0.8).splitlines()
+    assert header.endswith("| reached 0.8: seeds, mean round/version, mean simulated s |")
+    assert row.endswith("| 2/3, 3.0, 30.0 s |")
+
+
 def _fake_run(folder, accuracies: list[float], key: str = "round") -> str:
     os.makedirs(folder)
     records = [{key: i + 1, "accuracy": a, "round_seconds": 0.1} for i, a in enumerate(accuracies)]
@@ -122,9 +138,14 @@ def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_inp
     assert "| FedAdam | fedavg |" in (tmp_path / "cmp" / "comparison.md").read_text()
     assert (tmp_path / "cmp" / "comparison.png").is_file()
 
-    again = _compare(tmp_path, "--seeds", "0,1", *arms, "--", *TINY)  # the same command: nothing runs again
+    again = _compare(tmp_path, "--seeds", "0,1", "--target-accuracy", "0.05", *arms, "--", *TINY)  # nothing runs again
     assert again.returncode == 0 and again.stdout.count("(kept: finished earlier with the same command)") == 4
-    assert json.loads((tmp_path / "cmp" / "comparison.json").read_text())["arms"] == document["arms"]
+    kept = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["arms"]
+    for arm, before in zip(kept, document["arms"], strict=True):
+        hits = arm.pop("reached_target")  # a target below chance: reached at the first evaluation, on the clock
+        assert set(hits) == {"0", "1"} and all(step == 1.0 and seconds > 0 for step, seconds in hits.values()), hits
+        assert before.pop("reached_target") == {}  # the first command named no target
+        assert arm == before
 
     refused = _compare(tmp_path, "--seeds", "0", "--arm", "Bad=--num-rounds -2", "--", *TINY)
     assert refused.returncode == 2 and "Bad seed 0:" in refused.stderr and "--num-rounds" in refused.stderr

@@ -93,6 +93,9 @@ class ArmSummary:
     wall: dict[int, float] = field(default_factory=dict)
     failed: list[int] = field(default_factory=list)
     paired: dict[int, float] = field(default_factory=dict)
+    reached: dict[int, tuple[float, float | None] | None] = field(default_factory=dict)
+    """Per seed, with a target accuracy: (round or version, simulated seconds or None) of the first evaluation at or
+    above it, or None when the run never reached it."""
 
     @property
     def mean(self) -> float:
@@ -115,7 +118,19 @@ class ArmSummary:
             "mean": None if math.isnan(self.mean) else self.mean,
             "std": None if math.isnan(self.std) else self.std,
             "paired_points_vs_first": {str(s): v for s, v in self.paired.items()},
+            "reached_target": {str(s): None if v is None else list(v) for s, v in self.reached.items()},
         }
+
+
+def first_reaching(records: list[dict], target: float) -> tuple[float, float | None] | None:
+    """(round or version, simulated seconds or None) of the first record of a run's ``results.json`` whose
+    ``accuracy`` is at least ``target`` (a fraction); None when none is."""
+    for index, record in enumerate(records):
+        if record.get("accuracy") is not None and float(record["accuracy"]) >= target:
+            step = record.get("version", record.get("round", index + 1))
+            time = record.get("simulated_time")
+            return float(step), None if time is None else float(time)
+    return None
 
 
 def pair_with_first(summaries: list[ArmSummary]) -> None:
@@ -125,11 +140,14 @@ def pair_with_first(summaries: list[ArmSummary]) -> None:
         summary.paired = {s: 100.0 * (v - first[s]) for s, v in summary.final.items() if s in first}
 
 
-def markdown_table(summaries: list[ArmSummary]) -> str:
-    """The comparison as a Markdown table: one row per arm."""
+def markdown_table(summaries: list[ArmSummary], target: float | None = None) -> str:
+    """The comparison as a Markdown table: one row per arm; with ``target``, a column saying on how many seeds the
+    arm reached that accuracy and, over those, the mean round (or version) and simulated seconds it took."""
+    reach = f" reached {target:g}: seeds, mean round/version, mean simulated s |" if target is not None else ""
     lines = [
-        "| arm | job | final accuracy, mean ± std (n) | per seed | vs first arm (paired) | final loss | wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| arm | job | final accuracy, mean ± std (n) | per seed | vs first arm (paired) | final loss | wall s |"
+        + reach,
+        "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if target is not None else ""),
     ]
     for index, summary in enumerate(summaries):
         n = len(summary.final)
@@ -148,5 +166,20 @@ def markdown_table(summaries: list[ArmSummary]) -> str:
             versus = "—"
         loss = f"{statistics.fmean(summary.loss.values()):.4f}" if summary.loss else "—"
         wall = f"{statistics.fmean(summary.wall.values()):.1f}" if summary.wall else "—"
-        lines.append(f"| {summary.arm.name} | {summary.arm.job} | {accuracy} | {seeds} | {versus} | {loss} | {wall} |")
+        row = f"| {summary.arm.name} | {summary.arm.job} | {accuracy} | {seeds} | {versus} | {loss} | {wall} |"
+        if target is not None:
+            row += f" {_reached(summary)} |"
+        lines.append(row)
     return "\n".join(lines)
+
+
+def _reached(summary: ArmSummary) -> str:
+    hits = [hit for hit in summary.reached.values() if hit is not None]
+    if not summary.reached:
+        return "—"
+    text = f"{len(hits)}/{len(summary.reached)}"
+    if hits:
+        text += f", {statistics.fmean(step for step, _ in hits):.1f}"
+        times = [time for _, time in hits if time is not None]
+        text += f", {statistics.fmean(times):.1f} s" if len(times) == len(hits) else ""
+    return text
