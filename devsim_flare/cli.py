@@ -12,6 +12,7 @@ import sys
 import time
 
 from devsim.config import ConfigError, SimulationConfig
+from devsim.config_errors import flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
 from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
@@ -155,6 +156,19 @@ def with_privacy(parser: argparse.ArgumentParser, config: SimulationConfig, resu
     return config
 
 
+def checked_settings(parser: argparse.ArgumentParser, config: SimulationConfig, method: str) -> str:
+    """``--check``'s line: the run's settings (after fitting to the task and solving DP) that differ from the job's
+    defaults, as flags; run folders and the like left out."""
+    flags = {action.dest for action in parser._actions}
+    changed = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in flags and value != parser.get_default(f.name) and f.name not in ("output_dir", "data_root"):
+            changed.append(f"{flag_name(f.name)} {'none' if value is None else value}")
+    what = ", ".join(changed) if changed else "the job's defaults"
+    return f"check: the flags, the task and the data pass; {method} would run with {what}"
+
+
 def default_output_dir(workspace: str, method: str) -> str:
     """A fresh, absolute run folder under ``<workspace>/runs``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -246,7 +260,7 @@ def run_job(
     config = with_server_threads(config, args.env)
     gpu_ids = gpu_ids_from_args(parser, args)
     simulated_here = args.env == "sim" and not exporting
-    forking = fork_server and simulated_here
+    forking = fork_server and simulated_here and not getattr(args, "check", False)
     server = start_fork_server(leaves=config.num_leaf_nodes, check_children=check_fork) if forking else None
     try:
         return _checked_run(parser, args, server_cls, config, gpu_ids, exporting, download_dir)
@@ -271,6 +285,9 @@ def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_i
     config = task_config(parser, config)
     config = with_privacy(parser, config, resumed=bool(args.resume))
     note_job_accepted()  # a warm parent starts at the end of a cold command only once its flags have passed
+    if getattr(args, "check", False):
+        print(checked_settings(parser, config, server_cls.method), flush=True)
+        return 0
     args.results_dir = None if exporting else (download_dir or config.output_dir)
     leaves_on_host = args.leaves_per_host or (config.num_leaf_nodes if args.env in ("sim", "poc") else 1)
     leaves_on_gpu = leaves_per_gpu(gpu_ids, config.num_leaf_nodes) if gpu_ids else leaves_on_host

@@ -118,6 +118,12 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         help="write the job folder instead of running it (for `nvflare simulator DIR`)",
     )
     run.add_argument("--export-dir", default="fl_job", help="folder the job is exported to with --export")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="check the flags, the task and the data as a run would, print the settings that differ from the job's "
+        "defaults (as fitted to the task), and exit without running (0: the run would start)",
+    )
     return parser
 
 

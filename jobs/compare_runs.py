@@ -10,7 +10,8 @@ run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 firs
 ``OUT/NAME/seed-S.log``. A finished run with the same command is kept and a run stopped by a signal is resumed
 (``--resume``), so the same command continues a comparison that was stopped, or extends it with more seeds or arms
 (``--rerun``: run everything again). Ctrl-C or SIGTERM stops the running job as its own command would (its checkpoint
-and results are kept) and ends the comparison.
+and results are kept) and ends the comparison. Before any run, each arm that has runs to do goes through its job's
+own checks (``--check``): a refused flag ends the comparison at once, naming the arm.
 
 Writes ``OUT/comparison.md`` (the table: mean ± sample std of the final accuracy, each seed's, each arm's paired
 difference from the first arm; with ``--target-accuracy A`` when each run first reached A), ``OUT/comparison.json``
@@ -43,6 +44,8 @@ from devsim.experiments.comparison import (  # noqa: E402  (the repo root must b
 )
 
 JOBS_DIR = os.path.dirname(os.path.abspath(__file__))
+CHECK_SECONDS = 600.0
+"""How long one arm's ``--check`` may take (solving ``--dp-epsilon`` for an asynchronous job takes about 20 s)."""
 STOP_WAIT_SECONDS = 60.0
 """How long a stopped job gets to write its results and end after the signal is passed on (then SIGKILL)."""
 
@@ -84,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(args.out)
     summaries = [ArmSummary(arm) for arm in arms]
     planned = [(seed, summary) for seed in seeds for summary in summaries]
+    for arm in arms:  # every arm's flags through its job's own checks (--check) before anything runs
+        if args.rerun or any(not _kept(_command(arm, seed, common, out), arm, seed, out) for seed in seeds):
+            refused = _refusal(_command(arm, seeds[0], common, out))
+            if refused:
+                print(f"{parser.prog}: error: --arm {arm.name}: {refused}", file=sys.stderr)
+                return 2
     code = 0
     for done, (seed, summary) in enumerate(planned, start=1):
         outcome = _run(summary, seed, common, out, args, f"[{done}/{len(planned)}]")
@@ -104,8 +113,7 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
     arm = summary.arm
     run_dir = os.path.join(out, arm.name, f"seed-{seed}")
     workspace = os.path.join(out, "workspace")
-    command = [sys.executable, os.path.join(JOBS_DIR, f"pt_job_{arm.job}.py"), *common, *arm.flags]
-    command += ["--seed", str(seed), "--output-dir", run_dir, "--workspace", workspace]
+    command = _command(arm, seed, common, out)
     record = run_dir + ".command.json"
     results = _finished(run_dir)
     same = not args.rerun and _read_json(record) == command
@@ -141,6 +149,31 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
         f"{step} {arm.name} seed {seed}: final accuracy {summary.final[seed]:.4f}, loss {summary.loss[seed]:.4f}{note}"
     )
     return 0
+
+
+def _command(arm, seed: int, common: list[str], out: str) -> list[str]:
+    """The job command of ``arm`` on ``seed``: its job, the common flags, its own, the seed and its folders."""
+    command = [sys.executable, os.path.join(JOBS_DIR, f"pt_job_{arm.job}.py"), *common, *arm.flags]
+    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
+    return [*command, "--seed", str(seed), "--output-dir", run_dir, "--workspace", os.path.join(out, "workspace")]
+
+
+def _kept(command: list[str], arm, seed: int, out: str) -> bool:
+    """Whether ``arm``'s run on ``seed`` finished earlier with ``command`` (it is kept, not run again)."""
+    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
+    return _finished(run_dir) is not None and _read_json(run_dir + ".command.json") == command
+
+
+def _refusal(command: list[str]) -> str | None:
+    """The job's one-line refusal of ``command``'s flags (``--check``: nothing runs), or None when they pass."""
+    try:
+        proc = subprocess.run([*command, "--check"], capture_output=True, text=True, timeout=CHECK_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"its job's --check did not end within {CHECK_SECONDS:g} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"the job's check ended with exit code {proc.returncode}"
 
 
 def _stopped_with_checkpoint(run_dir: str) -> bool:

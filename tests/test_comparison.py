@@ -147,8 +147,9 @@ def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_inp
         assert before.pop("reached_target") == {}  # the first command named no target
         assert arm == before
 
-    refused = _compare(tmp_path, "--seeds", "0", "--arm", "Bad=--num-rounds -2", "--", *TINY)
-    assert refused.returncode == 2 and "Bad seed 0:" in refused.stderr and "--num-rounds" in refused.stderr
+    refused = _compare(tmp_path, "--seeds", "0", *arms, "--arm", "Bad=--num-rounds -2", "--", *TINY)
+    assert refused.returncode == 2 and "--arm Bad: pt_job_fedavg.py: error: --num-rounds" in refused.stderr
+    assert not (tmp_path / "cmp" / "Bad").exists()  # refused by the job's --check before anything ran
     for bad, words in (
         (["--arm", "x=--seed 1"], "--seed is set by the comparison"),
         (["--arm", "a=", "--arm", "a="], "its own name"),

@@ -1,0 +1,22 @@
+"""``--check``: a job command checks its flags, task and data as a run would, says what the run would use, and runs
+nothing."""
+
+from __future__ import annotations
+
+import os
+
+from tests.conftest import REPO, launch_job, refused_job
+
+
+def test_check_prints_the_fitted_settings_and_starts_nothing(tmp_path):
+    task = os.path.join(REPO, "examples", "penguins_task.py")
+    args = ["--check", "--task", task, "--server-optimizer", "adam", "--global-lr", "0.01", "--workspace", "ws"]
+    proc = launch_job("pt_job_fedavg.py", args, tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("check: the flags, the task and the data pass; fedavg would run with ")
+    for setting in ("--server-optimizer adam", "--global-lr 0.01", "--partition natural", "--devices-per-leaf 69"):
+        assert setting in line, line  # the flags given, and those fitted to the task's 138 owners
+    assert not (tmp_path / "ws" / "runs").exists()  # no run folder, no process: nothing ran
+    stderr = refused_job("pt_job_fedbuff.py", ["--check", "--buffer-size", "0", "--workspace", "ws"], tmp_path)
+    assert "--buffer-size" in stderr and "Traceback" not in stderr
