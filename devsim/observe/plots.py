@@ -137,10 +137,14 @@ def plot_runs(run_dirs: Sequence[str], out: str, title: str | None = None) -> st
         _draw_panel(ax, panel, runs)
     axes[0].legend(loc="best", fontsize="small")
     default_title = f"Accuracy of {len(runs)} run{'s' if len(runs) != 1 else ''}"
-    figure.suptitle(title or default_title, fontsize="medium")
+    return _save(figure, out, title or default_title)
+
+
+def _save(figure, out: str, title: str) -> str:
+    """Title ``figure``, lay it out and write it to ``out`` as PNG (its folder made as needed); returns ``out``."""
+    figure.suptitle(title, fontsize="medium")
     figure.tight_layout()
-    folder = os.path.dirname(os.path.abspath(out))
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=DPI, format="png")
     return out
 
@@ -238,11 +242,7 @@ def plot_participation(run_dirs: Sequence[str], out: str, title: str | None = No
     ax.set_title("dropouts by cause", fontsize="medium")
     for ax in axes.values():
         ax.grid(True, alpha=0.3)
-    figure.suptitle(title or f"Participation in {len(runs)} run{'s' if len(runs) != 1 else ''}", fontsize="medium")
-    figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    figure.savefig(out, dpi=DPI, format="png")
-    return out
+    return _save(figure, out, title or f"Participation in {len(runs)} run{'s' if len(runs) != 1 else ''}")
 
 
 def plot_comparison(arm_runs: dict[str, Sequence[str]], out: str, title: str | None = None) -> str:
@@ -291,8 +291,4 @@ def plot_comparison(arm_runs: dict[str, Sequence[str]], out: str, title: str | N
     finals.set_title("final accuracy per seed; mean ± std", fontsize="medium")
     for ax in (curves, finals):
         ax.grid(True, alpha=0.3)
-    figure.suptitle(title or f"{len(arms)} arms over seeds", fontsize="medium")
-    figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    figure.savefig(out, dpi=DPI, format="png")
-    return out
+    return _save(figure, out, title or f"{len(arms)} arms over seeds")
