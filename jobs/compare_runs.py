@@ -14,8 +14,8 @@ and results are kept) and ends the comparison. Before any run, each arm that has
 own checks (``--check``): a refused flag ends the comparison at once, naming the arm.
 
 Writes ``OUT/comparison.md`` (the table: mean ± sample std of the final accuracy, each seed's, each arm's paired
-difference from the first arm; with ``--target-accuracy A`` when each run first reached A), ``OUT/comparison.json``
-and ``OUT/comparison.png``. Exit code 0: every run finished;
+difference from the first arm; ``--metric``: accuracy by default, the loss or a task metric; with ``--target VALUE``
+when each run first reached it), ``OUT/comparison.json`` and ``OUT/comparison.png``. Exit code 0: every run finished;
 1: some failed (the table has the rest); 2: bad input, or a job refused its flags; 130 / 143: stopped by a signal.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devsim.experiments.comparison import (  # noqa: E402  (the repo root must be importable first)
+from devsim.experiments.comparison import (  # noqa: E402
     ArmSummary,
     ComparisonError,
     check_flags,
@@ -42,6 +43,7 @@ from devsim.experiments.comparison import (  # noqa: E402  (the repo root must b
     parse_arm,
     parse_seeds,
 )
+from devsim.observe.results import final_metric  # noqa: E402  (the repo root must be importable first)
 
 JOBS_DIR = os.path.dirname(os.path.abspath(__file__))
 CHECK_SECONDS = 600.0
@@ -64,11 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun", action="store_true", help="run every arm and seed again, finished or not")
     parser.add_argument("--title", default=None, help="the plot's title")
     parser.add_argument(
-        "--target-accuracy",
+        "--metric",
+        default="accuracy",
+        help="what the table compares: accuracy, loss, or a metric of your task's metrics() (lower is better for "
+        "names ending in loss, error, mae, mse, rmse or perplexity)",
+    )
+    parser.add_argument(
+        "--target",
         type=float,
         default=None,
-        metavar="A",
-        help="also tabulate when each run first reached test accuracy A (a fraction): round or version, simulated s",
+        metavar="VALUE",
+        help="also tabulate when each run's --metric first reached VALUE: round or version, simulated seconds",
     )
     args = parser.parse_args(own)
     try:
@@ -78,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [arm.name for arm in arms]
         if len(set(names)) < len(names):
             raise ComparisonError(f"--arm: each arm needs its own name, got {', '.join(names)}")
-        if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
-            raise ComparisonError(f"--target-accuracy: a fraction in (0, 1], got {args.target_accuracy}")
+        if args.target is not None and not math.isfinite(args.target):
+            raise ComparisonError(f"--target: a finite number, got {args.target}")
         if not args.run_timeout > 0:
             raise ComparisonError(f"--run-timeout: must be > 0 seconds, got {args.run_timeout}")
     except ComparisonError as error:
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         code = code or outcome
     pair_with_first(summaries)
-    _write(out, summaries, seeds, common, args.title, args.target_accuracy)
+    _write(out, summaries, seeds, common, args)
     if code in (130, 143):
         print(f"stopped; the same command continues the comparison (finished runs are kept in {out})")
     return code
@@ -139,15 +147,20 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
             print(f"{step} {arm.name} seed {seed}: failed (exit {returncode}): {_last_lines(log)}")
             return 1
     final = results["summary"]
-    summary.final[seed] = float(final["final_accuracy"])
-    summary.loss[seed] = float(final["final_loss"])
+    value = final_metric(final, args.metric)
+    if value is None:
+        summary.failed.append(seed)
+        known = ", ".join(["loss", *sorted(final.get("final_metrics") or {})])
+        print(f"{step} {arm.name} seed {seed}: the run has no final {args.metric!r} (--metric; it has {known})")
+        return 1
+    summary.final[seed] = value
+    summary.loss[seed] = float(final.get("final_loss") or math.nan)
     summary.wall[seed] = float(final.get("wall_seconds") or 0.0)
-    if args.target_accuracy is not None:
-        summary.reached[seed] = first_reaching(results.get("rounds") or [], args.target_accuracy)
+    if args.target is not None:
+        summary.reached[seed] = first_reaching(results.get("rounds") or [], args.target, args.metric)
     note = " (kept: finished earlier with the same command)" if kept else ""
-    print(
-        f"{step} {arm.name} seed {seed}: final accuracy {summary.final[seed]:.4f}, loss {summary.loss[seed]:.4f}{note}"
-    )
+    loss = f", loss {summary.loss[seed]:.4f}" if args.metric != "loss" else ""
+    print(f"{step} {arm.name} seed {seed}: final {args.metric} {value:.4f}{loss}{note}")
     return 0
 
 
@@ -221,12 +234,9 @@ def _run_job(command: list[str], log_path: str, timeout: float, append: bool = F
 
 
 def _finished(run_dir: str) -> dict | None:
-    """The run's results when it finished (a summary with a final accuracy), else None."""
-    results = _read_json(os.path.join(run_dir, "results.json"))
-    summary = (results or {}).get("summary") or {}
-    if summary.get("final_accuracy") is None or (results or {}).get("stopped"):
-        return None
-    return results
+    """The run's results when it finished (its summary written, not stopped by a signal), else None."""
+    results = _read_json(os.path.join(run_dir, "results.json")) or {}
+    return results if results.get("summary") and not results.get("stopped") else None
 
 
 def _read_json(path: str):
@@ -246,24 +256,24 @@ def _last_lines(log_path: str, count: int = 3) -> str:
     return " | ".join(lines[-count:]) or "(no output)"
 
 
-def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list[str], title, target) -> None:
+def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list[str], args) -> None:
     """The table (printed and ``comparison.md``), ``comparison.json`` and, with finished runs, ``comparison.png``."""
     from devsim.observe.plots import PlotError, plot_comparison
 
-    table = markdown_table(summaries, target)
+    table = markdown_table(summaries, args.target, args.metric)
     print(table)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as stream:
         stream.write(table + "\n")
     with open(os.path.join(out, "comparison.json"), "w", encoding="utf-8") as stream:
-        document = {"seeds": seeds, "common_flags": common, "target_accuracy": target}
+        document = {"seeds": seeds, "common_flags": common, "metric": args.metric, "target": args.target}
         document["arms"] = [s.to_dict() for s in summaries]
         json.dump(document, stream, indent=1)
     finished = {
         s.arm.name: [os.path.join(out, s.arm.name, f"seed-{seed}") for seed in sorted(s.final)] for s in summaries
     }
     try:
-        print(f"wrote {plot_comparison(finished, os.path.join(out, 'comparison.png'), title)}")
+        print(f"wrote {plot_comparison(finished, os.path.join(out, 'comparison.png'), args.title, args.metric)}")
     except PlotError as error:
         print(f"no plot: {error}")
     except ImportError:

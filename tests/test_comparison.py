@@ -18,12 +18,14 @@ from devsim.experiments.comparison import (
     ArmSummary,
     ComparisonError,
     first_reaching,
+    lower_is_better,
     markdown_table,
     pair_with_first,
     parse_arm,
     parse_seeds,
 )
 from devsim.observe.plots import plot_comparison
+from devsim.observe.results import final_metric
 from tests.conftest import REPO, SMALL_RUN, end_leftovers, isolated_env
 
 
@@ -65,7 +67,7 @@ def test_the_table_gives_mean_spread_seeds_and_paired_differences():
     summaries = [first, second, empty]
     pair_with_first(summaries)
     assert first.mean == pytest.approx(0.92) and first.std == pytest.approx(0.02)
-    assert second.paired == pytest.approx({0: 3.0, 1: -1.0})
+    assert second.paired == pytest.approx({0: 0.03, 1: -0.01})
     assert math.isnan(empty.mean) and empty.to_dict()["mean"] is None
     rows = markdown_table(summaries).splitlines()
     assert rows[2].startswith("| A | fedavg | 0.9200 ± 0.0200 (3) | 0.9000 / 0.9400 / 0.9200 | (first) | 0.2500 |")
@@ -74,6 +76,21 @@ def test_the_table_gives_mean_spread_seeds_and_paired_differences():
         in rows[3]
     )
     assert rows[4] == "| C | fedbuff | — | — | — | — | — |"
+
+
+def test_a_lower_is_better_metric_counts_the_other_way():
+    assert lower_is_better("loss") and lower_is_better("val_mae") and lower_is_better("perplexity")
+    assert not lower_is_better("accuracy") and not lower_is_better("top5_accuracy")
+    first = ArmSummary(parse_arm("A="), final={0: 0.30, 1: 0.20})
+    second = ArmSummary(parse_arm("B="), final={0: 0.25, 1: 0.22})
+    pair_with_first([first, second])
+    header, _, _, row = markdown_table([first, second], metric="mae").splitlines()
+    assert "| final mae (lower is better), mean ± std (n) |" in header
+    assert "| -0.015, better in 1/2 |" in row
+    records = [{"round": 1, "loss": 2.0, "metrics": {"mae": 0.5}}, {"round": 2, "loss": 1.0, "metrics": {"mae": 0.2}}]
+    assert first_reaching(records, 0.3, "mae") == (2.0, None) and first_reaching(records, 2.0, "loss") == (1.0, None)
+    summary = {"final_loss": 1.0, "final_accuracy": None, "final_metrics": {"mae": 0.2}}
+    assert [final_metric(summary, name) for name in ("mae", "loss", "accuracy")] == [0.2, 1.0, None]
 
 
 def test_time_to_a_target_accuracy():
@@ -127,18 +144,16 @@ def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_inp
     document = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert [arm["name"] for arm in document["arms"]] == ["FedAvg", "FedAdam"]
     for arm in document["arms"]:
-        assert set(arm["final_accuracy"]) == {"0", "1"} and arm["failed_seeds"] == []
+        assert set(arm["final"]) == {"0", "1"} and arm["failed_seeds"] == []
         for seed in (0, 1):
             results = json.loads((tmp_path / "cmp" / arm["name"] / f"seed-{seed}" / "results.json").read_text())
-            assert (
-                results["config"]["seed"] == seed
-                and arm["final_accuracy"][str(seed)] == results["summary"]["final_accuracy"]
-            )
+            assert results["config"]["seed"] == seed
+            assert arm["final"][str(seed)] == results["summary"]["final_accuracy"]
     assert results["config"]["server_optimizer"] == "adam"
     assert "| FedAdam | fedavg |" in (tmp_path / "cmp" / "comparison.md").read_text()
     assert (tmp_path / "cmp" / "comparison.png").is_file()
 
-    again = _compare(tmp_path, "--seeds", "0,1", "--target-accuracy", "0.05", *arms, "--", *TINY)  # nothing runs again
+    again = _compare(tmp_path, "--seeds", "0,1", "--target", "0.05", *arms, "--", *TINY)  # nothing runs again
     assert again.returncode == 0 and again.stdout.count("(kept: finished earlier with the same command)") == 4
     kept = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["arms"]
     for arm, before in zip(kept, document["arms"], strict=True):
@@ -146,6 +161,8 @@ def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_inp
         assert set(hits) == {"0", "1"} and all(step == 1.0 and seconds > 0 for step, seconds in hits.values()), hits
         assert before.pop("reached_target") == {}  # the first command named no target
         assert arm == before
+    unknown = _compare(tmp_path, "--seeds", "0", "--metric", "mae", *arms, "--", *TINY)
+    assert unknown.returncode == 1 and "has no final 'mae' (--metric; it has loss, accuracy)" in unknown.stdout
 
     refused = _compare(tmp_path, "--seeds", "0", *arms, "--arm", "Bad=--num-rounds -2", "--", *TINY)
     assert refused.returncode == 2 and "--arm Bad: pt_job_fedavg.py: error: --num-rounds" in refused.stderr

@@ -1,9 +1,10 @@
 """Compare arms (a job and its flags) over seeds: the arms as given on a command line, and the table of their final
-accuracies (mean, sample standard deviation, per seed) with each arm's paired difference from the first arm.
+metric (mean, sample standard deviation, per seed) with each arm's paired difference from the first arm.
 
 An arm reads ``NAME=[JOB:] FLAGS``: ``FedAdam=--server-optimizer adam --global-lr 0.01`` runs ``pt_job_fedavg.py``
-with those flags, ``FedBuff=fedbuff: --buffer-size 10`` runs ``pt_job_fedbuff.py``. Accuracies are fractions; the
-table writes them with four decimals and differences in points (hundredths).
+with those flags, ``FedBuff=fedbuff: --buffer-size 10`` runs ``pt_job_fedbuff.py``. The metric is ``accuracy`` (a
+fraction; differences in points, hundredths), ``loss`` or any metric of the task's ``metrics()`` in the task's units;
+:func:`lower_is_better` says which way is better.
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ import shlex
 import statistics
 from dataclasses import dataclass, field
 
+from devsim.observe.results import record_metric
+
 JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
+LOWER_IS_BETTER_SUFFIXES = ("loss", "error", "mae", "mse", "rmse", "perplexity")
+"""A metric whose name ends in one of these (``loss``, ``mae``, ``val_mse``, ...) is better when lower."""
 """The jobs an arm can run (``jobs/pt_job_<job>.py``)."""
 SET_BY_COMPARISON = ("--seed", "--output-dir", "--workspace", "--resume", "--export", "--export-dir")
 """Flags the comparison sets itself (or that make a run something other than a run), refused in an arm's flags."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a lower ``metric`` is better, read from its name (:data:`LOWER_IS_BETTER_SUFFIXES`)."""
+    return metric.lower().split("_")[-1] in LOWER_IS_BETTER_SUFFIXES
 
 
 class ComparisonError(ValueError):
@@ -84,8 +94,8 @@ def parse_seeds(text: str) -> list[int]:
 
 @dataclass
 class ArmSummary:
-    """One arm's finished runs: ``final`` accuracy per seed (fraction), ``loss`` and ``wall`` seconds per seed, the
-    seeds that failed, and the paired difference from the first arm on the seeds both finished (points)."""
+    """One arm's finished runs: the ``final`` metric per seed, ``loss`` and ``wall`` seconds per seed, the seeds that
+    failed, and the paired difference from the first arm on the seeds both finished (the metric's units)."""
 
     arm: Arm
     final: dict[int, float] = field(default_factory=dict)
@@ -94,8 +104,8 @@ class ArmSummary:
     failed: list[int] = field(default_factory=list)
     paired: dict[int, float] = field(default_factory=dict)
     reached: dict[int, tuple[float, float | None] | None] = field(default_factory=dict)
-    """Per seed, with a target accuracy: (round or version, simulated seconds or None) of the first evaluation at or
-    above it, or None when the run never reached it."""
+    """Per seed, with a target: (round or version, simulated seconds or None) of the first evaluation that reached
+    it, or None when the run never did."""
 
     @property
     def mean(self) -> float:
@@ -111,22 +121,24 @@ class ArmSummary:
             "name": self.arm.name,
             "job": self.arm.job,
             "flags": list(self.arm.flags),
-            "final_accuracy": {str(s): v for s, v in self.final.items()},
+            "final": {str(s): v for s, v in self.final.items()},
             "final_loss": {str(s): v for s, v in self.loss.items()},
             "wall_seconds": {str(s): v for s, v in self.wall.items()},
             "failed_seeds": self.failed,
             "mean": None if math.isnan(self.mean) else self.mean,
             "std": None if math.isnan(self.std) else self.std,
-            "paired_points_vs_first": {str(s): v for s, v in self.paired.items()},
+            "paired_vs_first": {str(s): v for s, v in self.paired.items()},
             "reached_target": {str(s): None if v is None else list(v) for s, v in self.reached.items()},
         }
 
 
-def first_reaching(records: list[dict], target: float) -> tuple[float, float | None] | None:
+def first_reaching(records: list[dict], target: float, metric: str = "accuracy") -> tuple[float, float | None] | None:
     """(round or version, simulated seconds or None) of the first record of a run's ``results.json`` whose
-    ``accuracy`` is at least ``target`` (a fraction); None when none is."""
+    ``metric`` reached ``target`` (at least; at most when :func:`lower_is_better`); None when none did."""
+    lower = lower_is_better(metric)
     for index, record in enumerate(records):
-        if record.get("accuracy") is not None and float(record["accuracy"]) >= target:
+        value = record_metric(record, metric)
+        if value is not None and (value <= target if lower else value >= target):
             step = record.get("version", record.get("round", index + 1))
             time = record.get("simulated_time")
             return float(step), None if time is None else float(time)
@@ -134,25 +146,27 @@ def first_reaching(records: list[dict], target: float) -> tuple[float, float | N
 
 
 def pair_with_first(summaries: list[ArmSummary]) -> None:
-    """Set each arm's paired differences from the first arm (points, same seed, seeds both finished)."""
+    """Set each arm's paired differences from the first arm (the metric's units, same seed, seeds both finished)."""
     first = summaries[0].final if summaries else {}
     for summary in summaries[1:]:
-        summary.paired = {s: 100.0 * (v - first[s]) for s, v in summary.final.items() if s in first}
+        summary.paired = {s: v - first[s] for s, v in summary.final.items() if s in first}
 
 
-def markdown_table(summaries: list[ArmSummary], target: float | None = None) -> str:
-    """The comparison as a Markdown table: one row per arm; with ``target``, a column saying on how many seeds the
-    arm reached that accuracy and, over those, the mean round (or version) and simulated seconds it took."""
+def markdown_table(summaries: list[ArmSummary], target: float | None = None, metric: str = "accuracy") -> str:
+    """The comparison as a Markdown table, one row per arm; with ``target``, a column saying on how many seeds the arm
+    reached that value of ``metric`` and, over those, the mean round (or version) and simulated seconds it took."""
+    lower = lower_is_better(metric)
     reach = f" reached {target:g}: seeds, mean round/version, mean simulated s |" if target is not None else ""
+    direction = " (lower is better)" if lower else ""
     lines = [
-        "| arm | job | final accuracy, mean ± std (n) | per seed | vs first arm (paired) | final loss | wall s |"
-        + reach,
+        f"| arm | job | final {metric}{direction}, mean ± std (n) | per seed | vs first arm (paired) | final loss "
+        f"| wall s |{reach}",
         "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if target is not None else ""),
     ]
     for index, summary in enumerate(summaries):
         n = len(summary.final)
         spread = f" ± {summary.std:.4f}" if n > 1 else ""
-        accuracy = f"{summary.mean:.4f}{spread} ({n})" if n else "—"
+        value = f"{summary.mean:.4f}{spread} ({n})" if n else "—"
         seeds = " / ".join(f"{summary.final[s]:.4f}" for s in sorted(summary.final)) or "—"
         if summary.failed:
             seeds += f" (failed: seeds {', '.join(map(str, summary.failed))})"
@@ -160,13 +174,15 @@ def markdown_table(summaries: list[ArmSummary], target: float | None = None) -> 
             versus = "(first)"
         elif summary.paired:
             deltas = list(summary.paired.values())
-            better = sum(delta > 0 for delta in deltas)
-            versus = f"{statistics.fmean(deltas):+.1f} points, better in {better}/{len(deltas)}"
+            better = sum(delta < 0 if lower else delta > 0 for delta in deltas)
+            mean = statistics.fmean(deltas)
+            shown = f"{100 * mean:+.1f} points" if metric == "accuracy" else f"{mean:+.4g}"
+            versus = f"{shown}, better in {better}/{len(deltas)}"
         else:
             versus = "—"
         loss = f"{statistics.fmean(summary.loss.values()):.4f}" if summary.loss else "—"
         wall = f"{statistics.fmean(summary.wall.values()):.1f}" if summary.wall else "—"
-        row = f"| {summary.arm.name} | {summary.arm.job} | {accuracy} | {seeds} | {versus} | {loss} | {wall} |"
+        row = f"| {summary.arm.name} | {summary.arm.job} | {value} | {seeds} | {versus} | {loss} | {wall} |"
         if target is not None:
             row += f" {_reached(summary)} |"
         lines.append(row)

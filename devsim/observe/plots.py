@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from devsim.observe.results import record_metric
+
 DPI = 150
 PANEL_SIZE_IN = (5.0, 4.0)
 LABEL_KEYS_MAX = 3
@@ -245,50 +247,63 @@ def plot_participation(run_dirs: Sequence[str], out: str, title: str | None = No
     return _save(figure, out, title or f"Participation in {len(runs)} run{'s' if len(runs) != 1 else ''}")
 
 
-def plot_comparison(arm_runs: dict[str, Sequence[str]], out: str, title: str | None = None) -> str:
+def plot_comparison(
+    arm_runs: dict[str, Sequence[str]], out: str, title: str | None = None, metric: str = "accuracy"
+) -> str:
     """Write one PNG comparing arms over seeds to ``out``; returns its path. ``arm_runs`` maps each arm's name to
-    its finished runs' folders (one per seed).
+    its finished runs' folders (one per seed); ``metric`` is ``accuracy``, ``loss`` or a task metric.
 
-    Panels: each arm's mean accuracy against round (or version) over the steps every one of its runs evaluated,
-    with the band from its lowest to its highest run; and each arm's final accuracy per seed (dots) with the mean
-    and the sample standard deviation.
+    Panels: each arm's mean ``metric`` against round (or version) over the steps every one of its runs evaluated,
+    with the band from its lowest to its highest run; and each arm's final value per seed (dots) with the mean and
+    the sample standard deviation.
     """
-    arms = {name: [load_run(run_dir) for run_dir in dirs] for name, dirs in arm_runs.items() if dirs}
+    arms = {name: [_metric_curve(run_dir, metric) for run_dir in dirs] for name, dirs in arm_runs.items() if dirs}
     if not arms:
         raise PlotError("no finished runs to compare")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(PANEL_SIZE_IN[0] * 2, PANEL_SIZE_IN[1]))
     FigureCanvasAgg(figure)
     curves, finals = figure.subplots(1, 2, squeeze=True)
     for index, (name, runs) in enumerate(arms.items()):
-        steps = sorted(set.intersection(*(set(run.step) for run in runs)))
-        table = [[dict(zip(run.step, run.step_accuracy, strict=True))[s] for s in steps] for run in runs]
-        columns = list(zip(*table, strict=True))
+        steps = sorted(set.intersection(*(set(curve) for _, curve in runs)))
+        columns = [[curve[step] for _, curve in runs] for step in steps]
         line = curves.plot(steps, [sum(c) / len(c) for c in columns], marker=".", label=f"{name} (n={len(runs)})")
-        curves.fill_between(
-            steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, lw=0, color=line[0].get_color()
-        )
-        values = [run.step_accuracy[-1] for run in runs if run.step_accuracy]
+        colour = line[0].get_color()
+        curves.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, lw=0, color=colour)
+        values = [curve[max(curve)] for _, curve in runs if curve]
         if not values:
             continue
-        finals.scatter([index] * len(values), values, color=line[0].get_color(), alpha=0.7)
+        finals.scatter([index] * len(values), values, color=colour, alpha=0.7)
         mean = sum(values) / len(values)
         spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-        finals.errorbar([index + 0.15], [mean], yerr=[spread], fmt="D", color=line[0].get_color(), capsize=4)
-    kinds = {run.is_async for runs in arms.values() for run in runs}
+        finals.errorbar([index + 0.15], [mean], yerr=[spread], fmt="D", color=colour, capsize=4)
+    kinds = {is_async for runs in arms.values() for is_async, _ in runs}
     curves.set_xlabel("global model version" if kinds == {True} else "round" if kinds == {False} else "round / version")
-    from matplotlib.ticker import MaxNLocator
-
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and versions are whole numbers
-    curves.set_ylabel("test accuracy (fraction)")
-    curves.set_title("mean accuracy (band: lowest to highest seed)", fontsize="medium")
+    unit = " (fraction)" if metric == "accuracy" else ""
+    curves.set_ylabel(f"test {metric}{unit}")
+    curves.set_title(f"mean {metric} (band: lowest to highest seed)", fontsize="medium")
     curves.legend(loc="best", fontsize="small")
     finals.set_xticks(range(len(arms)), list(arms), fontsize="small")
     finals.set_xlim(-0.5, len(arms) - 0.5)
-    finals.set_ylabel("final test accuracy (fraction)")
-    finals.set_title("final accuracy per seed; mean ± std", fontsize="medium")
+    finals.set_ylabel(f"final test {metric}{unit}")
+    finals.set_title(f"final {metric} per seed; mean ± std", fontsize="medium")
     for ax in (curves, finals):
         ax.grid(True, alpha=0.3)
     return _save(figure, out, title or f"{len(arms)} arms over seeds")
+
+
+def _metric_curve(run_dir: str, metric: str) -> tuple[bool, dict[float, float]]:
+    """(asynchronous?, round or version -> ``metric``) over the evaluated records of a run's ``results.json``."""
+    run = load_run(run_dir)  # checks the file and names the folder
+    with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as stream:
+        records = json.load(stream)["rounds"]
+    curve = {}
+    for index, record in enumerate(records):
+        value = record_metric(record, metric)
+        if value is not None:
+            curve[float(record.get("version" if run.is_async else "round", index + 1))] = value
+    return run.is_async, curve

@@ -64,3 +64,23 @@ def load_results(run_dir: str) -> dict[str, Any]:
     """Read ``results.json`` from a run folder."""
     with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as stream:
         return json.load(stream)
+
+
+def record_metric(record: dict[str, Any], metric: str) -> float | None:
+    """A round's (or version's) ``metric`` in a ``results.json`` record: ``loss``, ``accuracy`` or a task metric of
+    its ``metrics``; None when that record was not evaluated or has no such metric."""
+    if metric in ("loss", "accuracy"):
+        value = record.get(metric)
+    else:
+        value = (record.get("metrics") or {}).get(metric)
+    return None if value is None else float(value)
+
+
+def final_metric(summary: dict[str, Any], metric: str) -> float | None:
+    """A finished run's final ``metric`` from its ``results.json`` summary (``loss``, ``accuracy`` or a task
+    metric); None when the run has none."""
+    if metric == "loss":
+        value = summary.get("final_loss")
+    else:
+        value = (summary.get("final_metrics") or {}).get(metric, summary.get(f"final_{metric}"))
+    return None if value is None else float(value)
