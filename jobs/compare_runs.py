@@ -69,7 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         "--metric",
         default="accuracy",
         help="what the table compares: accuracy, loss, or a metric of your task's metrics() (lower is better for "
-        "names ending in loss, error, mae, mse, rmse or perplexity)",
+        "names ending in loss, error, mae, mse, rmse or perplexity, unless --lower-is-better says otherwise)",
+    )
+    parser.add_argument(
+        "--lower-is-better",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether a lower --metric is better (default: read from its name)",
     )
     parser.add_argument(
         "--target",
@@ -157,7 +163,8 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
     summary.loss[seed] = float(final.get("final_loss") or math.nan)
     summary.wall[seed] = float(final.get("wall_seconds") or 0.0)
     if args.target is not None:
-        summary.reached[seed] = first_reaching(results.get("rounds") or [], args.target, args.metric)
+        records = results.get("rounds") or []
+        summary.reached[seed] = first_reaching(records, args.target, args.metric, args.lower_is_better)
     note = " (kept: finished earlier with the same command)" if kept else ""
     loss = f", loss {summary.loss[seed]:.4f}" if args.metric != "loss" else ""
     print(f"{step} {arm.name} seed {seed}: final {args.metric} {value:.4f}{loss}{note}")
@@ -260,7 +267,7 @@ def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list
     """The table (printed and ``comparison.md``), ``comparison.json`` and, with finished runs, ``comparison.png``."""
     from devsim.observe.plots import PlotError, plot_comparison
 
-    table = markdown_table(summaries, args.target, args.metric)
+    table = markdown_table(summaries, args.target, args.metric, args.lower_is_better)
     print(table)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as stream:

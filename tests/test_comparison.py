@@ -87,8 +87,13 @@ def test_a_lower_is_better_metric_counts_the_other_way():
     header, _, _, row = markdown_table([first, second], metric="mae").splitlines()
     assert "| final mae (lower is better), mean ± std (n) |" in header
     assert "| -0.015, better in 1/2 |" in row
+    header, _, _, row = markdown_table([first, second], metric="wer", lower=True).splitlines()  # named otherwise
+    assert "| final wer (lower is better)," in header and "| -0.015, better in 1/2 |" in row
+    header, _, _, row = markdown_table([first, second], metric="mae", lower=False).splitlines()
+    assert "(lower is better)" not in header and "| -0.015, better in 1/2 |" in row  # seed 1 (+0.02) now
     records = [{"round": 1, "loss": 2.0, "metrics": {"mae": 0.5}}, {"round": 2, "loss": 1.0, "metrics": {"mae": 0.2}}]
     assert first_reaching(records, 0.3, "mae") == (2.0, None) and first_reaching(records, 2.0, "loss") == (1.0, None)
+    assert first_reaching(records, 0.4, "mae", lower=False) == (1.0, None)
     summary = {"final_loss": 1.0, "final_accuracy": None, "final_metrics": {"mae": 0.2}}
     assert [final_metric(summary, name) for name in ("mae", "loss", "accuracy")] == [0.2, 1.0, None]
 

@@ -132,10 +132,13 @@ class ArmSummary:
         }
 
 
-def first_reaching(records: list[dict], target: float, metric: str = "accuracy") -> tuple[float, float | None] | None:
+def first_reaching(
+    records: list[dict], target: float, metric: str = "accuracy", lower: bool | None = None
+) -> tuple[float, float | None] | None:
     """(round or version, simulated seconds or None) of the first record of a run's ``results.json`` whose
-    ``metric`` reached ``target`` (at least; at most when :func:`lower_is_better`); None when none did."""
-    lower = lower_is_better(metric)
+    ``metric`` reached ``target`` (at least; at most when ``lower``, by default :func:`lower_is_better`); None when
+    none did."""
+    lower = lower_is_better(metric) if lower is None else lower
     for index, record in enumerate(records):
         value = record_metric(record, metric)
         if value is not None and (value <= target if lower else value >= target):
@@ -152,10 +155,13 @@ def pair_with_first(summaries: list[ArmSummary]) -> None:
         summary.paired = {s: v - first[s] for s, v in summary.final.items() if s in first}
 
 
-def markdown_table(summaries: list[ArmSummary], target: float | None = None, metric: str = "accuracy") -> str:
+def markdown_table(
+    summaries: list[ArmSummary], target: float | None = None, metric: str = "accuracy", lower: bool | None = None
+) -> str:
     """The comparison as a Markdown table, one row per arm; with ``target``, a column saying on how many seeds the arm
-    reached that value of ``metric`` and, over those, the mean round (or version) and simulated seconds it took."""
-    lower = lower_is_better(metric)
+    reached that value of ``metric`` and, over those, the mean round (or version) and simulated seconds it took.
+    ``lower``: whether a lower ``metric`` is better (default: :func:`lower_is_better`)."""
+    lower = lower_is_better(metric) if lower is None else lower
     reach = f" reached {target:g}: seeds, mean round/version, mean simulated s |" if target is not None else ""
     direction = " (lower is better)" if lower else ""
     lines = [
