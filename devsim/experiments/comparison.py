@@ -15,12 +15,12 @@ import shlex
 import statistics
 from dataclasses import dataclass, field
 
-from devsim.observe.results import record_metric
+from devsim.observe.results import record_metric, record_step
 
 JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
+"""The jobs an arm can run (``jobs/pt_job_<job>.py``)."""
 LOWER_IS_BETTER_SUFFIXES = ("loss", "error", "mae", "mse", "rmse", "perplexity")
 """A metric whose name ends in one of these (``loss``, ``mae``, ``val_mse``, ...) is better when lower."""
-"""The jobs an arm can run (``jobs/pt_job_<job>.py``)."""
 SET_BY_COMPARISON = ("--seed", "--output-dir", "--workspace", "--resume", "--export", "--export-dir")
 """Flags the comparison sets itself (or that make a run something other than a run), refused in an arm's flags."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -142,9 +142,8 @@ def first_reaching(
     for index, record in enumerate(records):
         value = record_metric(record, metric)
         if value is not None and (value <= target if lower else value >= target):
-            step = record.get("version", record.get("round", index + 1))
             time = record.get("simulated_time")
-            return float(step), None if time is None else float(time)
+            return record_step(record, index), None if time is None else float(time)
     return None
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devsim.observe.results import record_metric
+from devsim.observe.results import record_metric, record_step
 
 DPI = 150
 PANEL_SIZE_IN = (5.0, 4.0)
@@ -43,8 +44,8 @@ class RunCurves:
     label: str = ""
 
 
-def load_run(run_dir: str) -> RunCurves:
-    """Read ``<run_dir>/results.json`` into accuracy curves; raises ``PlotError`` naming the folder."""
+def _read_results(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``<run_dir>/results.json`` and its records; raises ``PlotError`` naming the folder."""
     path = os.path.join(run_dir, "results.json")
     if not os.path.isfile(path):
         raise PlotError(f"{run_dir}: no results.json in this folder")
@@ -56,6 +57,12 @@ def load_run(run_dir: str) -> RunCurves:
     rounds = results.get("rounds") if isinstance(results, dict) else None
     if not isinstance(rounds, list):
         raise PlotError(f"{run_dir}: results.json has no 'rounds' list")
+    return results, rounds
+
+
+def load_run(run_dir: str) -> RunCurves:
+    """Read ``<run_dir>/results.json`` into accuracy curves; raises ``PlotError`` naming the folder."""
+    results, rounds = _read_results(run_dir)
     curves = RunCurves(
         run_dir=run_dir,
         method=str(results.get("method") or "run"),
@@ -68,7 +75,7 @@ def load_run(run_dir: str) -> RunCurves:
         if record.get("accuracy") is None:
             continue
         accuracy = float(record["accuracy"])
-        curves.step.append(float(record.get("version" if curves.is_async else "round", index + 1)))
+        curves.step.append(record_step(record, index))
         curves.step_accuracy.append(accuracy)
         if record.get("simulated_time") is not None:
             curves.simulated_time.append(float(record["simulated_time"]))
@@ -270,16 +277,15 @@ def plot_comparison(
     for index, (name, runs) in enumerate(arms.items()):
         steps = sorted(set.intersection(*(set(curve) for _, curve in runs)))
         columns = [[curve[step] for _, curve in runs] for step in steps]
-        line = curves.plot(steps, [sum(c) / len(c) for c in columns], marker=".", label=f"{name} (n={len(runs)})")
+        line = curves.plot(steps, [statistics.fmean(c) for c in columns], marker=".", label=f"{name} (n={len(runs)})")
         colour = line[0].get_color()
         curves.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, lw=0, color=colour)
         values = [curve[max(curve)] for _, curve in runs if curve]
         if not values:
             continue
         finals.scatter([index] * len(values), values, color=colour, alpha=0.7)
-        mean = sum(values) / len(values)
-        spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-        finals.errorbar([index + 0.15], [mean], yerr=[spread], fmt="D", color=colour, capsize=4)
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        finals.errorbar([index + 0.15], [statistics.fmean(values)], yerr=[spread], fmt="D", color=colour, capsize=4)
     kinds = {is_async for runs in arms.values() for is_async, _ in runs}
     curves.set_xlabel("global model version" if kinds == {True} else "round" if kinds == {False} else "round / version")
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds and versions are whole numbers
@@ -298,12 +304,6 @@ def plot_comparison(
 
 def _metric_curve(run_dir: str, metric: str) -> tuple[bool, dict[float, float]]:
     """(asynchronous?, round or version -> ``metric``) over the evaluated records of a run's ``results.json``."""
-    run = load_run(run_dir)  # checks the file and names the folder
-    with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as stream:
-        records = json.load(stream)["rounds"]
-    curve = {}
-    for index, record in enumerate(records):
-        value = record_metric(record, metric)
-        if value is not None:
-            curve[float(record.get("version" if run.is_async else "round", index + 1))] = value
-    return run.is_async, curve
+    _, records = _read_results(run_dir)
+    values = [(record_step(record, i), record_metric(record, metric)) for i, record in enumerate(records)]
+    return any("version" in r for r in records), {step: value for step, value in values if value is not None}

@@ -66,6 +66,12 @@ def load_results(run_dir: str) -> dict[str, Any]:
         return json.load(stream)
 
 
+def record_step(record: dict[str, Any], index: int) -> float:
+    """A ``results.json`` record's position: its global model ``version`` (asynchronous runs) or ``round``; the
+    record's 1-based ``index`` for a record with neither."""
+    return float(record.get("version", record.get("round", index + 1)))
+
+
 def record_metric(record: dict[str, Any], metric: str) -> float | None:
     """A round's (or version's) ``metric`` in a ``results.json`` record: ``loss``, ``accuracy`` or a task metric of
     its ``metrics``; None when that record was not evaluated or has no such metric."""

@@ -53,7 +53,7 @@ from nvflare.edge.widgets.tpo_runner import TPORunner
 from nvflare.recipe.spec import Recipe
 from nvflare.widgets.widget import Widget
 
-from devsim.aggregation.server_optimizers import ServerOptimizer, active
+from devsim.aggregation.server_optimizers import server_optimizer_for
 from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.observe.progress import format_metrics
 from devsim.seeding import derive_seed
@@ -236,7 +236,7 @@ class NumpyBuffModelManager(BuffModelManager):
         # NVFlare's job export reads each constructor argument back from the attribute of the same name
         self.server_optimizer, self.server_momentum = server_optimizer, server_momentum
         self.server_beta2, self.server_tau = server_beta2, server_tau
-        self.optimizer = active(ServerOptimizer(server_optimizer, global_lr, server_momentum, server_beta2, server_tau))
+        self.optimizer = server_optimizer_for(self)
         """The server optimizer's state (None: the plain step)."""
 
     def generate_new_model(self, fl_ctx: FLContext) -> None:
@@ -357,8 +357,7 @@ class DevsimEdgeRecipe(Recipe):
             buffer, min_hole = buffer_size or 1, 1
             if not 1 <= buffer <= selection:
                 raise ValueError(f"buffer_size must be in 1..{selection} (device_selection_size), got {buffer}")
-        optimizer = ServerOptimizer(server_optimizer, global_lr, server_momentum, server_beta2, server_tau)
-        if active(optimizer) is not None and not numpy_payloads:
+        if server_optimizer != "sgd" and not numpy_payloads:
             raise ValueError(
                 f"--server-optimizer: {server_optimizer} needs --payloads numpy (NVFlare's list manager only takes sgd)"
             )
