@@ -150,15 +150,13 @@ def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafP
     return plan_leaf(device=device, batch_size=10, device_batch_setting="auto", obstacle=timed, **sizes)
 
 
-def leaf_rate(
-    model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False, rounds=3, **more
-):
+def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False, rounds=3):
     """Median device-samples/s of one leaf (``workers`` processors of this suite's leaf settings on ``device``,
     ``batch`` devices a computation, groups filled first with ``fill``) training devices 0..``devices``-1 from the
     same global model over rounds 2.. of ``rounds``, and the last round's leaf delta sum (name -> array). Every
     round is round 0, so every setting trains the same batches. On the CPU torch gets usable cores / workers
     threads."""
-    settings = leaf_settings(model, devices, samples) | more
+    settings = leaf_settings(model, devices, samples)
     if device == "cpu":
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
     torch.manual_seed(0)
@@ -176,12 +174,6 @@ def leaf_rate(
     finally:
         runner.close()
     return statistics.median(rates), result.delta_sum
-
-
-def conv_grads_reason(model_name: str, device: str, devices: int) -> str:
-    """The leaf's ``--conv-grads auto`` choice for ``model_name`` and why (its probe, on this device)."""
-    processor = TaskDeviceProcessor.from_settings(leaf_settings(model_name, devices, 10), compute_device=device)
-    return processor.conv_grads_choice().reason
 
 
 def leaf_shape(size: dict, model_name: str) -> tuple[int, int]:
@@ -204,7 +196,6 @@ def section_throughput(args, size: dict) -> dict:
         workers = plan_workers(device=args.device, num_params=params, batch_size=10).num_workers
         pool, _ = leaf_rate(model_name, args.device, devices, samples, workers, 1)
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
-        cudnn, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices, conv_grads="cudnn")
         plan = auto_plan(model_name, args.device, devices, samples)
         auto, _ = leaf_rate(
             model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups
@@ -212,7 +203,6 @@ def section_throughput(args, size: dict) -> dict:
         row = dict(devices=devices, samples_per_device=samples, centralized_batch10=central_10)
         row[f"centralized_batch{LIMIT_BATCH}"] = central_limit
         row.update(pool_workers=workers, pool=pool, batched_1_worker=batched, auto_plan=plan.reason, auto=auto)
-        row.update(batched_conv_grads_cudnn=cudnn, conv_grads=conv_grads_reason(model_name, args.device, devices))
         row.update(pool_vs_limit=pool / central_limit, batched_vs_limit=batched / central_limit)
         out[model_name] = row | dict(auto_vs_limit=auto / central_limit, batched_vs_pool=batched / pool)
     return out

@@ -38,6 +38,7 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 NAME_CHARS = 160
 CUDNN_BENCHMARK_MODE = "graphs_cudnn_benchmark"  # graphs captured after cuDNN's own algorithm search (CUDA only)
+CHANNELS_LAST_MODE = "graphs_channels_last"  # graphs with the batched path's channels-last fold (CUDA only)
 
 
 def _self_device_us(event) -> float:
@@ -139,26 +140,32 @@ def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch
 
 
 def section_compiled_step(args, size: dict) -> dict:
-    """Seconds per device of one batched group's training, eager against CUDA graphs, each with cuDNN's and with
-    unfold convolution weight gradients (``--conv-grads``), groups of several sizes; on CUDA also graphs with
-    ``torch.backends.cudnn.benchmark`` on (cuDNN times its algorithms per shape before capture). Inductor runs on the
-    CPU only, and the channels-last fold nowhere: on the H200 inductor compiled 5-11 s per group size and replayed
-    slower than graphs, and the fold was slower too (2026-11-27, 2026-11-28)."""
+    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes; on CUDA
+    also graphs with ``torch.backends.cudnn.benchmark`` on (cuDNN times its algorithms per shape before capture) and
+    graphs with the channels-last fold (:mod:`devsim.training.channels_last`, used on the CPU only: on the H200 a
+    fifth of the graphed round's GPU time went to cuDNN's NCHW/NHWC conversions around each device's kernels). The
+    default inductor arm runs on the CPU only: on the H200 it compiled 4.4-9.8 s per group size and replayed slower
+    than graphs (2026-11-27), and with it the section did not fit its budget."""
     device = torch.device(args.device)
     train = load_digits_split(True)
     inputs = torch.from_numpy(train.images).to(device)
     targets = torch.from_numpy(train.labels).to(device)
     spec = LocalTrainingSpec(epochs=1, batch_size=10, lr=0.05)
-    modes = {"eager": None, "graphs": dict(GRAPH_OPTIONS), "eager_unfold": None, "graphs_unfold": dict(GRAPH_OPTIONS)}
-    modes.update({CUDNN_BENCHMARK_MODE: dict(GRAPH_OPTIONS)} if args.device == "cuda" else {"compiled": {}})
+    modes = {"eager": None, "graphs": dict(GRAPH_OPTIONS)}
+    if args.device == "cuda":
+        modes["reduce_overhead"] = {"mode": "reduce-overhead"}
+        modes[CUDNN_BENCHMARK_MODE] = dict(GRAPH_OPTIONS)
+        modes[CHANNELS_LAST_MODE] = dict(GRAPH_OPTIONS)
+    else:
+        modes["compiled"] = {}
     torch.manual_seed(0)
     model = build_model("cnn")
     trainers = {
-        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options, conv_grads=name[-6:])
-        if name.endswith("unfold")
-        else BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
+        name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
         for name, options in modes.items()
     }
+    if CHANNELS_LAST_MODE in trainers:  # the CPU's fold, forced on: cuDNN converts NCHW to NHWC around every conv
+        trainers[CHANNELS_LAST_MODE].fold_channels_last = True
     state = model.state_dict()
     start = [state[key].detach().to(device) for key in trainers["eager"].keys]
     samples = size["step_samples"]

@@ -170,9 +170,8 @@ class LeafNode:
             sizes = expected_group_sizes(plan, devices_at_once(self.settings))
             if sizes and self.settings.get("concurrency") is not None:  # async calls bring any count up to it
                 sizes = list(range(2, max(sizes) + 1))
-            conv_grads = first.conv_grads_choice().reason
             warmed = [worker.warm_compiled(sizes) for worker in workers][0] if choice.enabled else []
-        return f"{choice.reason}; {conv_grads}" + (f"; warmed buckets {warmed} for groups of {sizes}" if warmed else "")
+        return f"{choice.reason}" + (f"; warmed buckets {warmed} for groups of {sizes}" if warmed else "")
 
     def _attach_startup(self, payload: dict) -> None:
         """Send this leaf's set-up parts (seconds) once, with its first reply (``startup``)."""

@@ -35,12 +35,6 @@ from devsim.training.batched import BatchedTrainer, batched_device_bytes
 from devsim.training.compiled_step import CompileChoice, CompiledGroups, probe_compiled, resolve_compile
 from devsim.training.local import DeviceMetrics, LocalTrainer, LocalTrainingSpec, Objective
 from devsim.training.probe.batch_probe import TOLERANCE, ProbeOutcome, probe_batching
-from devsim.training.probe.conv_grads_probe import (
-    TIMED_DEVICES,
-    ConvGradsChoice,
-    probe_conv_grads,
-    resolve_conv_grads,
-)
 from devsim.training.probe.probe_cache import cached_probe, task_probe_key
 
 _SHARED_LOCK = threading.Lock()
@@ -111,7 +105,6 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         hidden_group: int = 0,
         group_kind: str = "label_permutation",
         compile: str = "auto",
-        conv_grads: str = "auto",
         compute_device: str | None = None,
     ):
         super().__init__()
@@ -137,7 +130,6 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         self.hidden_group = hidden_group
         self.group_kind = group_kind
         self.compile = compile
-        self.conv_grads = conv_grads
         self.compute_device = compute_device
         self.torch_device = torch.device(compute_device) if compute_device else default_torch_device()
         self._task: Task | None = None
@@ -247,17 +239,10 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
         """This worker's batched trainer: compiled and padded to buckets when :meth:`compile_choice` says so."""
         if self._batched is None:
             trainer, choice = self._ready(), self.compile_choice()
-            conv_grads = self.conv_grads_choice().value
 
             def build(options: dict | None = None) -> BatchedTrainer:
                 return BatchedTrainer(
-                    trainer.model,
-                    trainer.spec,
-                    self.torch_device,
-                    self.objective,
-                    self._example_input(),
-                    options,
-                    conv_grads,
+                    trainer.model, trainer.spec, self.torch_device, self.objective, self._example_input(), options
                 )
 
             self._batched = CompiledGroups(build(choice.options), fallback=build) if choice.enabled else build()
@@ -277,43 +262,6 @@ class TaskDeviceProcessor(DeviceTaskProcessor):
             with _SHARED_LOCK:
                 _PROBES[key] = choice
         return choice
-
-    def conv_grads_choice(self) -> ConvGradsChoice:
-        """``--conv-grads`` resolved for this process's task and device with the step :meth:`compile_choice` chose
-        (once; ``auto`` on a GPU runs :func:`devsim.training.probe.conv_grads_probe.probe_conv_grads`)."""
-        trainer, compiled = self._ready(), self.compile_choice()
-        key = ("conv_grads", id(self._task), trainer.spec, str(self.torch_device), self.compile, self.conv_grads)
-        with _SHARED_LOCK:
-            choice = _PROBES.get(key)
-        if choice is None:
-            choice = resolve_conv_grads(
-                self.conv_grads, self.torch_device, trainer.model, probe=lambda: self._probe_conv_grads(compiled)
-            )
-            with _SHARED_LOCK:
-                _PROBES[key] = choice
-        return choice
-
-    def _probe_conv_grads(self, compiled: CompileChoice) -> tuple[bool, str]:
-        task, trainer = self._ready_task(), self._ready()
-        state = trainer.model.state_dict()
-        start = [state[k].detach().clone() for k in trainer.keys]
-
-        def build(conv_grads: str, spec: LocalTrainingSpec | None) -> BatchedTrainer:
-            model = task.build_model(track_features=self.track_features).to(self.torch_device)
-            model.load_state_dict(state)
-            return BatchedTrainer(
-                model,
-                spec or trainer.spec,
-                self.torch_device,
-                self.objective,
-                self._example_input(),
-                compile_options=compiled.options if compiled.enabled else None,
-                conv_grads=conv_grads,
-            )
-
-        limit = self._data.partitioner.num_devices  # None: any device id has a shard
-        devices = list(range(TIMED_DEVICES if limit is None else max(3, min(TIMED_DEVICES, limit))))
-        return probe_conv_grads(build, self._data.shard_pool(devices), start, TOLERANCE)
 
     def _probe_compiled(self) -> str | None:
         task, trainer = self._ready_task(), self._ready()

@@ -59,20 +59,12 @@ def dry_run(tmp_path_factory) -> tuple[dict, str]:
 def test_in_process_sections_write_consistent_figures(dry_run):
     report, path = dry_run
     cnn = report["sections"]["throughput"]["cnn"]
-    for key in (
-        "centralized_batch10",
-        "centralized_batch256",
-        "pool",
-        "batched_1_worker",
-        "auto",
-        "batched_conv_grads_cudnn",
-    ):
+    for key in ("centralized_batch10", "centralized_batch256", "pool", "batched_1_worker", "auto"):
         assert cnn[key] > 0, key
     assert cnn["pool_vs_limit"] == pytest.approx(cnn["pool"] / cnn["centralized_batch256"])
     assert cnn["auto_vs_limit"] == pytest.approx(cnn["auto"] / cnn["centralized_batch256"])
     assert cnn["batched_vs_pool"] == pytest.approx(cnn["batched_1_worker"] / cnn["pool"])
     assert cnn["auto_plan"].startswith("workers=") and "pool first on the cpu" in cnn["auto_plan"]
-    assert cnn["conv_grads"] == "conv_grads=auto -> cudnn on the CPU"
     sweep = report["sections"]["worker_sweep"]
     assert set(sweep["samples_per_s"]) == {"pool 1", "pool 2", "groups 1x4"}
     assert 0 < sweep["auto_vs_best"] <= 1.0
@@ -116,11 +108,9 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
         pair["fedrevive paper"]["command_wall"] / pair["fedbuff paper"]["command_wall"]
     )
     step = sections["compiled_step"]["group_2"]
-    assert set(step) == {"eager", "graphs", "eager_unfold", "graphs_unfold", "compiled"}
-    assert step["eager"]["ms_per_device"] > 0
+    assert set(step) == {"eager", "graphs", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
     assert step["graphs"]["max_delta_difference"] == 0.0  # the CPU has no graphs: the same step on static copies
-    assert 0 < step["graphs_unfold"]["max_delta_difference"] < 1e-6  # unfold: another summation order
 
 
 @pytest.mark.slow

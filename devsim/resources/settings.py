@@ -15,7 +15,6 @@ from devsim.sections import check_choice, check_min, check_positive_finite, meta
 
 DEVICE_BATCH_WORDS = ("auto", "off")
 COMPILE_SETTINGS = ("off", "auto", "graphs", "on")
-CONV_GRADS_SETTINGS = ("auto", "cudnn", "unfold")
 TENSOR_TRANSFERS = ("auto", "inline", "download")
 SHARED_MEMORY_MODES = ("auto", "on", "off")
 INLINE_TENSOR_MAX_BYTES = 2 * 2**20
@@ -58,15 +57,6 @@ class EnvironmentSettings:
             "updates): auto (CUDA graphs of the eager step on a GPU where the probe finds them exact and faster; "
             "eager on the CPU), graphs (CUDA graphs, no probe), on (torch.compile: fused kernels, seconds of "
             "compilation per bucket), off"
-        ),
-    )
-    conv_grads: str = field(
-        default="auto",
-        metadata=_environment(
-            "how the batched step gets convolution weight gradients: cudnn (PyTorch's grouped convolution), unfold "
-            "(one batched matrix product per layer over the unfolded input: cuDNN's grouped weight gradient is slow "
-            "on a GPU), auto (unfold on a GPU where the probe finds it exact and faster; cudnn on the CPU); same "
-            "updates up to float rounding"
         ),
     )
     tf32: bool = field(
@@ -119,7 +109,6 @@ class EnvironmentSettings:
         else:
             check_min("device_batch", value, 1)
         check_choice("compile", self.compile, COMPILE_SETTINGS)
-        check_choice("conv_grads", self.conv_grads, CONV_GRADS_SETTINGS)
         if self.server_threads is not None:
             check_min("server_threads", self.server_threads, 1)
         if self.round_timeout is not None:

@@ -121,9 +121,6 @@ class BatchedTrainer:
             "reduce-overhead"}``: every group size and batch size compiles once, seconds each, and rounds
             differently from eager); None runs it eagerly. The leaves choose with ``--compile``
             (:mod:`devsim.training.compiled_step`).
-        conv_grads: how the step computes convolution weight gradients, one of
-            :data:`~devsim.training.flat_step.CONV_GRADS` (``unfold``: one batched matrix product per layer instead
-            of cuDNN's grouped-convolution kernel; the leaves choose with ``--conv-grads``).
 
     Raises:
         ValueError: with :func:`batching_obstacle`'s reason when the model or spec cannot be batched.
@@ -137,7 +134,6 @@ class BatchedTrainer:
         objective: Objective | None = None,
         example: torch.Tensor | None = None,
         compile_options: dict | None = None,
-        conv_grads: str = "cudnn",
     ):
         obstacle = batching_obstacle(model, spec)
         if obstacle is not None:
@@ -153,8 +149,7 @@ class BatchedTrainer:
         missing = set(self.param_keys) - set(self.keys)
         if missing:
             raise ValueError(f"batched training needs floating-point parameters; not float: {sorted(missing)}")
-        self.conv_grads = conv_grads
-        self._step = batched_step(self.model, self.objective.loss, self.param_keys, self.buffer_keys, conv_grads)
+        self._step = batched_step(self.model, self.objective.loss, self.param_keys, self.buffer_keys)
         self.graphed = compile_options == GRAPH_OPTIONS
         if self.graphed:
             self._step = GraphedStep(self._step, capture=self.device.type == "cuda")
