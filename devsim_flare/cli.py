@@ -213,9 +213,10 @@ def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
     """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
-    from devsim.observe.startup import stamp_command_start
+    from devsim.observe.startup import stamp_command, stamp_command_start
 
     stamp_command_start()
+    stamp_command("command_imports_done")
     parser = build_parser(description, defaults)
     args = parser.parse_args(argv)
     if args.preset:
@@ -271,6 +272,7 @@ def run_job(
 
 def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_ids, exporting: bool, download_dir):
     """:func:`run_job` from the shared-memory check on: data, task, privacy, then export or run."""
+    from devsim.observe.startup import stamp_command
     from devsim_flare.launch.warm_parent import note_job_accepted
     from devsim_flare.recipe import build_recipe
 
@@ -285,6 +287,7 @@ def _checked_run(parser, args, server_cls: type, config: SimulationConfig, gpu_i
     config = task_config(parser, config)
     config = with_privacy(parser, config, resumed=bool(args.resume))
     note_job_accepted()  # a warm parent starts at the end of a cold command only once its flags have passed
+    stamp_command("command_checked")
     if getattr(args, "check", False):
         print(checked_settings(parser, config, server_cls.method), flush=True)
         return 0

@@ -394,7 +394,11 @@ def _record_exit(path: str, results: dict) -> str:
     exit_part = f"{show('last_round_to_exit')} from the last round to exit"
     if seconds.get("command_to_first_round") is None:  # prod: the server's process started on its own host
         return f"start-up on the server: {inside}; {exit_part}"
+    command = f"server process {show('command_to_server_process')}"
+    if seconds.get("command_checks") is not None:
+        parts = ("command_imports", "command_checks", "checked_to_server_process")
+        command += f": imports {show(parts[0])}, checks {show(parts[1])}, launch {show(parts[2])}"
     return (
         f"start-up{' (warm parent)' if warm else ''}: {show('command_to_first_round')} from the command to the first "
-        f"round (server process {show('command_to_server_process')}, {inside}); {exit_part}"
+        f"round ({command}; {inside}); {exit_part}"
     )

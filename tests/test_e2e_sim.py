@@ -162,11 +162,15 @@ def test_results_break_the_start_up_down(sim_run):
     tmp, proc = sim_run
     startup = find_results(tmp / "ws" / "runs")["startup"]
     stamps, seconds = startup["stamps"], startup["seconds"]
-    order = ["command_started", "server_process_started", "server_run_started", "server_ready"]
-    order += ["first_round_started", "first_round_finished", "last_round_finished", "command_exit"]
+    order = ["command_started", "command_imports_done", "command_checked", "server_process_started"]
+    order += ["server_run_started", "server_ready", "first_round_started", "first_round_finished"]
+    order += ["last_round_finished", "command_exit"]
     assert [stamps[name] for name in order] == sorted(stamps[name] for name in order)
     parts = ("command_to_server_process", "server_process_to_run", "run_to_ready", "ready_to_first_round")
     assert abs(sum(seconds[p] for p in parts) - seconds["command_to_first_round"]) < 1e-6
+    command = ("command_imports", "command_checks", "checked_to_server_process")
+    assert abs(sum(seconds[p] for p in command) - seconds["command_to_server_process"]) < 1e-6
+    assert "(server process " in proc.stdout and ": imports " in proc.stdout and ", launch " in proc.stdout
     assert seconds["last_round_to_exit"] > 0
     assert {"import", "task_and_data", "plan_and_probe", "total"} <= set(startup["leaf_parts_max"])
     assert "start-up: " in proc.stdout and "from the last round to exit" in proc.stdout

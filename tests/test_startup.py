@@ -5,7 +5,16 @@ from __future__ import annotations
 import os
 import time
 
-from devsim.observe.startup import COMMAND_STARTED_ENV, StartupClock, add_exit, stamp_command_start
+from devsim.observe.startup import (
+    COMMAND_STAMPS_ENV,
+    COMMAND_STARTED_ENV,
+    StartupClock,
+    add_exit,
+    command_stamps,
+    command_starts_now,
+    stamp_command,
+    stamp_command_start,
+)
 
 
 def test_stages_are_differences_of_first_stamps(monkeypatch):
@@ -33,6 +42,33 @@ def test_the_command_stamp_is_kept_once_set(monkeypatch):
     monkeypatch.setenv(COMMAND_STARTED_ENV, "5.0")
     stamp_command_start()
     assert StartupClock().stamps["command_started"] == 5.0
+
+
+def test_the_commands_own_stamps_split_its_time_to_the_server_process(monkeypatch):
+    monkeypatch.setenv(COMMAND_STARTED_ENV, "100.0")
+    monkeypatch.delenv(COMMAND_STAMPS_ENV, raising=False)
+    stamp_command("command_imports_done")
+    first = command_stamps()["command_imports_done"]
+    stamp_command("command_imports_done")  # the first stamp of a name counts
+    monkeypatch.setenv(COMMAND_STAMPS_ENV, f"{os.environ[COMMAND_STAMPS_ENV]},command_checked=104.5,junk,x=y")
+    assert command_stamps() == {"command_imports_done": first, "command_checked": 104.5}
+    clock = StartupClock()
+    clock.stamps.update(command_imports_done=101.0, server_process_started=105.0)
+    seconds = clock.record()["seconds"]
+    assert (seconds["command_imports"], seconds["command_checks"], seconds["checked_to_server_process"]) == (
+        1.0,
+        3.5,
+        0.5,
+    )
+    assert seconds["command_to_server_process"] == 5.0
+
+
+def test_a_run_from_python_drops_the_earlier_commands_stamps_while_it_runs(monkeypatch):
+    monkeypatch.setenv(COMMAND_STAMPS_ENV, "command_checked=3.0")
+    with command_starts_now():
+        assert command_stamps() == {}
+        stamp_command("command_checked")
+    assert os.environ[COMMAND_STAMPS_ENV] == "command_checked=3.0"
 
 
 def test_sim_exit_watcher_stops_what_is_left_once_the_results_are_complete(tmp_path):

@@ -1,10 +1,13 @@
 """Where a run's start-up goes: wall-clock stamps from the user's command to the first round, and after the last.
 
 The job command stamps its own process start into the environment (:data:`COMMAND_STARTED_ENV`), which the
-processes it starts inherit (the simulator's server and leaves, POC sites started by it). The server marks its
-own process start, the start of its run (NVFlare started it, the leaves have connected and set up: a Collab
-server's ``main`` runs after every site's ``init``), when the task and model are ready, and the first and last
-rounds (sync rounds, or async evaluation windows). The command adds, once the job has ended, the time from the
+processes it starts inherit (the simulator's server and leaves, POC sites started by it), and, under
+:data:`COMMAND_STAMPS_ENV`, when its imports were done (``command_imports_done``: the job script's code runs) and
+when every pre-run check had passed (``command_checked``: flags, data, task, privacy), so that
+``command_to_server_process`` splits into the command's imports, its checks, and the launch of the simulator. The
+server marks its own process start, the start of its run (NVFlare started it, the leaves have connected and set
+up: a Collab server's ``main`` runs after every site's ``init``), when the task and model are ready, and the first
+and last rounds (sync rounds, or async evaluation windows). The command adds, once the job has ended, the time from the
 last round to its exit. Stamps are ``time.time()`` seconds; durations are differences of stamps on one host.
 
 Each leaf times its own set-up in parts (:class:`SetupParts`: importing its code, CUDA initialisation, task and
@@ -23,8 +26,13 @@ from contextlib import contextmanager
 from typing import Any
 
 COMMAND_STARTED_ENV = "DEVSIM_COMMAND_STARTED"
+COMMAND_STAMPS_ENV = "DEVSIM_COMMAND_STAMPS"
+"""The command's own later stamps, ``name=seconds`` pairs separated by commas (see :func:`stamp_command`)."""
 
 STAGES = (
+    ("command_imports", "command_started", "command_imports_done"),
+    ("command_checks", "command_imports_done", "command_checked"),
+    ("checked_to_server_process", "command_checked", "server_process_started"),
     ("command_to_server_process", "command_started", "server_process_started"),
     ("server_process_to_run", "server_process_started", "server_run_started"),
     ("run_to_ready", "server_run_started", "server_ready"),
@@ -65,19 +73,42 @@ def stamp_command_start() -> None:
     os.environ.setdefault(COMMAND_STARTED_ENV, repr(process_started()))
 
 
+def stamp_command(name: str) -> None:
+    """Stamp ``name`` now among the command's stamps for the processes it starts from here on (the first stamp
+    of a name counts)."""
+    if name not in command_stamps():
+        earlier = os.environ.get(COMMAND_STAMPS_ENV)
+        pair = f"{name}={time.time()!r}"
+        os.environ[COMMAND_STAMPS_ENV] = f"{earlier},{pair}" if earlier else pair
+
+
+def command_stamps() -> dict[str, float]:
+    """The command's stamps from :data:`COMMAND_STAMPS_ENV` (malformed pairs are skipped)."""
+    stamps: dict[str, float] = {}
+    for pair in os.environ.get(COMMAND_STAMPS_ENV, "").split(","):
+        name, _, value = pair.partition("=")
+        try:
+            stamps.setdefault(name, float(value))
+        except ValueError:
+            continue
+    return stamps
+
+
 @contextmanager
 def command_starts_now() -> Iterator[None]:
-    """Stamp a run started from Python (``recipe.execute()``) as starting now, for the processes it starts; the
-    process's earlier stamp (another run's, or none) comes back afterwards."""
-    earlier = os.environ.get(COMMAND_STARTED_ENV)
+    """Stamp a run started from Python (``recipe.execute()``) as starting now, for the processes it starts, without
+    the command's later stamps (another run's); the process's earlier stamps come back afterwards."""
+    earlier = {name: os.environ.get(name) for name in (COMMAND_STARTED_ENV, COMMAND_STAMPS_ENV)}
     os.environ[COMMAND_STARTED_ENV] = repr(time.time())
+    os.environ.pop(COMMAND_STAMPS_ENV, None)
     try:
         yield
     finally:
-        if earlier is None:
-            os.environ.pop(COMMAND_STARTED_ENV, None)
-        else:
-            os.environ[COMMAND_STARTED_ENV] = earlier
+        for name, value in earlier.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class SetupParts:
@@ -109,6 +140,7 @@ class StartupClock:
         command = os.environ.get(COMMAND_STARTED_ENV)
         self.stamps: dict[str, float | None] = {
             "command_started": float(command) if command else None,
+            **(command_stamps() if command else {}),
             "server_process_started": process_started(),
         }
         self.leaves: dict[str, dict[str, float]] = {}
