@@ -373,7 +373,7 @@ def report_results(
 def _record_exit(path: str, results: dict) -> str:
     """Add the command's exit to the results' ``startup`` section (see :mod:`devsim.observe.startup`) and return
     a one-line start-up summary ('' when the server wrote no start-up stamps)."""
-    from devsim.observe.startup import add_exit
+    from devsim.observe.startup import add_exit, summary_line
     from devsim_flare.launch.warm_parent import CHILD_ENV
 
     if "startup" not in results or not results.get("summary"):
@@ -382,23 +382,4 @@ def _record_exit(path: str, results: dict) -> str:
     results["startup"] = {**add_exit(results["startup"], time.time()), "warm_parent": warm}
     with open(path, "w", encoding="utf-8") as stream:
         json.dump(results, stream, indent=1)
-    seconds = results["startup"]["seconds"]
-
-    def show(name: str) -> str:
-        return "n/a" if seconds.get(name) is None else f"{seconds[name]:.1f}s"
-
-    inside = (
-        f"NVFlare and the leaves' set-up {show('server_process_to_run')}, task, model and first evaluation "
-        f"{show('run_to_ready')}"
-    )
-    exit_part = f"{show('last_round_to_exit')} from the last round to exit"
-    if seconds.get("command_to_first_round") is None:  # prod: the server's process started on its own host
-        return f"start-up on the server: {inside}; {exit_part}"
-    command = f"server process {show('command_to_server_process')}"
-    if seconds.get("command_checks") is not None:
-        parts = ("command_imports", "command_checks", "checked_to_server_process")
-        command += f": imports {show(parts[0])}, checks {show(parts[1])}, launch {show(parts[2])}"
-    return (
-        f"start-up{' (warm parent)' if warm else ''}: {show('command_to_first_round')} from the command to the first "
-        f"round ({command}; {inside}); {exit_part}"
-    )
+    return summary_line(results["startup"]["seconds"], warm)

@@ -14,6 +14,7 @@ from devsim.observe.startup import (
     command_starts_now,
     stamp_command,
     stamp_command_start,
+    summary_line,
 )
 
 
@@ -61,6 +62,17 @@ def test_the_commands_own_stamps_split_its_time_to_the_server_process(monkeypatc
         0.5,
     )
     assert seconds["command_to_server_process"] == 5.0
+
+
+def test_the_summary_line_names_the_commands_parts_when_it_has_them():
+    seconds = dict(command_to_first_round=3.7, command_to_server_process=2.6, server_process_to_run=1.1)
+    seconds.update(run_to_ready=0.1, last_round_to_exit=0.4)
+    plain = summary_line(seconds)
+    assert plain.startswith("start-up: 3.7s from the command to the first round (server process 2.6s; NVFlare")
+    seconds.update(command_imports=1.3, command_checks=1.2, checked_to_server_process=0.1)
+    assert "(server process 2.6s: imports 1.3s, checks 1.2s, launch 0.1s; NVFlare" in summary_line(seconds, True)
+    assert summary_line(seconds, True).startswith("start-up (warm parent): ")
+    assert summary_line({"server_process_to_run": 1.0}).startswith("start-up on the server: NVFlare")
 
 
 def test_a_run_from_python_drops_the_earlier_commands_stamps_while_it_runs(monkeypatch):

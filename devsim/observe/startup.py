@@ -185,3 +185,29 @@ def add_exit(record: dict[str, Any], exited: float) -> dict[str, Any]:
     seconds = dict(record.get("seconds", {}))
     seconds["last_round_to_exit"] = None if last is None else exited - last
     return {**record, "stamps": stamps, "seconds": seconds}
+
+
+def summary_line(seconds: dict[str, float | None], warm: bool = False) -> str:
+    """The command's one-line start-up summary of a results file's ``startup["seconds"]`` (``warm``: the command
+    was forked by a warm parent)."""
+
+    def show(name: str) -> str:
+        return "n/a" if seconds.get(name) is None else f"{seconds[name]:.1f}s"
+
+    inside = (
+        f"NVFlare and the leaves' set-up {show('server_process_to_run')}, task, model and first evaluation "
+        f"{show('run_to_ready')}"
+    )
+    exit_part = f"{show('last_round_to_exit')} from the last round to exit"
+    if seconds.get("command_to_first_round") is None:  # prod: the server's process started on its own host
+        return f"start-up on the server: {inside}; {exit_part}"
+    command = f"server process {show('command_to_server_process')}"
+    if seconds.get("command_checks") is not None:
+        command += (
+            f": imports {show('command_imports')}, checks {show('command_checks')}, "
+            f"launch {show('checked_to_server_process')}"
+        )
+    return (
+        f"start-up{' (warm parent)' if warm else ''}: {show('command_to_first_round')} from the command to the first "
+        f"round ({command}; {inside}); {exit_part}"
+    )
