@@ -6,12 +6,13 @@ python jobs/compare_runs.py --seeds 0,1,2 --out cmp \\
 
 An arm is ``NAME=[JOB:] FLAGS`` (JOB one of fedavg, fedbuff, fedrevive, cluster; default fedavg); the flags after
 ``--`` go to every arm first, the arm's own after them (the last value of a flag wins), then ``--seed S`` and the
-run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 first), one at a time, each job's output in
-``OUT/NAME/seed-S.log``. A finished run with the same command is kept and a run stopped by a signal is resumed
-(``--resume``), so the same command continues a comparison that was stopped, or extends it with more seeds or arms
-(``--rerun``: run everything again). Ctrl-C or SIGTERM stops the running job as its own command would (its checkpoint
-and results are kept) and ends the comparison. Before any run, each arm that has runs to do goes through its job's
-own checks (``--check``): a refused flag ends the comparison at once, naming the arm.
+run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 first), ``--parallel`` at a time (default
+1; each of them in its own NVFlare workspace under ``OUT``), each job's output in ``OUT/NAME/seed-S.log``. A finished
+run with the same command is kept and a run stopped by a signal is resumed (``--resume``), so the same command
+continues a comparison that was stopped, or extends it with more seeds or arms (``--rerun``: run everything again).
+Ctrl-C or SIGTERM stops the running job as its own command would (its checkpoint and results are kept; with
+``--parallel`` every running job) and ends the comparison. Before any run, each arm that has runs to do goes through
+its job's own checks (``--check``): a refused flag ends the comparison at once, naming the arm.
 
 Writes ``OUT/comparison.md`` (the table: mean ± sample std of the final accuracy, each seed's, each arm's paired
 difference from the first arm; ``--metric``: accuracy by default, the loss or a task metric; with ``--target VALUE``
@@ -22,6 +23,7 @@ when each run first reached it), ``OUT/comparison.json`` and ``OUT/comparison.pn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -64,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="comparison", help="folder for the runs, the table and the plot")
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="seconds a run may take before it is stopped")
     parser.add_argument("--rerun", action="store_true", help="run every arm and seed again, finished or not")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs at once, each in its own workspace (for cores or a GPU that one run leaves idle)",
+    )
     parser.add_argument("--title", default=None, help="the plot's title")
     parser.add_argument(
         "--metric",
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ComparisonError(f"--target: a finite number, got {args.target}")
         if not args.run_timeout > 0:
             raise ComparisonError(f"--run-timeout: must be > 0 seconds, got {args.run_timeout}")
+        if args.parallel < 1:
+            raise ComparisonError(f"--parallel: at least 1 run at a time, got {args.parallel}")
     except ComparisonError as error:
         parser.error(str(error))
     out = os.path.abspath(args.out)
@@ -107,13 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             if refused:
                 print(f"{parser.prog}: error: --arm {arm.name}: {refused}", file=sys.stderr)
                 return 2
-    code = 0
-    for done, (seed, summary) in enumerate(planned, start=1):
-        outcome = _run(summary, seed, common, out, args, f"[{done}/{len(planned)}]")
-        if outcome in (2, 130, 143):
-            code = outcome
-            break
-        code = code or outcome
+    code = _run_all(planned, common, out, args)
     pair_with_first(summaries)
     _write(out, summaries, seeds, common, args)
     if code in (130, 143):
@@ -121,37 +126,78 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step: str) -> int:
-    """Run, resume or keep ``summary``'s arm on ``seed`` and record its figures; 0, or why it did not finish (1: the
-    run failed; 2: the job refused its flags; 130 / 143: stopped by a signal)."""
+def _run_all(planned: list[tuple[int, ArmSummary]], common: list[str], out: str, args) -> int:
+    """Run, resume or keep every planned run, ``args.parallel`` at a time, in order; the comparison's exit code (0;
+    1: some run failed; 2: a job refused its flags; 130 / 143: stopped by a signal). After a refusal or a signal no
+    further run starts, and the running ones are stopped as by that signal (a refusal: SIGINT), so that the same
+    command resumes them."""
+    jobs = _Jobs(args.run_timeout, args.parallel)
+    code, queue, steps = 0, list(planned), {}
+    with jobs.forwarding_signals():
+        while queue or jobs.running:
+            while queue and not (code in (2, 130, 143) or jobs.signal) and len(jobs.running) < args.parallel:
+                seed, summary = queue.pop(0)
+                step = f"[{len(planned) - len(queue)}/{len(planned)}]"
+                launch = _prepare(summary, seed, common, out, args, step)
+                if launch is None:  # kept: finished earlier with the same command
+                    code = code or _record(summary, seed, _finished(_run_dir(summary.arm, seed, out)), args, step)
+                    continue
+                steps[jobs.start(launch, out)] = (summary, seed, step)
+            for key, returncode in jobs.finished():
+                summary, seed, step = steps.pop(key)
+                outcome = _finish(summary, seed, returncode, args, step, out)
+                if outcome == 2 and not jobs.signal:
+                    jobs.stop_all(signal.SIGINT)
+                code = outcome if outcome in (2, 130, 143) and code not in (2, 130, 143) else code or outcome
+            time.sleep(0.05)
+    return 128 + jobs.signal if jobs.signal and code not in (2, 130, 143) else code
+
+
+def _run_dir(arm, seed: int, out: str) -> str:
+    return os.path.join(out, arm.name, f"seed-{seed}")
+
+
+def _prepare(summary: ArmSummary, seed: int, common: list[str], out: str, args, step: str) -> dict | None:
+    """What to launch for ``summary``'s arm on ``seed`` (``command``, ``log``, ``append``), its folder made ready and
+    its command recorded; None when its finished run is kept."""
     arm = summary.arm
-    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
-    workspace = os.path.join(out, "workspace")
+    run_dir = _run_dir(arm, seed, out)
     command = _command(arm, seed, common, out)
     record = run_dir + ".command.json"
-    results = _finished(run_dir)
     same = not args.rerun and _read_json(record) == command
-    kept = results is not None and same
-    if not kept:
-        how = "running"
-        if same and _stopped_with_checkpoint(run_dir):  # stopped by a signal: the job continues it
-            command, how = [*command[:2], "--resume", run_dir, "--workspace", workspace], "resuming"
-        else:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            os.makedirs(os.path.dirname(run_dir), exist_ok=True)
-            with open(record, "w", encoding="utf-8") as stream:
-                json.dump(command, stream)
-        log = run_dir + ".log"
-        print(f"{step} {arm.name} seed {seed}: {how} {arm.job} (log: {os.path.relpath(log)})", flush=True)
-        returncode = _run_job(command, log, args.run_timeout, append=how == "resuming")
-        results = _finished(run_dir) if returncode == 0 else None
-        if returncode in (2, 130, 143):
-            print(f"{step} {arm.name} seed {seed}: {_last_lines(log)}", file=sys.stderr)
-            return returncode
-        if results is None:
-            summary.failed.append(seed)
-            print(f"{step} {arm.name} seed {seed}: failed (exit {returncode}): {_last_lines(log)}")
-            return 1
+    if _finished(run_dir) is not None and same:
+        return None
+    how = "running"
+    if same and _stopped_with_checkpoint(run_dir):  # stopped by a signal: the job continues it
+        command, how = [*command[:2], "--resume", run_dir, "--workspace", os.path.join(out, "workspace")], "resuming"
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+        with open(record, "w", encoding="utf-8") as stream:
+            json.dump(command, stream)
+    log = run_dir + ".log"
+    print(f"{step} {arm.name} seed {seed}: {how} {arm.job} (log: {os.path.relpath(log)})", flush=True)
+    return {"command": command, "log": log, "append": how == "resuming"}
+
+
+def _finish(summary: ArmSummary, seed: int, returncode: int, args, step: str, out: str) -> int:
+    """Record a run that ended with ``returncode``; 0, or why it did not finish (see :func:`_run_all`)."""
+    run_dir = _run_dir(summary.arm, seed, out)
+    log = run_dir + ".log"
+    results = _finished(run_dir) if returncode == 0 else None
+    if returncode in (2, 130, 143):
+        print(f"{step} {summary.arm.name} seed {seed}: {_last_lines(log)}", file=sys.stderr)
+        return returncode
+    if results is None:
+        summary.failed.append(seed)
+        print(f"{step} {summary.arm.name} seed {seed}: failed (exit {returncode}): {_last_lines(log)}")
+        return 1
+    return _record(summary, seed, results, args, step, kept=False)
+
+
+def _record(summary: ArmSummary, seed: int, results: dict, args, step: str, kept: bool = True) -> int:
+    """Take a finished run's figures into ``summary``; 0, or 1 when it lacks ``--metric``."""
+    arm = summary.arm
     final = results["summary"]
     value = final_metric(final, args.metric)
     if value is None:
@@ -167,7 +213,7 @@ def _run(summary: ArmSummary, seed: int, common: list[str], out: str, args, step
         summary.reached[seed] = first_reaching(records, args.target, args.metric, args.lower_is_better)
     note = " (kept: finished earlier with the same command)" if kept else ""
     loss = f", loss {summary.loss[seed]:.4f}" if args.metric != "loss" else ""
-    print(f"{step} {arm.name} seed {seed}: final {args.metric} {value:.4f}{loss}{note}")
+    print(f"{step} {arm.name} seed {seed}: final {args.metric} {value:.4f}{loss}{note}", flush=True)
     return 0
 
 
@@ -202,42 +248,87 @@ def _stopped_with_checkpoint(run_dir: str) -> bool:
     return bool(results.get("stopped")) and os.path.isfile(os.path.join(run_dir, "checkpoint.pt"))
 
 
-def _run_job(command: list[str], log_path: str, timeout: float, append: bool = False) -> int:
-    """Run one job command in its own session, its output into ``log_path``; its exit code. SIGINT and SIGTERM are
-    passed on to it (it stops its run as on a terminal), and 128 + the signal's number comes back once it has ended;
-    after ``timeout`` seconds it gets SIGTERM, and 1 comes back. A job still there :data:`STOP_WAIT_SECONDS` after
-    either gets the signal again (its command then stops every process at once), and SIGKILL 10 s later."""
-    state = {"signal": 0, "timed_out": False, "deadline": time.monotonic() + timeout, "repeated": False}
-    with open(log_path, "a" if append else "w", encoding="utf-8") as log:
+class _Jobs:
+    """Job commands running side by side, each in its own session and with its output in its own log.
+
+    Slot ``k`` (the lowest free one when a job starts) runs in NVFlare workspace ``OUT/workspace`` (slot 0) or
+    ``OUT/workspace-k``: two simulator runs of one job must not share a workspace. While :meth:`forwarding_signals`
+    holds, SIGINT and SIGTERM are passed on to every running job (each stops its run as on a terminal) and the jobs
+    end with 128 + the signal's number. After ``timeout`` seconds a job gets SIGTERM and ends with 1. A job still
+    there :data:`STOP_WAIT_SECONDS` after either gets the signal again (its command then stops every process at
+    once), and SIGKILL 10 s later."""
+
+    def __init__(self, timeout: float, slots: int):
+        self.timeout = timeout
+        self.free = list(range(slots))
+        self.running: dict[int, dict] = {}
+        self.signal = 0
+        self._keys = 0
+
+    def start(self, launch: dict, out: str) -> int:
+        """Start ``launch`` (see :func:`_prepare`) in a free slot; the key :meth:`finished` gives back with its code."""
+        slot = self.free.pop(0)
+        command = list(launch["command"])
+        if slot:
+            command[command.index("--workspace") + 1] = os.path.join(out, f"workspace-{slot}")
+        log = open(launch["log"], "a" if launch["append"] else "w", encoding="utf-8")  # noqa: SIM115 - closed on end
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._keys += 1
+        deadline = time.monotonic() + self.timeout
+        self.running[self._keys] = dict(proc=proc, log=log, slot=slot, deadline=deadline, timed_out=False, again=False)
+        return self._keys
+
+    def stop_all(self, signum: int) -> None:
+        """Pass ``signum`` on to every running job, which then has :data:`STOP_WAIT_SECONDS` to end."""
+        for job in self.running.values():
+            job["deadline"] = min(job["deadline"], time.monotonic() + STOP_WAIT_SECONDS)
+            job["signal"] = signum
+            if job["proc"].poll() is None:
+                job["proc"].send_signal(signum)
+
+    def finished(self) -> list[tuple[int, int]]:
+        """The jobs that ended since the last call, with their codes; the overdue ones stopped on the way."""
+        ended = []
+        for key, job in list(self.running.items()):
+            proc = job["proc"]
+            if proc.poll() is None:
+                if time.monotonic() > job["deadline"]:
+                    self._overdue(job)
+                continue
+            job["log"].close()
+            self.free = sorted([*self.free, job["slot"]])
+            del self.running[key]
+            stopped = job.get("signal", 0)
+            ended.append((key, 128 + stopped if stopped else 1 if job["timed_out"] else proc.returncode))
+        return ended
+
+    def _overdue(self, job: dict) -> None:
+        proc = job["proc"]
+        if not (job.get("signal") or job["timed_out"]):
+            print(f"\nrun timed out after {self.timeout:g} s (--run-timeout); stopping it", file=job["log"], flush=True)
+            proc.send_signal(signal.SIGTERM)
+            job.update(timed_out=True, deadline=time.monotonic() + STOP_WAIT_SECONDS)
+        elif not job["again"]:
+            proc.send_signal(job.get("signal") or signal.SIGTERM)
+            job.update(again=True, deadline=time.monotonic() + 10.0)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    @contextlib.contextmanager
+    def forwarding_signals(self):
+        """SIGINT and SIGTERM stop every running job (:meth:`stop_all`) instead of this process."""
 
         def forward(signum: int, _frame) -> None:
-            if not state["signal"]:
-                state.update(signal=signum, deadline=time.monotonic() + STOP_WAIT_SECONDS)
-            if proc.poll() is None:
-                proc.send_signal(signum)
+            self.signal = self.signal or signum
+            self.stop_all(signum)
 
         previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while proc.poll() is None:
-                if time.monotonic() > state["deadline"]:
-                    if not (state["signal"] or state["timed_out"]):
-                        print(f"\nrun timed out after {timeout:g} s (--run-timeout); stopping it", file=log, flush=True)
-                        proc.send_signal(signal.SIGTERM)
-                        state.update(timed_out=True, deadline=time.monotonic() + STOP_WAIT_SECONDS)
-                    elif not state["repeated"]:
-                        proc.send_signal(state["signal"] or signal.SIGTERM)
-                        state.update(repeated=True, deadline=time.monotonic() + 10.0)
-                    else:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-                time.sleep(0.05)
+            yield
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-    if state["signal"]:
-        return 128 + state["signal"]
-    return 1 if state["timed_out"] else proc.returncode
 
 
 def _finished(run_dir: str) -> dict | None:

@@ -180,20 +180,30 @@ def test_compare_runs_arms_over_seeds_keeps_what_it_finished_and_refuses_bad_inp
         assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_ctrl_c_stops_the_running_job_and_the_same_command_resumes_it(tmp_path):
-    args = ["--seeds", "0", "--arm", "Long=", "--", *TINY, "--num-rounds", "40"]
+def test_ctrl_c_stops_the_running_jobs_and_the_same_command_resumes_them(tmp_path):
+    """Two runs side by side (``--parallel 2``, each in its own workspace); Ctrl-C stops both, the same command
+    resumes both, and one at a time it keeps them: the parallel runs' commands are the sequential ones."""
+    arms = ["--arm", "Long=", "--arm", "Other=--lr 0.02"]
+    args = ["--seeds", "0", *arms, "--", *TINY, "--num-rounds", "40"]
     cmd = [sys.executable, os.path.join(REPO, "jobs", "compare_runs.py"), "--out", str(tmp_path / "cmp"), *args]
+    cmd.insert(2, "--parallel=2")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=isolated_env(tmp_path), stdout=subprocess.PIPE, text=True)
-    log = tmp_path / "cmp" / "Long" / "seed-0.log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (log.is_file() and "round 2/40" in log.read_text()):
+    logs = [tmp_path / "cmp" / name / "seed-0.log" for name in ("Long", "Other")]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not all(log.is_file() and "round 2/40" in log.read_text() for log in logs):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=90)
+    output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     assert "the same command continues the comparison" in output
+    assert (tmp_path / "cmp" / "workspace").is_dir() and (tmp_path / "cmp" / "workspace-1").is_dir()
     assert end_leftovers(str(tmp_path / "cmp")) == []
-    resumed = _compare(tmp_path, *args)
-    assert resumed.returncode == 0 and "Long seed 0: resuming fedavg" in resumed.stdout, resumed.stdout
-    results = json.loads((tmp_path / "cmp" / "Long" / "seed-0" / "results.json").read_text())
-    assert [r["round"] for r in results["rounds"]] == list(range(1, 41))
+    resumed = _compare(tmp_path, "--parallel", "2", *args, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Long seed 0: resuming fedavg" in resumed.stdout and "Other seed 0: resuming fedavg" in resumed.stdout
+    for name in ("Long", "Other"):
+        results = json.loads((tmp_path / "cmp" / name / "seed-0" / "results.json").read_text())
+        assert [r["round"] for r in results["rounds"]] == list(range(1, 41))
+    kept = _compare(tmp_path, *args)
+    assert kept.returncode == 0 and kept.stdout.count("(kept: finished earlier with the same command)") == 2
+    assert _compare(tmp_path, "--parallel", "0", *args).returncode == 2
