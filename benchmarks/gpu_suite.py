@@ -299,13 +299,15 @@ def section_fedavg_e2e(args, size: dict) -> dict:
 
 
 def section_profile(args, size: dict) -> dict:
-    """Where one leaf's batched round's time goes (``benchmarks/gpu_suite_profile.py``): CNN, ``leaf_devices``
-    devices as one group, batch 10, one epoch, with the leaf's default compile setting and with compile off."""
+    """Where one leaf's batched round's time goes (``benchmarks/gpu_suite_profile.py``), with the leaf's default
+    settings: the CNN (``default``), ``leaf_devices`` devices as one group, then ResNet-18 (``resnet18``, the leaf
+    farthest from its target), ``resnet_leaf_devices`` devices of 10 samples; batch 10, one epoch. (Compile off
+    against on was profiled in three H200 sessions: 129-188 ms a round and 5,000-7,000 launches against 60-75 ms.)"""
     devices, samples = size["leaf_devices"], size["leaf_samples"]
-    settings = leaf_settings("cnn", devices, samples)
-    out = {"default": profile_leaf(settings, args.device, devices)}
+    out = {"default": profile_leaf(leaf_settings("cnn", devices, samples), args.device, devices)}
     if time.monotonic() < args.section_deadline:
-        out["eager"] = profile_leaf(settings | {"compile": "off"}, args.device, devices)
+        resnet = size["resnet_leaf_devices"]
+        out["resnet18"] = profile_leaf(leaf_settings("resnet18", resnet, 10), args.device, resnet)
     return out
 
 
