@@ -20,3 +20,17 @@ def test_check_prints_the_fitted_settings_and_starts_nothing(tmp_path):
     assert not (tmp_path / "ws" / "runs").exists()  # no run folder, no process: nothing ran
     stderr = refused_job("pt_job_fedbuff.py", ["--check", "--buffer-size", "0", "--workspace", "ws"], tmp_path)
     assert "--buffer-size" in stderr and "Traceback" not in stderr
+
+
+def test_the_edge_job_checks_too(tmp_path):
+    task = os.path.join(REPO, "examples", "penguins_task.py")
+    args = ["--check", "--task", task, "--mode", "fedbuff", "--buffer-size", "4", "--workspace", "ws"]
+    proc = launch_job("pt_job_edge.py", args, tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("check: the flags, the task and the data pass; edge fedbuff would run with ")
+    for setting in ("--buffer-size 4", "--partition natural", "--devices-per-leaf 69"):
+        assert setting in line, line
+    assert "--workspace" not in line and not (tmp_path / "ws").exists()
+    stderr = refused_job("pt_job_edge.py", ["--check", "--num-versions", "0", "--workspace", "ws"], tmp_path)
+    assert "num_versions" in stderr and "Traceback" not in stderr

@@ -53,6 +53,9 @@ def test_edge_job_runs_on_provisioned_relay_hierarchy_and_leaves_no_process(tmp_
         assert "connected clients: ['site-1', 'site-2', 'site-3', 'site-4']" in status, status
 
         job_flags = ["--devices-per-leaf", str(DEVICES_PER_LEAF), "--num-versions", str(VERSIONS)]
+        check = edge_system("run", workspace, tmp_path, "--", *job_flags, "--check", timeout=120)
+        assert "check: the flags, the task and the data pass; edge fedavg would run with " in check.stdout
+        assert "submitted" not in check.stdout, check.stdout  # nothing was submitted
         run = edge_system("run", workspace, tmp_path, "--timeout", "300", "--", *job_flags, timeout=360)
         assert "FINISHED:COMPLETED" in run.stdout and "final accuracy" in run.stdout, run.stdout
 

@@ -102,7 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluator output folder, a path on the server (default: the server's run folder)",
     )
     p.add_argument("--log-level", choices=("WARNING", "INFO", "DEBUG"), default="WARNING")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the flags, the task and the data as a run would, print the settings that differ from the job's "
+        "defaults (as fitted to the task), and exit without running (0: the run would start)",
+    )
     return p
+
+
+RUN_PLACES = ("env", "startup_kit", "username", "job_timeout", "workspace", "output_dir", "log_level", "check")
+"""Flags that say where and how the job runs, not what it computes: ``--check`` leaves them out of its line."""
+
+
+def checked_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``--check``'s line: the settings (after fitting to the task) that differ from the job's defaults, as flags."""
+    changed = [
+        f"--{name.replace('_', '-')} {'none' if value is None else value}"
+        for name, value in vars(args).items()
+        if name not in RUN_PLACES and value != parser.get_default(name)
+    ]
+    what = ", ".join(changed) if changed else "the job's defaults"
+    return f"check: the flags, the task and the data pass; edge {args.mode} would run with {what}"
 
 
 def settings_from(args: argparse.Namespace) -> dict:
@@ -316,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     note_job_accepted()  # a warm parent starts at the end of a cold command only once its flags have passed
+    if args.check:
+        print(checked_settings(parser, args), flush=True)
+        return 0
     code = run_prod(recipe, args, output_dir) if args.env == "prod" else run_sim(recipe, args, output_dir)
     if code in signal_exit_codes():
         exit_now(code)  # every process the run started is stopped; skip the interpreter's teardown

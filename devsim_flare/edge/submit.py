@@ -97,6 +97,13 @@ def run_job(workspace: str, job_flags: list[str], timeout: float = 900.0) -> dic
     edge_cli.check_task_args(parser, args)
     if args.num_leaf_nodes != len(leaves):
         raise DeploymentError(f"--num-leaf-nodes {args.num_leaf_nodes} but the system has {len(leaves)} leaf clients")
+    if args.check:  # the job's own checks passed (task, data, flags): say what would run, submit nothing
+        try:
+            edge_cli.build_recipe(args, None)
+        except ValueError as error:
+            parser.error(str(error))
+        log(edge_cli.checked_settings(parser, args))
+        return {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     output_dir = os.path.abspath(args.output_dir) if args.output_dir else os.path.join(lay.results, f"edge-{stamp}")
     os.makedirs(output_dir, exist_ok=True)
