@@ -40,6 +40,7 @@ from devsim.experiments.comparison import (  # noqa: E402
     ComparisonError,
     check_flags,
     first_reaching,
+    lower_is_better,
     markdown_table,
     pair_with_first,
     parse_arm,
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lower-is-better",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="whether a lower --metric is better (default: read from its name)",
+        help="whether a lower --metric is better (default: the task's LOWER_IS_BETTER, else read from its name)",
     )
     parser.add_argument(
         "--target",
@@ -199,6 +200,8 @@ def _record(summary: ArmSummary, seed: int, results: dict, args, step: str, kept
     """Take a finished run's figures into ``summary``; 0, or 1 when it lacks ``--metric``."""
     arm = summary.arm
     final = results["summary"]
+    if args.lower_is_better is None and args.metric in (results.get("task") or {}).get("lower_is_better", ()):
+        args.lower_is_better = True  # the task says so (LOWER_IS_BETTER), whatever the metric's name
     value = final_metric(final, args.metric)
     if value is None:
         summary.failed.append(seed)
@@ -365,6 +368,9 @@ def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list
         stream.write(table + "\n")
     with open(os.path.join(out, "comparison.json"), "w", encoding="utf-8") as stream:
         document = {"seeds": seeds, "common_flags": common, "metric": args.metric, "target": args.target}
+        document["lower_is_better"] = (
+            lower_is_better(args.metric) if args.lower_is_better is None else args.lower_is_better
+        )
         document["arms"] = [s.to_dict() for s in summaries]
         json.dump(document, stream, indent=1)
     finished = {

@@ -207,3 +207,40 @@ def test_ctrl_c_stops_the_running_jobs_and_the_same_command_resumes_them(tmp_pat
     kept = _compare(tmp_path, *args)
     assert kept.returncode == 0 and kept.stdout.count("(kept: finished earlier with the same command)") == 2
     assert _compare(tmp_path, "--parallel", "0", *args).returncode == 2
+
+
+MISS_TASK = """
+import numpy as np
+from torch import nn
+
+LOWER_IS_BETTER = ("miss",)
+
+
+def model():
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 4))
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5)
+    return {"x_train": x[:400], "y_train": y[:400], "x_test": x[400:], "y_test": y[400:]}
+
+
+def metrics(outputs, targets):
+    miss = float((outputs.argmax(1) != targets).float().mean())
+    return {"accuracy": 1.0 - miss, "miss": miss}
+"""
+
+
+def test_a_task_that_says_lower_is_better_is_ranked_that_way(tmp_path):
+    """``miss`` is no name the comparison knows; the task's LOWER_IS_BETTER, recorded in results.json, says it."""
+    task = tmp_path / "miss_task.py"
+    task.write_text(MISS_TASK)
+    flags = ["--task", str(task), "--num-rounds", "3", "--devices-per-leaf", "10", "--samples-per-device", "20"]
+    proc = _compare(tmp_path, "--seeds", "0", "--metric", "miss", "--arm", "A=", "--arm", "B=--lr 0.2", "--", *flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert document["lower_is_better"] is True and "final miss (lower is better)" in proc.stdout
+    first, second = (arm["final"]["0"] for arm in document["arms"])
+    assert f"better in {int(second < first)}/1" in proc.stdout, proc.stdout

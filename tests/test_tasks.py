@@ -49,6 +49,30 @@ def test_a_good_task_file_loads_with_defaults_and_owners(tmp_path):
     assert task.name == "my_task" and "60" not in task.describe() and "10 owners" in task.describe()
 
 
+MISSES = """
+def metrics(outputs, targets):
+    miss = float((outputs.argmax(1) != targets).float().mean())
+    return {"accuracy": 1.0 - miss, "miss": miss}
+"""
+
+
+def test_lower_is_better_names_metrics_the_task_returns(tmp_path):
+    task = load_task({"task": write_task(tmp_path, GOOD + MISSES + "LOWER_IS_BETTER = ('miss',)\n")})
+    assert task.record()["lower_is_better"] == ["miss"]
+    assert load_task({"task": write_task(tmp_path, GOOD, "plain.py")}).record()["lower_is_better"] == []
+    for tail, words in (
+        ("LOWER_IS_BETTER = 'miss'\n", "LOWER_IS_BETTER must be a tuple of metric names, got 'miss'"),
+        (
+            "LOWER_IS_BETTER = ('wer',)\n",
+            "LOWER_IS_BETTER names 'wer', which metrics() does not return (it returns accuracy, miss)",
+        ),
+    ):
+        with pytest.raises(TaskError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            load_task({"task": write_task(tmp_path, GOOD + MISSES + tail, "bad.py")})
+    with pytest.raises(TaskError, match="LOWER_IS_BETTER names metrics, but the task defines no metrics"):
+        load_task({"task": write_task(tmp_path, GOOD + "LOWER_IS_BETTER = ('miss',)\n", "none.py")})
+
+
 def test_a_module_task_loads_by_name(tmp_path, monkeypatch):
     package = tmp_path / "user_tasks"
     package.mkdir()

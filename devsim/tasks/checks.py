@@ -291,6 +291,8 @@ def _check_loss(hooks: TaskHooks, model: nn.Module, loss: Callable | None, outpu
 
 def _check_metrics(hooks: TaskHooks, metrics: Callable | None, outputs, targets, classification: bool) -> None:
     if metrics is None:
+        if hooks.lower_is_better:
+            raise TaskError(hooks.origin, "LOWER_IS_BETTER names metrics, but the task defines no metrics()")
         return
     values = call_hook(hooks, "metrics", metrics, outputs, targets)
     if not isinstance(values, Mapping):
@@ -308,6 +310,13 @@ def _check_metrics(hooks: TaskHooks, metrics: Callable | None, outputs, targets,
             raise TaskError(
                 hooks.origin, f"metrics() value {name!r} must be a float, got {type(value).__name__}"
             ) from error
+    unknown = [name for name in hooks.lower_is_better if name not in values]
+    if unknown:
+        raise TaskError(
+            hooks.origin,
+            f"LOWER_IS_BETTER names {', '.join(map(repr, unknown))}, which metrics() does not return (it returns "
+            f"{', '.join(map(str, values)) or 'nothing'})",
+        )
 
 
 def _check_augment(hooks: TaskHooks, inputs: torch.Tensor) -> None:

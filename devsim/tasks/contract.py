@@ -22,6 +22,9 @@ function                                     needed    what it returns
                                                        generators cannot produce (token ids)
 ===========================================  ========  ==================================================
 
+and, optionally, the constant ``LOWER_IS_BETTER``: the names of ``metrics()`` values for which lower is better
+(e.g. ``("wer",)``), recorded in the run's results so that comparisons rank them the right way without being told.
+
 Everything here is plain Python: :func:`load_hooks` imports the file or module and returns its functions as
 :class:`TaskHooks`; :mod:`devsim.tasks.checks` validates what they return. Every problem is a
 :class:`TaskError` whose message names the task and, for an exception raised inside the task's own code,
@@ -78,6 +81,7 @@ class TaskHooks:
     augment: Callable | None = None
     generator: Callable | None = None
     file: str | None = None
+    lower_is_better: tuple[str, ...] = ()
 
 
 def is_file_spec(spec: str) -> bool:
@@ -147,7 +151,15 @@ def load_hooks(spec: str) -> TaskHooks:
         if value is not None and not callable(value):
             raise TaskError(spec, f"{name} must be a function, got {type(value).__name__}")
         functions[name] = value
-    return TaskHooks(origin=spec, file=file, **functions)
+    return TaskHooks(origin=spec, file=file, lower_is_better=_lower_is_better(spec, module), **functions)
+
+
+def _lower_is_better(spec: str, module: ModuleType) -> tuple[str, ...]:
+    """The task's ``LOWER_IS_BETTER`` metric names (none when it defines none)."""
+    names = getattr(module, "LOWER_IS_BETTER", ())
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+        raise TaskError(spec, f"LOWER_IS_BETTER must be a tuple of metric names, got {names!r}")
+    return tuple(names)
 
 
 def _import_file(spec: str, path: str) -> ModuleType:

@@ -158,6 +158,7 @@ class Task:
             "classification": self.classification,
             "num_classes": self.num_classes,
             "owners": self.num_owners,
+            "lower_is_better": list(self.hooks.lower_is_better),
         }
 
     def describe(self) -> str:
