@@ -6,6 +6,7 @@ and the environment, then export or run (:func:`run_job`). The flags themselves:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -334,15 +335,22 @@ def check_env_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def share_digits(config: SimulationConfig, workspace: str) -> None:
-    """For a simulated run of the built-in digits: write them once into the workspace (``cache/digits.npz``) and
-    name the file in ``DEVSIM_DIGITS_FILE`` for this process and the server and leaf processes it starts, so they
-    read 50 KB instead of each importing scikit-learn (~1 s a process; only the run that writes the file imports it).
-    Kept when the variable is already set."""
+    """For a simulated run of the built-in digits: write them once into this user's cache folder
+    (``digits-<scikit-learn version>.npz``; with the cache off, the workspace's ``cache/digits.npz``) and name the
+    file in ``DEVSIM_DIGITS_FILE`` for this process and the server and leaf processes it starts, so they read 50 KB
+    instead of each importing scikit-learn (~1 s a process; only the first run that writes the file imports it, not
+    the first run of every workspace). Kept when the variable is already set."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from devsim.cache_dir import cache_root
     from devsim.data import digits
 
     if config.task or config.dataset != "digits" or os.environ.get(digits.FILE_ENV) or not digits.sklearn_available():
         return
     path = os.path.join(os.path.abspath(workspace), "cache", "digits.npz")
+    with contextlib.suppress(PackageNotFoundError):
+        root = cache_root()
+        path = path if root is None else os.path.join(root, f"digits-{version('scikit-learn')}.npz")
     if not os.path.isfile(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         partial = f"{path}.{os.getpid()}.npz"

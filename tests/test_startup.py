@@ -137,21 +137,29 @@ def test_exited_processes_count_as_gone_before_anyone_reaps_them():
 
 
 def test_share_digits_writes_the_same_digits_once_for_the_processes_a_run_starts(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
     import numpy as np
 
+    from devsim.cache_dir import CACHE_ENV
     from devsim.config import SimulationConfig
     from devsim.data import digits
     from devsim_flare.cli import share_digits
 
     monkeypatch.setenv(digits.FILE_ENV, "")  # restored (unset) after the test, whatever share_digits sets
     monkeypatch.delenv(digits.FILE_ENV)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "user-cache"))
     share_digits(SimulationConfig(dataset="synthetic"), str(tmp_path))
     assert digits.FILE_ENV not in os.environ
-    share_digits(SimulationConfig(dataset="digits"), str(tmp_path))
-    path = tmp_path / "cache" / "digits.npz"
-    assert os.environ[digits.FILE_ENV] == str(path)
+    share_digits(SimulationConfig(dataset="digits"), str(tmp_path / "workspace-1"))
+    path = tmp_path / "user-cache" / f"digits-{version('scikit-learn')}.npz"  # one file for every workspace
+    assert os.environ[digits.FILE_ENV] == str(path) and not (tmp_path / "workspace-1").exists()
     for got, want in zip(digits._file_arrays(str(path)), digits._sklearn_arrays(), strict=True):
         np.testing.assert_array_equal(got, want)
+    monkeypatch.delenv(digits.FILE_ENV)
+    monkeypatch.setenv(CACHE_ENV, "off")  # no user cache: the workspace keeps it
+    share_digits(SimulationConfig(dataset="digits"), str(tmp_path))
+    assert os.environ[digits.FILE_ENV] == str(tmp_path / "cache" / "digits.npz")
 
 
 def test_sim_exit_watcher_ignores_the_summary_of_an_earlier_run(tmp_path):
