@@ -33,4 +33,4 @@ def test_the_edge_job_checks_too(tmp_path):
         assert setting in line, line
     assert "--workspace" not in line and not (tmp_path / "ws").exists()
     stderr = refused_job("pt_job_edge.py", ["--check", "--num-versions", "0", "--workspace", "ws"], tmp_path)
-    assert "num_versions" in stderr and "Traceback" not in stderr
+    assert "num_versions (--num-versions) must be >= 1, got 0" in stderr and "Traceback" not in stderr

@@ -53,6 +53,10 @@ def test_the_commands_own_stamps_split_its_time_to_the_server_process(monkeypatc
     stamp_command("command_imports_done")  # the first stamp of a name counts
     monkeypatch.setenv(COMMAND_STAMPS_ENV, f"{os.environ[COMMAND_STAMPS_ENV]},command_checked=104.5,junk,x=y")
     assert command_stamps() == {"command_imports_done": first, "command_checked": 104.5}
+    monkeypatch.setenv(COMMAND_STAMPS_ENV, "command_imports_done=50.0,command_checked=104.5")  # 50: before 100
+    assert command_stamps() == {"command_checked": 104.5}  # another command's stamp, inherited, does not count
+    stamp_command("command_imports_done")
+    assert command_stamps()["command_imports_done"] > 100.0
     clock = StartupClock()
     clock.stamps.update(command_imports_done=101.0, server_process_started=105.0)
     seconds = clock.record()["seconds"]

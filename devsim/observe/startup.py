@@ -75,22 +75,29 @@ def stamp_command_start() -> None:
 
 def stamp_command(name: str) -> None:
     """Stamp ``name`` now among the command's stamps for the processes it starts from here on (the first stamp
-    of a name counts)."""
-    if name not in command_stamps():
-        earlier = os.environ.get(COMMAND_STAMPS_ENV)
-        pair = f"{name}={time.time()!r}"
-        os.environ[COMMAND_STAMPS_ENV] = f"{earlier},{pair}" if earlier else pair
+    of a name since the command started counts; an older one, inherited from another command, is replaced)."""
+    stamps = command_stamps()
+    if name not in stamps:
+        stamps[name] = time.time()
+        os.environ[COMMAND_STAMPS_ENV] = ",".join(f"{key}={value!r}" for key, value in stamps.items())
 
 
 def command_stamps() -> dict[str, float]:
-    """The command's stamps from :data:`COMMAND_STAMPS_ENV` (malformed pairs are skipped)."""
+    """The command's stamps from :data:`COMMAND_STAMPS_ENV`, those older than the command's start left out (another
+    command's, in an environment this one inherited); malformed pairs are skipped."""
+    try:
+        started = float(os.environ.get(COMMAND_STARTED_ENV) or "-inf")
+    except ValueError:
+        started = float("-inf")
     stamps: dict[str, float] = {}
     for pair in os.environ.get(COMMAND_STAMPS_ENV, "").split(","):
         name, _, value = pair.partition("=")
         try:
-            stamps.setdefault(name, float(value))
+            stamp = float(value)
         except ValueError:
             continue
+        if stamp >= started:
+            stamps.setdefault(name, stamp)
     return stamps
 
 

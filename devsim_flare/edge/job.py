@@ -345,8 +345,13 @@ class DevsimEdgeRecipe(Recipe):
             raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 (or None for automatic), got {num_workers}")
-        if num_leaf_nodes < 1 or devices_per_leaf < 1 or num_versions < 1:
-            raise ValueError("num_leaf_nodes, devices_per_leaf and num_versions must be >= 1")
+        for name, value in (
+            ("num_leaf_nodes", num_leaf_nodes),
+            ("devices_per_leaf", devices_per_leaf),
+            ("num_versions", num_versions),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
         total = num_leaf_nodes * devices_per_leaf
         selection = device_selection_size or total
         if not 1 <= selection <= total:
