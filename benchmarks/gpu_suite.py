@@ -34,6 +34,7 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
     run_job,
+    section_async_gather,
     section_async_revive,
     section_async_throughput,
     section_fedrevive,
@@ -51,7 +52,7 @@ from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=75, throughput=50, profile=30, async_throughput=95, worker_sweep=20, fedrevive=75)
-BUDGETS.update(tf32=15, compiled_step=25, async_revive=90)
+BUDGETS.update(tf32=15, compiled_step=25, async_revive=90, async_gather=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 360 s."""
@@ -321,6 +322,7 @@ RUNNERS = {
     "compiled_step": section_compiled_step,
     "tf32": section_tf32,
     "async_revive": section_async_revive,
+    "async_gather": section_async_gather,
 }
 
 

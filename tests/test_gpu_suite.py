@@ -107,6 +107,11 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
     assert revive["command_ratio"] == pytest.approx(
         pair["fedrevive paper"]["command_wall"] / pair["fedbuff paper"]["command_wall"]
     )
+    (gather,) = sections["async_gather"]["pairs"]
+    assert gather["fedbuff B=10 gather 20"]["updates_per_leaf_call"] > 0
+    assert sections["async_gather"]["ratios"] == [
+        gather["fedbuff B=10 gather 20"]["updates_per_s"] / gather["fedbuff B=10"]["updates_per_s"]
+    ]
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "graphs", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
