@@ -13,14 +13,13 @@ import sys
 import time
 
 from devsim.config import ConfigError, SimulationConfig
-from devsim.config_errors import flag_name
 from devsim.data import DatasetUnavailableError, load_dataset
 from devsim.data.cifar import download_cifar
 from devsim.resources.gpu_placement import leaves_per_gpu, parse_gpu_ids
 from devsim.sections import flatten_sections
 from devsim.tasks.contract import is_file_spec
 from devsim_flare.execution import SIM_SYNC_TIMEOUT, run_recipe
-from devsim_flare.flags import build_parser
+from devsim_flare.flags import build_parser, checked_line
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 SHARED_HOST_SERVER_THREADS = 1
@@ -160,14 +159,8 @@ def with_privacy(parser: argparse.ArgumentParser, config: SimulationConfig, resu
 def checked_settings(parser: argparse.ArgumentParser, config: SimulationConfig, method: str) -> str:
     """``--check``'s line: the run's settings (after fitting to the task and solving DP) that differ from the job's
     defaults, as flags; run folders and the like left out."""
-    flags = {action.dest for action in parser._actions}
-    changed = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name in flags and value != parser.get_default(f.name) and f.name not in ("output_dir", "data_root"):
-            changed.append(f"{flag_name(f.name)} {'none' if value is None else value}")
-    what = ", ".join(changed) if changed else "the job's defaults"
-    return f"check: the flags, the task and the data pass; {method} would run with {what}"
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return checked_line(parser, values, method, skip=("output_dir", "data_root"))
 
 
 def default_output_dir(workspace: str, method: str) -> str:

@@ -118,13 +118,31 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
         help="write the job folder instead of running it (for `nvflare simulator DIR`)",
     )
     run.add_argument("--export-dir", default="fl_job", help="folder the job is exported to with --export")
-    run.add_argument(
+    add_check_flag(run)
+    return parser
+
+
+def add_check_flag(group) -> None:
+    """``--check``, on every job's parser (the Collab jobs' run group, the edge job's parser)."""
+    group.add_argument(
         "--check",
         action="store_true",
         help="check the flags, the task and the data as a run would, print the settings that differ from the job's "
         "defaults (as fitted to the task), and exit without running (0: the run would start)",
     )
-    return parser
+
+
+def checked_line(parser: argparse.ArgumentParser, values, what: str, skip: tuple[str, ...] = ()) -> str:
+    """``--check``'s line: the settings among ``values`` (name -> value, after fitting to the task) that are flags of
+    ``parser`` and differ from its defaults, as flags, ``skip`` left out; ``what`` names the run."""
+    flags = {action.dest for action in parser._actions}
+    changed = [
+        f"{flag_name(name)} {'none' if value is None else value}"
+        for name, value in values.items()
+        if name in flags and name not in skip and value != parser.get_default(name)
+    ]
+    listed = ", ".join(changed) or "the job's defaults"
+    return f"check: the flags, the task and the data pass; {what} would run with {listed}"
 
 
 def add_config_flags(group, names: tuple[str, ...], defaults: SimulationConfig | None = None) -> None:

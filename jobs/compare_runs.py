@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [ArmSummary(arm) for arm in arms]
     planned = [(seed, summary) for seed in seeds for summary in summaries]
     for arm in arms:  # every arm's flags through its job's own checks (--check) before anything runs
-        if args.rerun or any(not _kept(_command(arm, seed, common, out), arm, seed, out) for seed in seeds):
+        if args.rerun or any(_kept(_command(arm, seed, common, out), arm, seed, out) is None for seed in seeds):
             refused = _refusal(_command(arm, seeds[0], common, out))
             if refused:
                 print(f"{parser.prog}: error: --arm {arm.name}: {refused}", file=sys.stderr)
@@ -139,9 +139,9 @@ def _run_all(planned: list[tuple[int, ArmSummary]], common: list[str], out: str,
             while queue and not (code in (2, 130, 143) or jobs.signal) and len(jobs.running) < args.parallel:
                 seed, summary = queue.pop(0)
                 step = f"[{len(planned) - len(queue)}/{len(planned)}]"
-                launch = _prepare(summary, seed, common, out, args, step)
-                if launch is None:  # kept: finished earlier with the same command
-                    code = code or _record(summary, seed, _finished(_run_dir(summary.arm, seed, out)), args, step)
+                launch, kept = _prepare(summary, seed, common, out, args, step)
+                if kept is not None:  # finished earlier with the same command
+                    code = code or _record(summary, seed, kept, args, step)
                     continue
                 steps[jobs.start(launch, out)] = (summary, seed, step)
             for key, returncode in jobs.finished():
@@ -155,19 +155,21 @@ def _run_all(planned: list[tuple[int, ArmSummary]], common: list[str], out: str,
 
 
 def _run_dir(arm, seed: int, out: str) -> str:
+    """The run folder of ``arm`` on ``seed`` (``OUT/NAME/seed-S``)."""
     return os.path.join(out, arm.name, f"seed-{seed}")
 
 
-def _prepare(summary: ArmSummary, seed: int, common: list[str], out: str, args, step: str) -> dict | None:
-    """What to launch for ``summary``'s arm on ``seed`` (``command``, ``log``, ``append``), its folder made ready and
-    its command recorded; None when its finished run is kept."""
+def _prepare(summary: ArmSummary, seed: int, common: list[str], out: str, args, step: str):
+    """``(launch, None)``: what to launch for ``summary``'s arm on ``seed`` (``command``, ``log``, ``append``), its
+    folder made ready and its command recorded; ``(None, results)`` when its finished run is kept."""
     arm = summary.arm
     run_dir = _run_dir(arm, seed, out)
     command = _command(arm, seed, common, out)
     record = run_dir + ".command.json"
+    kept = None if args.rerun else _kept(command, arm, seed, out)
+    if kept is not None:
+        return None, kept
     same = not args.rerun and _read_json(record) == command
-    if _finished(run_dir) is not None and same:
-        return None
     how = "running"
     if same and _stopped_with_checkpoint(run_dir):  # stopped by a signal: the job continues it
         command, how = [*command[:2], "--resume", run_dir, "--workspace", os.path.join(out, "workspace")], "resuming"
@@ -178,7 +180,7 @@ def _prepare(summary: ArmSummary, seed: int, common: list[str], out: str, args, 
             json.dump(command, stream)
     log = run_dir + ".log"
     print(f"{step} {arm.name} seed {seed}: {how} {arm.job} (log: {os.path.relpath(log)})", flush=True)
-    return {"command": command, "log": log, "append": how == "resuming"}
+    return {"command": command, "log": log, "append": how == "resuming"}, None
 
 
 def _finish(summary: ArmSummary, seed: int, returncode: int, args, step: str, out: str) -> int:
@@ -223,14 +225,17 @@ def _record(summary: ArmSummary, seed: int, results: dict, args, step: str, kept
 def _command(arm, seed: int, common: list[str], out: str) -> list[str]:
     """The job command of ``arm`` on ``seed``: its job, the common flags, its own, the seed and its folders."""
     command = [sys.executable, os.path.join(JOBS_DIR, f"pt_job_{arm.job}.py"), *common, *arm.flags]
-    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
+    run_dir = _run_dir(arm, seed, out)
     return [*command, "--seed", str(seed), "--output-dir", run_dir, "--workspace", os.path.join(out, "workspace")]
 
 
-def _kept(command: list[str], arm, seed: int, out: str) -> bool:
-    """Whether ``arm``'s run on ``seed`` finished earlier with ``command`` (it is kept, not run again)."""
-    run_dir = os.path.join(out, arm.name, f"seed-{seed}")
-    return _finished(run_dir) is not None and _read_json(run_dir + ".command.json") == command
+def _kept(command: list[str], arm, seed: int, out: str) -> dict | None:
+    """The results of ``arm``'s run on ``seed`` when it finished earlier with ``command`` (it is kept, not run again),
+    else None."""
+    run_dir = _run_dir(arm, seed, out)
+    if _read_json(run_dir + ".command.json") != command:
+        return None
+    return _finished(run_dir)
 
 
 def _refusal(command: list[str]) -> str | None:
@@ -373,9 +378,7 @@ def _write(out: str, summaries: list[ArmSummary], seeds: list[int], common: list
         )
         document["arms"] = [s.to_dict() for s in summaries]
         json.dump(document, stream, indent=1)
-    finished = {
-        s.arm.name: [os.path.join(out, s.arm.name, f"seed-{seed}") for seed in sorted(s.final)] for s in summaries
-    }
+    finished = {s.arm.name: [_run_dir(s.arm, seed, out) for seed in sorted(s.final)] for s in summaries}
     try:
         print(f"wrote {plot_comparison(finished, os.path.join(out, 'comparison.png'), args.title, args.metric)}")
     except PlotError as error:

@@ -27,6 +27,8 @@ import math
 import numpy as np
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
+BETA1, BETA2, TAU = 0.9, 0.99, 1e-3
+"""The defaults of ``--server-momentum``, ``--server-beta2`` and ``--server-tau`` (Reddi et al.'s)."""
 
 Weights = dict[str, np.ndarray]
 
@@ -42,7 +44,7 @@ class ServerOptimizer:
         tau: adaptivity ``tau`` of the adaptive methods (``--server-tau``), > 0.
     """
 
-    def __init__(self, name: str, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
+    def __init__(self, name: str, lr: float, beta1: float = BETA1, beta2: float = BETA2, tau: float = TAU) -> None:
         if name not in SERVER_OPTIMIZERS:
             raise ValueError(f"server optimizer must be one of {', '.join(SERVER_OPTIMIZERS)}, got {name!r}")
         for label, value in (("beta1", beta1), ("beta2", beta2)):

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from devsim.aggregation.server_optimizers import SERVER_OPTIMIZERS
+from devsim.aggregation.server_optimizers import BETA1, BETA2, SERVER_OPTIMIZERS, TAU
 from devsim.config_errors import ConfigError
 from devsim.sections import check_choice, check_fraction, check_min, check_positive_finite, meta
 
@@ -61,11 +61,11 @@ class AggregationSettings:
         ),
     )
     server_momentum: float = field(
-        default=0.9, metadata=_aggregation("beta1 of --server-optimizer momentum, adagrad, adam and yogi")
+        default=BETA1, metadata=_aggregation("beta1 of --server-optimizer momentum, adagrad, adam and yogi")
     )
-    server_beta2: float = field(default=0.99, metadata=_aggregation("beta2 of --server-optimizer adam and yogi"))
+    server_beta2: float = field(default=BETA2, metadata=_aggregation("beta2 of --server-optimizer adam and yogi"))
     server_tau: float = field(
-        default=1e-3, metadata=_aggregation("adaptivity tau of --server-optimizer adagrad, adam and yogi")
+        default=TAU, metadata=_aggregation("adaptivity tau of --server-optimizer adagrad, adam and yogi")
     )
     min_devices_fraction: float = field(
         default=0.5,

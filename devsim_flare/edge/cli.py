@@ -15,7 +15,7 @@ import time
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
-from devsim_flare.flags import SHORT_USAGE, add_config_flags
+from devsim_flare.flags import SHORT_USAGE, add_check_flag, add_config_flags, checked_line
 from devsim_flare.launch.warm_parent import note_job_accepted
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
@@ -102,12 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluator output folder, a path on the server (default: the server's run folder)",
     )
     p.add_argument("--log-level", choices=("WARNING", "INFO", "DEBUG"), default="WARNING")
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="check the flags, the task and the data as a run would, print the settings that differ from the job's "
-        "defaults (as fitted to the task), and exit without running (0: the run would start)",
-    )
+    add_check_flag(p)
     return p
 
 
@@ -117,13 +112,7 @@ RUN_PLACES = ("env", "startup_kit", "username", "job_timeout", "workspace", "out
 
 def checked_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """``--check``'s line: the settings (after fitting to the task) that differ from the job's defaults, as flags."""
-    changed = [
-        f"--{name.replace('_', '-')} {'none' if value is None else value}"
-        for name, value in vars(args).items()
-        if name not in RUN_PLACES and value != parser.get_default(name)
-    ]
-    what = ", ".join(changed) if changed else "the job's defaults"
-    return f"check: the flags, the task and the data pass; edge {args.mode} would run with {what}"
+    return checked_line(parser, vars(args), f"edge {args.mode}", skip=RUN_PLACES)
 
 
 def settings_from(args: argparse.Namespace) -> dict:

@@ -53,7 +53,7 @@ from nvflare.edge.widgets.tpo_runner import TPORunner
 from nvflare.recipe.spec import Recipe
 from nvflare.widgets.widget import Widget
 
-from devsim.aggregation.server_optimizers import server_optimizer_for
+from devsim.aggregation.server_optimizers import BETA1, BETA2, TAU, server_optimizer_for
 from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.observe.progress import format_metrics
 from devsim.seeding import derive_seed
@@ -228,9 +228,9 @@ class NumpyBuffModelManager(BuffModelManager):
         global_lr: float = 1.0,
         staleness_weight: bool = False,
         server_optimizer: str = "sgd",
-        server_momentum: float = 0.9,
-        server_beta2: float = 0.99,
-        server_tau: float = 1e-3,
+        server_momentum: float = BETA1,
+        server_beta2: float = BETA2,
+        server_tau: float = TAU,
     ):
         super().__init__(num_updates_for_model, max_model_history, global_lr, staleness_weight)
         # NVFlare's job export reads each constructor argument back from the attribute of the same name
@@ -322,9 +322,9 @@ class DevsimEdgeRecipe(Recipe):
         global_lr: float = 1.0,
         staleness_weight: bool = False,
         server_optimizer: str = "sgd",
-        server_momentum: float = 0.9,
-        server_beta2: float = 0.99,
-        server_tau: float = 1e-3,
+        server_momentum: float = BETA1,
+        server_beta2: float = BETA2,
+        server_tau: float = TAU,
         max_model_history: int | None = 10,
         num_workers: int | None = None,
         runner: str = "fast",
