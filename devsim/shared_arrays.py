@@ -9,20 +9,24 @@ about the run changes: the arrays arrive bit for bit as they were sent.
 The server owns one folder per run (:meth:`SharedFolder.create`, mode 0700, named with its process id) and
 removes it when the run ends, with any file no one took (a reply to a call the run stopped waiting for); a folder
 left by a server that was killed is removed by the next one (its process id is gone). A file is taken (read
-and unlinked) by its one reader, except a synchronous round's model, which every leaf reads (``keep``) and the
-server discards after the round. A descriptor from a leaf is checked before its file is read: the path must be a
-file of this folder, the entries float32 and their sizes must add up to the file's. Arrays that cannot be
-written (no folder, a full ``/dev/shm``) travel inside the message as before (:func:`shared_or_inline`).
+and recycled) by its one reader, except a synchronous round's model, which every leaf reads (``keep``) and the
+server discards after the round. A taken file is not unlinked but renamed to a free name (``free-<bytes>-...``)
+that the next writer claims and overwrites: tmpfs gives a new file fresh zeroed pages, which cost 6x the copy
+(3 MB: 1.18 ms to a new file, 0.19 ms over a used one); a folder keeps at most :data:`MAX_FREE_FILES`. A
+descriptor from a leaf is checked before its file is read: the path must be a file of this folder, the entries
+float32 and their sizes must add up to the file's. Arrays that cannot be written (no folder, a full
+``/dev/shm``) travel inside the message as before (:func:`shared_or_inline`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
+import secrets
 import shutil
 import tempfile
-import uuid
 from collections.abc import Mapping
 
 import numpy as np
@@ -35,6 +39,13 @@ _FILE_NAME = re.compile(r"^[0-9a-f]{32}\.bin$")
 _ALIGN = 64
 """Bytes each entry starts on in a file (so every entry's view is aligned for its dtype)."""
 _DTYPES = {np.dtype(np.float32).str}
+FREE_PREFIX = "free-"
+"""Name prefix of a taken file kept for reuse: ``free-<size in bytes>-<name>``; no descriptor can name one."""
+MAX_FREE_FILES = 16
+"""Free files a folder keeps at most (an asynchronous run has about two calls per leaf in flight); a file taken
+beyond them is unlinked."""
+_PROCESS_TOKEN = secrets.token_hex(4)
+_COUNTER = itertools.count()
 
 
 def shared_memory_root() -> str | None:
@@ -182,14 +193,19 @@ def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
             raise ValueError(f"shared arrays must be float32 NumPy arrays; {key} is {kind}")
         entries.append([str(key), value.dtype.str, [int(n) for n in value.shape], offset])
         offset += -(-value.nbytes // _ALIGN) * _ALIGN
-    path = os.path.join(folder, f"{uuid.uuid4().hex}.bin")
+    path = os.path.join(folder, _new_name())
     try:
-        with open(path, "xb") as stream:
+        if _claim_free(folder, path, offset):
+            fd = os.open(path, os.O_WRONLY)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
             for (_, _, _, start), value in zip(entries, arrays.values(), strict=True):
                 if value.size:
-                    stream.seek(start)
-                    stream.write(memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"))
-            stream.truncate(offset)
+                    _write_at(fd, memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"), start)
+            os.ftruncate(fd, offset)
+        finally:
+            os.close(fd)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(path)  # no half-written file stays behind
@@ -198,21 +214,76 @@ def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
 
 
 def take_arrays(folder: str, descriptor: Mapping, unlink: bool = True) -> dict[str, np.ndarray]:
-    """Read (and with ``unlink`` remove) the file of ``descriptor`` (see :func:`put_arrays`), which must lie in
-    ``folder``."""
+    """Read (and with ``unlink`` take away: recycle, see :func:`_recycle`) the file of ``descriptor`` (see
+    :func:`put_arrays`), which must lie in ``folder``."""
     path = _checked_path(folder, descriptor.get("path") if isinstance(descriptor, Mapping) else None)
     try:
         raw = np.fromfile(path, dtype=np.uint8)
     finally:
         if unlink:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            _recycle(path)
     arrays = {}
     for entry in _checked_entries(descriptor.get("entries"), raw.nbytes):
         key, dtype, shape, offset = entry
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         arrays[key] = raw[offset : offset + size].view(dtype).reshape(shape)
     return arrays
+
+
+def _new_name() -> str:
+    """A file name unique in the run's folder without a system call: process id, a token drawn once per process
+    and a counter (32 hex digits, as :data:`_FILE_NAME` wants)."""
+    return f"{os.getpid() & 0xFFFFFFFF:08x}{_PROCESS_TOKEN}{next(_COUNTER) & (2**64 - 1):016x}.bin"
+
+
+def _free_files(folder: str) -> list[tuple[int, str]]:
+    """(size in bytes, path) of the folder's free files, smallest first."""
+    free = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(FREE_PREFIX):
+                size = entry.name[len(FREE_PREFIX) :].split("-", 1)[0]
+                if size.isdigit():
+                    free.append((int(size), entry.path))
+    return sorted(free)
+
+
+def _claim_free(folder: str, path: str, nbytes: int) -> bool:
+    """Rename a free file of ``folder`` to ``path`` (the smallest that holds ``nbytes``, else the largest): True
+    when one was claimed. Another writer may claim the same file first; the next is tried."""
+    free = _free_files(folder)
+    fitting = [item for item in free if item[0] >= nbytes]
+    for _, candidate in fitting + free[::-1][: 1 if not fitting else 0]:
+        try:
+            os.rename(candidate, path)
+            return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
+def _recycle(path: str) -> None:
+    """Keep a taken file for the next writer (renamed free, its size in the name), or unlink it when the folder
+    already keeps :data:`MAX_FREE_FILES` (or it cannot be renamed)."""
+    folder = os.path.dirname(path)
+    try:
+        if len(_free_files(folder)) < MAX_FREE_FILES:
+            size = os.stat(path).st_size
+            os.rename(path, os.path.join(folder, f"{FREE_PREFIX}{size}-{_new_name()}"))
+            return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    """All of ``data`` at ``offset`` of ``fd`` (``pwrite`` may write less than asked)."""
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def remove_orphans(root: str) -> list[str]:

@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devsim.config import ConfigError, SimulationConfig
-from devsim.shared_arrays import FOLDER_PREFIX, SharedFolder, all_float32, put_arrays, remove_orphans, take_arrays
+from devsim.shared_arrays import (
+    FOLDER_PREFIX,
+    FREE_PREFIX,
+    MAX_FREE_FILES,
+    SharedFolder,
+    all_float32,
+    put_arrays,
+    remove_orphans,
+    take_arrays,
+)
 
 
 def sample_arrays() -> dict[str, np.ndarray]:
@@ -28,6 +37,11 @@ def sample_arrays() -> dict[str, np.ndarray]:
     }
 
 
+def data_files(folder: str) -> list[str]:
+    """The files of ``folder`` a descriptor can name (free files kept for reuse left out)."""
+    return [name for name in os.listdir(folder) if not name.startswith(FREE_PREFIX)]
+
+
 def test_arrays_come_back_bit_for_bit_and_the_file_is_taken_once(tmp_path):
     folder = SharedFolder.create(str(tmp_path))
     sent = sample_arrays()
@@ -38,7 +52,7 @@ def test_arrays_come_back_bit_for_bit_and_the_file_is_taken_once(tmp_path):
     for key, value in sent.items():
         assert received[key].shape == value.shape and received[key].dtype == np.float32
         assert received[key].tobytes() == np.ascontiguousarray(value).tobytes(), key
-    assert os.listdir(folder.path) == []
+    assert data_files(folder.path) == []
     with pytest.raises(FileNotFoundError):
         folder.take(descriptor)
     folder.remove()
@@ -194,7 +208,7 @@ def test_a_call_and_its_reply_through_the_folder(tmp_path):
     with pytest.raises(ValueError, match="no exchange folder"):
         reply_arrays_taken(dict(payload), "delta_sum", None)
     reply_arrays_taken(payload, "delta_sum", folder)
-    assert payload["delta_sum"]["a"].tolist() == [0, 1, 2, 3, 4] and os.listdir(folder.path) == []
+    assert payload["delta_sum"]["a"].tolist() == [0, 1, 2, 3, 4] and data_files(folder.path) == []
     inline = {"delta_sum": {"a": np.zeros(2)}}  # float64 (a wire fault's): stays inline
     reply_in_file(inline, "delta_sum", folder.path)
     assert "delta_sum" in inline and DESCRIPTOR_KEY not in inline
@@ -226,3 +240,50 @@ def test_a_call_whose_run_removed_its_folder_says_so_and_other_missing_files_sti
     folder.remove()
     with pytest.raises(ExchangeClosed):
         received_weights({}, folder.path, descriptor)
+
+
+def test_taken_files_are_reused_bit_for_bit_and_their_number_is_bounded(tmp_path):
+    """A taken file is kept free and the next write claims it (the smallest that holds it, else the largest):
+    a shorter write into a longer file and a longer one into a shorter file read back exactly, a free file is
+    never a descriptor's, and a folder keeps at most MAX_FREE_FILES however many files are taken."""
+    folder = SharedFolder.create(str(tmp_path))
+    rng = np.random.default_rng(1)
+    big = {"a": rng.standard_normal(5000).astype(np.float32), "b": rng.standard_normal((7, 3)).astype(np.float32)}
+    small = {"a": rng.standard_normal(10).astype(np.float32)}
+    folder.take(put_arrays(folder.path, big))
+    (free_name,) = os.listdir(folder.path)
+    assert free_name.startswith(f"{FREE_PREFIX}{os.path.getsize(os.path.join(folder.path, free_name))}-")
+    with pytest.raises(ValueError, match="is not a file of the run's exchange folder"):
+        folder.take({"path": os.path.join(folder.path, free_name), "entries": []})
+    descriptor = put_arrays(folder.path, small)  # claims the free file: shorter than what it held
+    assert os.listdir(folder.path) == [os.path.basename(descriptor["path"])]
+    assert os.path.getsize(descriptor["path"]) == 64
+    assert folder.take(descriptor)["a"].tobytes() == small["a"].tobytes()
+    descriptor = put_arrays(folder.path, big)  # the only free file is too short: it grows
+    got = folder.take(descriptor)
+    assert all(got[k].tobytes() == v.tobytes() for k, v in big.items())
+    held = [put_arrays(folder.path, small) for _ in range(MAX_FREE_FILES + 5)]
+    for descriptor in held:
+        folder.take(descriptor)
+    names = os.listdir(folder.path)
+    assert len(names) == MAX_FREE_FILES and all(name.startswith(FREE_PREFIX) for name in names)
+    folder.remove()
+    assert not os.path.exists(folder.path)
+
+
+def test_writers_in_threads_never_share_a_file(tmp_path):
+    """Writers racing for the same free files each end with a file of their own holding exactly their arrays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = SharedFolder.create(str(tmp_path))
+    for _ in range(4):
+        folder.take(put_arrays(folder.path, {"a": np.zeros(100, np.float32)}))
+
+    def write_and_read(index: int) -> bool:
+        sent = {"a": np.full(100 + index, index, np.float32)}
+        return folder.take(put_arrays(folder.path, sent))["a"].tobytes() == sent["a"].tobytes()
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(write_and_read, range(200)))
+    assert data_files(folder.path) == []
+    folder.remove()
