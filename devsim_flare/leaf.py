@@ -12,6 +12,7 @@ import functools
 import importlib
 import os
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -34,8 +35,12 @@ from devsim.resources.precision import apply_tf32
 from devsim.shared_arrays import ExchangeClosed, received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unmark_lost
+from devsim_flare.wire import per_job_field
 
 RUN_ENDED = {"run_ended": True}
+PER_JOB_FIELDS = ("job_id", "num_samples", "loss", "accuracy", "compute_seconds", "uplink_bytes", "uplink_raw_bytes")
+"""Per-job fields of an asynchronous reply (one value per job), sent in :func:`~devsim_flare.wire.per_job_field`'s
+form."""
 """A leaf's answer to a call of a run that has ended (Ctrl-C, SIGTERM): no one reads it."""
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
@@ -250,12 +255,12 @@ class LeafNode:
         self,
         version: int,
         weights: dict,
-        job_ids: np.ndarray,
-        device_ids: np.ndarray,
-        train_seeds: np.ndarray,
+        job_ids: Sequence[int],
+        device_ids: Sequence[int],
+        train_seeds: Sequence[int],
         with_histograms: bool = False,
-        job_bases: np.ndarray | None = None,
-        base_versions: np.ndarray | None = None,
+        job_bases: Sequence[int] | None = None,
+        base_versions: Sequence[int] | None = None,
         exchange_folder: str | None = None,
         shared_weights: dict | None = None,
         dp: dict | None = None,
@@ -272,7 +277,8 @@ class LeafNode:
         before it leaves the leaf (local DP, or leaf placement's share of a buffer's noise; 0: none).
 
         Returns each job's own delta (stacked per model entry) with its metrics; see
-        :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`.
+        :meth:`devsim.training.leaf_runner.LeafRoundRunner.run_jobs`. The ids come, and the per-job metrics
+        (:data:`PER_JOB_FIELDS`) go back, as lists when a call carries few jobs (:mod:`devsim_flare.wire`).
         """
         received_at = time.time()
         weights = self._receive(weights, exchange_folder, shared_weights)
@@ -292,6 +298,9 @@ class LeafNode:
             else DevicePrivacy(float(dp["clip"]), float(dp["noise_std"]), int(self.settings.get("seed", 0))),
         )
         payload["version"] = int(version)
+        for key in PER_JOB_FIELDS:
+            if key in payload:
+                payload[key] = per_job_field(payload[key])
         reply_in_file(payload, "deltas", exchange_folder)
         self._attach_startup(payload)
         payload["timing"]["leaf_received_at"] = received_at

@@ -17,6 +17,7 @@ from devsim.observe.timing import WindowTiming
 from devsim.observe.traffic import array_bytes
 from devsim.shared_arrays import reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim_flare.leaf_calls import LeafCallError
+from devsim_flare.wire import per_job_field
 
 Weights = dict[str, np.ndarray]
 
@@ -82,12 +83,12 @@ class AsyncLeafTraffic:
             tag=(time.time(), tuple(job_key(j) for j in jobs)),
             version=versions[-1],
             **arrays,
-            job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
-            device_ids=np.array([j.device_id for j in jobs], dtype=np.int64),
-            train_seeds=np.array([j.train_seed for j in jobs], dtype=np.int64),
+            job_ids=per_job_field([j.job_id for j in jobs]),
+            device_ids=per_job_field([j.device_id for j in jobs]),
+            train_seeds=per_job_field([j.train_seed for j in jobs]),
             with_histograms=self.wants_histograms(),
-            job_bases=np.array([index[j.base_version] for j in jobs], dtype=np.int64),
-            base_versions=np.array(versions, dtype=np.int64),
+            job_bases=per_job_field([index[j.base_version] for j in jobs]),
+            base_versions=per_job_field(versions),
             **({"dp": self.privacy.job_privacy()} if self.privacy is not None else {}),
         )
 

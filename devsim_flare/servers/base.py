@@ -14,6 +14,7 @@ from devsim.seeding import derive_seed
 from devsim.tasks import Task, task_from_settings
 from devsim.tasks.shards import grouped_task
 from devsim.training.evaluation import Evaluator
+from devsim_flare.leaf_calls import quiet_per_call_logs
 
 
 def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device]:
@@ -27,6 +28,7 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
     from processors.task_processor import default_torch_device
 
     server.config = server.config_cls.from_dict(server.settings)
+    quiet_per_call_logs()
     if server.config.server_threads:
         torch.set_num_threads(server.config.server_threads)
     apply_tf32(server.config.tf32)
