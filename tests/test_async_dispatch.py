@@ -79,6 +79,44 @@ def test_every_guess_made_at_a_version_start_is_what_the_run_dispatches(
     assert guesses_checked >= 1
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 50), concurrency=st.integers(1, 16), wrong=st.sets(st.integers(0, 300), max_size=30))
+def test_a_run_that_looks_ahead_dispatches_exactly_what_one_that_does_not_would(seed, concurrency, wrong):
+    """The real scheduler takes the dispatches its lookahead's fork drew (right guesses) and draws the rest itself
+    (guesses that were wrong: an update guessed accepted that is rejected); every job is the same either way."""
+
+    def run(look_ahead: bool) -> list:
+        s = scheduler(seed=seed, concurrency=concurrency, max_versions=15)
+        dispatched = list(s.start())
+        while (job := s.next_arrival()) is not None:
+            made = job.job_id not in wrong and s.record_accepted(job)
+            dispatched += s.dispatch_open()
+            if look_ahead and made:  # as the server: guess once the version's first dispatch is made
+                dispatches_ahead(s, lambda j: True, limit=concurrency)
+        return dispatched
+
+    assert run(look_ahead=True) == run(look_ahead=False)
+
+
+def test_the_run_does_not_draw_again_what_its_lookahead_drew(monkeypatch):
+    draws = {"run": 0, "fork": 0}
+    plan = AsyncScheduler._plan_dispatch
+
+    def counted(self, count):
+        draws["fork" if self._records_dispatches else "run"] += 1
+        return plan(self, count)
+
+    monkeypatch.setattr(AsyncScheduler, "_plan_dispatch", counted)
+    s = scheduler()
+    s.start()
+    while (job := s.next_arrival()) is not None:
+        made = s.record_accepted(job)
+        s.dispatch_open()
+        if made:
+            dispatches_ahead(s, lambda j: True, limit=s.concurrency)
+    assert draws["fork"] > 50 and draws["run"] < draws["fork"] / 2  # left: the start, and each version's first
+
+
 def test_lookahead_stops_at_the_limit_and_leaves_the_scheduler_alone():
     s = scheduler(buffer_size=12)
     s.start()

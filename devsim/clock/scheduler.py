@@ -162,7 +162,7 @@ class AsyncScheduler:
         self.upload_bytes = _require_int("upload_bytes", upload_bytes, 0)
 
         self._heap: list[tuple[float, int, DeviceJob]] = []
-        self._busy: set[int] = set()
+        self._busy: dict[int, int] = {}  # in-flight device id -> its job id
         self._now = 0.0
         self._version = 0
         self._buffer_count = 0
@@ -171,6 +171,10 @@ class AsyncScheduler:
         self._started = False
         self._arrived_total = 0
         self._accepted_total = 0
+        self._dispatch_memo: dict[tuple, tuple[float, int, list[DeviceJob]]] | None = None
+        """Dispatches a :meth:`fork` computed, by the state they started from: the real run takes one that matches
+        its own state instead of drawing it again (a lookahead's twin dispatches what the run will)."""
+        self._records_dispatches = False
 
     @property
     def now(self) -> float:
@@ -237,7 +241,7 @@ class AsyncScheduler:
             self._now = self.max_time
             return None
         heapq.heappop(self._heap)
-        self._busy.discard(job.device_id)
+        self._busy.pop(job.device_id, None)
         self._now = arrival_time
         self._arrived_total += 1
         return job
@@ -256,7 +260,7 @@ class AsyncScheduler:
         self._require_started()
         if not 0 <= job.job_id < self._next_job_id:
             raise ValueError(f"job {job.job_id} was never dispatched by this scheduler")
-        if any(entry[1] == job.job_id for entry in self._heap):
+        if self._busy.get(job.device_id) == job.job_id:
             raise ValueError(f"job {job.job_id} is still in flight; only arrived jobs can be accepted")
         self._accepted_total += 1
         self._buffer_count += 1
@@ -281,7 +285,9 @@ class AsyncScheduler:
         parts (schedule, network, population model): drive it to see which jobs this scheduler will dispatch."""
         twin = copy.copy(self)
         twin._heap = list(self._heap)
-        twin._busy = set(self._busy)
+        twin._busy = dict(self._busy)
+        twin._dispatch_memo = self._dispatch_memo = {}  # the last fork's only: at most its dispatches are held
+        twin._records_dispatches = True
         return twin
 
     def base_versions_in_flight(self) -> set[int]:
@@ -330,7 +336,7 @@ class AsyncScheduler:
             raise ValueError("checkpoint in_flight jobs exceed concurrency or repeat a device")
         self._heap = [(job.arrival_time, job.job_id, job) for job in jobs]
         heapq.heapify(self._heap)
-        self._busy = {job.device_id for job in jobs}
+        self._busy = {job.device_id: job.job_id for job in jobs}
         self._now = float(state["now"])
         self._version = int(state["version"])
         self._buffer_count = int(state["buffer_count"])
@@ -370,13 +376,40 @@ class AsyncScheduler:
         return (ranks + np.searchsorted(idle_before_busy, ranks, side="right")).astype(np.int64).tolist()
 
     def _dispatch(self, count: int) -> list[DeviceJob]:
+        """Dispatch up to ``count`` jobs now. The jobs are a pure function of the state in ``key``, so one a fork
+        computed from the same state is taken as it is (same ids, devices, delays and seeds)."""
+        key = (count, self._dispatch_counter, self._next_job_id, self._now, self._version, len(self._heap))
+        key += (frozenset(self._busy.items()),)
+        memo = self._dispatch_memo
+        planned = memo.pop(key, None) if memo is not None and not self._records_dispatches else None
+        if planned is None:
+            planned = self._plan_dispatch(count)
+            if self._records_dispatches:
+                memo[key] = planned
+        self._now, self._dispatch_counter, jobs = planned
+        self._next_job_id += len(jobs)
+        for job in jobs:
+            heapq.heappush(self._heap, (job.arrival_time, job.job_id, job))
+            self._busy[job.device_id] = job.job_id
+        return list(jobs)
+
+    def _plan_dispatch(self, count: int) -> tuple[float, int, list[DeviceJob]]:
+        """What :meth:`_dispatch` does, without changing the scheduler: (the clock after it, the dispatch counter
+        after it, the jobs)."""
+        now, counter, next_job_id = self._now, self._dispatch_counter, self._next_job_id
+        try:
+            return self._draw_dispatch(count)
+        finally:
+            self._now, self._dispatch_counter, self._next_job_id = now, counter, next_job_id
+
+    def _draw_dispatch(self, count: int) -> tuple[float, int, list[DeviceJob]]:
         devices = self._select_idle(count)
         self._dispatch_counter += 1
         while not devices and not self._heap and self.population is not None:
             later = self.population.next_online_time(self._now)
             if later <= self._now or (self.max_time is not None and later >= self.max_time):
                 self._now = self._now if later <= self._now else float(self.max_time)
-                return []
+                return self._now, self._dispatch_counter, []
             self._now = later
             devices = self._select_idle(count)
             self._dispatch_counter += 1
@@ -408,7 +441,5 @@ class AsyncScheduler:
                 upload_time=upload,
                 dropped=finish > session_end,
             )
-            heapq.heappush(self._heap, (job.arrival_time, job_id, job))
-            self._busy.add(device_id)
             jobs.append(job)
-        return jobs
+        return self._now, self._dispatch_counter, jobs
