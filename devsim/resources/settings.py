@@ -126,7 +126,7 @@ class AsyncEnvironmentSettings:
         metadata=_environment(
             "device jobs the server gathers before sending them on, one call per leaf carrying every base version "
             "they need (sooner when the next arrival is one of them, or when the call would carry more than 64 MiB of "
-            "models); unset: max(B, ceil(K / 2)); 1: each dispatch at once; 'none' unsets it"
+            "models); unset: max(B, ceil(K / 2)); 1: each dispatch at once"
         ),
     )
     dispatch_lookahead: bool = field(
