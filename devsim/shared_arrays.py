@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import re
 import secrets
@@ -225,7 +226,7 @@ def take_arrays(folder: str, descriptor: Mapping, unlink: bool = True) -> dict[s
     arrays = {}
     for entry in _checked_entries(descriptor.get("entries"), raw.nbytes):
         key, dtype, shape, offset = entry
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        size = math.prod(shape) * np.dtype(dtype).itemsize
         arrays[key] = raw[offset : offset + size].view(dtype).reshape(shape)
     return arrays
 
@@ -329,7 +330,7 @@ def _checked_entries(entries, file_bytes: int) -> list[tuple[str, str, tuple[int
             raise ValueError(f"shared_file.entries: dtype {dtype!r} of {key!r}; allowed: {sorted(_DTYPES)}")
         if not (isinstance(shape, list | tuple) and all(isinstance(n, int) and n >= 0 for n in shape)):
             raise ValueError(f"shared_file.entries: shape {shape!r} of {key!r} is not a list of sizes >= 0")
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        size = math.prod(shape) * np.dtype(dtype).itemsize
         if not (isinstance(offset, int) and offset >= end and offset % _ALIGN == 0 and offset + size <= file_bytes):
             raise ValueError(f"shared_file.entries: {key!r} at offset {offset!r} does not fit the file's {file_bytes}")
         checked.append((str(key), dtype, tuple(shape), offset))

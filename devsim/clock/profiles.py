@@ -16,6 +16,7 @@ Presets live in ``app_configs/device_profiles/<name>.json`` (see :func:`load_sch
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import json
 import math
@@ -192,11 +193,18 @@ class DeviceProfile:
         return self.download, train, upload
 
 
+PROFILE_CACHE_SIZE = 2**14
+"""Device profiles :func:`profile_for` keeps (about 3 MB): every dispatch asks for its device's profile, and a run of
+fewer devices than this draws each once."""
+
+
+@functools.lru_cache(maxsize=PROFILE_CACHE_SIZE)
 def profile_for(schedule: DelaySchedule, seed: int, device_id: int) -> DeviceProfile:
     """The persistent profile of ``device_id``: a pure function of ``(schedule, seed, device_id)``.
 
     Two uniforms from ``derive_rng(seed, "profile", device_id)`` pick the tier (by its probability)
-    and the upload mean (uniformly among ``schedule.upload_means``). Nothing is cached.
+    and the upload mean (uniformly among ``schedule.upload_means``). The last :data:`PROFILE_CACHE_SIZE` are
+    cached.
     """
     rng = derive_rng(seed, "profile", device_id)
     tier_draw, upload_draw = rng.random(2).tolist()
