@@ -11,6 +11,7 @@ evaluations' own time taken out. The tight loop trains the same device updates i
 and every core. Each row also gives the CPU ms per update of the server and the leaf processes (training apart),
 the device updates per leaf call and per training group, and how busy the cores were.
 
+``--local-iterations 1`` trains one step a device: the framework's own cost per update then sets the rates.
 ``--repeats N`` runs the chosen settings N times in turn; each row holds the round with the median ratio to FedAvg
 and ``rounds`` (every round's figures). ``--baseline-commit REV`` runs every chosen setting also from a temporary
 worktree of ``REV`` right after this tree's (rows ``<setting> @ <commit>``). ``--json`` writes the rows:
@@ -152,10 +153,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the chosen settings; rows keep the median")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--baseline-commit", help="also run every setting from a worktree of this commit")
+    server_bound = "N local steps a device, not an epoch; no norm screen (server-bound: the framework's cost shows)"
+    parser.add_argument("--local-iterations", type=int, help=server_bound)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    session = Session("async_throughput")
+    session = Session("async_throughput" + ("-server-bound" if args.local_iterations else ""))
     print(f"machine: {session.where()}")
     with baseline(parser, args.baseline_commit) as (base_commit, base_tree):
         rows = measure_all(args, {"": REPO, **({f" @ {base_commit}": base_tree} if base_tree else {})})
@@ -172,7 +175,9 @@ def measure_all(args: argparse.Namespace, trees: dict[str, str]) -> list[dict]:
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         common = ["--dataset", dataset, "--num-leaf-nodes", str(args.leaves)]
         common += ["--devices-per-leaf", str(args.devices_per_leaf)]
-        loop_per_update = tight_loop_per_update(dataset, args.leaves)
+        if args.local_iterations:
+            common += ["--local-iterations", str(args.local_iterations), "--update-norm-factor", "none"]
+        loop_per_update = float("nan") if args.local_iterations else tight_loop_per_update(dataset, args.leaves)
         chosen = [n.strip() for n in args.only.split(",") if n.strip()]
         runs: dict[str, list[dict]] = {}
         settings_of: dict[str, str] = {}
