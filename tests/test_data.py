@@ -336,3 +336,27 @@ def test_partition_property_valid_indices(
     assert indices.min() >= 0 and indices.max() < len(LABELS)
     histogram = part.device_label_histogram(device_id)
     np.testing.assert_array_equal(histogram, np.bincount(LABELS[indices], minlength=10))
+
+
+def test_a_device_s_rows_are_drawn_once_and_match_its_partition(monkeypatch) -> None:
+    """A leaf asks for the same devices' shards call after call; their rows are drawn once (up to the cache's size)
+    and are exactly the partitioner's indices."""
+    import torch
+
+    from devsim.data import device_shards
+    from devsim.data.partition import DirichletPartitioner
+
+    labels = np.random.default_rng(0).integers(0, 10, 500)
+    partitioner = DirichletPartitioner(labels, num_classes=10, samples_per_device=20, alpha=0.5, seed=1)
+    drawn = []
+    real = partitioner.device_indices
+    monkeypatch.setattr(partitioner, "device_indices", lambda d: drawn.append(d) or real(d))
+    monkeypatch.setattr(device_shards, "ROWS_CACHE_SIZE", 3)
+    source = device_shards.DeviceDataSource(np.zeros((500, 4), np.float32), labels, partitioner, torch.device("cpu"))
+    for _ in range(3):
+        pool = source.shard_pool([4, 7, 9])
+    assert drawn == [4, 7, 9]
+    assert all(torch.equal(rows, torch.from_numpy(real(d))) for rows, d in zip(pool.indices, [4, 7, 9], strict=True))
+    source.shard_pool([1, 2, 3, 4])  # past the cache's size: the oldest are drawn again when asked for
+    source.shard_pool([4])
+    assert drawn == [4, 7, 9, 1, 2, 3, 4]
