@@ -35,3 +35,36 @@ def test_the_file_is_what_json_dump_writes_after_appends_a_resume_and_other_keys
     recorder.finish({"final_accuracy": 0.5})
     assert load_results(recorder.output_dir) == json.loads(json.dumps(recorder.data))
     assert open(recorder.path, encoding="utf-8").read() == json.dumps(recorder.data, indent=1)
+
+
+def test_records_are_written_at_once_while_rewrites_are_cheap_and_all_of_them_at_the_end(tmp_path, monkeypatch):
+    """A rewrite that took 1 s is not repeated until 10 s have passed (FLUSH_SHARE = 0.1); the records added
+    meanwhile come with the next rewrite, and finish() writes everything."""
+    import devsim.observe.results as results
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(results.time, "perf_counter", lambda: clock["now"])
+    recorder = RunRecorder(str(tmp_path), {}, "fedavg")
+    written = lambda: len(load_results(str(tmp_path))["rounds"])  # noqa: E731
+    real_text = recorder.text
+
+    def slow_text():  # each rewrite takes 1 s of the fake clock
+        clock["now"] += 1.0
+        return real_text()
+
+    recorder.add_round({"round": 1})
+    assert written() == 1  # the first record is always written
+    monkeypatch.setattr(recorder, "text", slow_text)
+    clock["now"] += 0.5
+    recorder.add_round({"round": 2})  # the last rewrite took 0 s: written
+    assert written() == 2
+    for round_num in range(3, 8):
+        clock["now"] += 1.0
+        recorder.add_round({"round": round_num})
+    assert written() == 2  # 5 s since a 1 s rewrite: not yet
+    clock["now"] += 5.0
+    recorder.add_round({"round": 8})
+    assert written() == 8
+    recorder.add_round({"round": 9})
+    recorder.finish({"final_accuracy": 0.5})
+    assert [r["round"] for r in load_results(str(tmp_path))["rounds"]] == list(range(1, 10))
