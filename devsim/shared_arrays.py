@@ -218,11 +218,12 @@ def take_arrays(folder: str, descriptor: Mapping, unlink: bool = True) -> dict[s
     """Read (and with ``unlink`` take away: recycle, see :func:`_recycle`) the file of ``descriptor`` (see
     :func:`put_arrays`), which must lie in ``folder``."""
     path = _checked_path(folder, descriptor.get("path") if isinstance(descriptor, Mapping) else None)
+    raw = None
     try:
         raw = np.fromfile(path, dtype=np.uint8)
     finally:
         if unlink:
-            _recycle(path)
+            _recycle(path, None if raw is None else raw.nbytes)
     arrays = {}
     for entry in _checked_entries(descriptor.get("entries"), raw.nbytes):
         key, dtype, shape, offset = entry
@@ -253,8 +254,7 @@ def _claim_free(folder: str, path: str, nbytes: int) -> bool:
     """Rename a free file of ``folder`` to ``path`` (the smallest that holds ``nbytes``, else the largest): True
     when one was claimed. Another writer may claim the same file first; the next is tried."""
     free = _free_files(folder)
-    fitting = [item for item in free if item[0] >= nbytes]
-    for _, candidate in fitting + free[::-1][: 1 if not fitting else 0]:
+    for _, candidate in [item for item in free if item[0] >= nbytes] or free[-1:]:
         try:
             os.rename(candidate, path)
             return True
@@ -263,13 +263,13 @@ def _claim_free(folder: str, path: str, nbytes: int) -> bool:
     return False
 
 
-def _recycle(path: str) -> None:
-    """Keep a taken file for the next writer (renamed free, its size in the name), or unlink it when the folder
-    already keeps :data:`MAX_FREE_FILES` (or it cannot be renamed)."""
+def _recycle(path: str, size: int | None) -> None:
+    """Keep a taken file of ``size`` bytes (None: read it from the file) for the next writer (renamed free, its size
+    in the name), or unlink it when the folder already keeps :data:`MAX_FREE_FILES` (or it cannot be renamed)."""
     folder = os.path.dirname(path)
     try:
         if len(_free_files(folder)) < MAX_FREE_FILES:
-            size = os.stat(path).st_size
+            size = os.stat(path).st_size if size is None else size
             os.rename(path, os.path.join(folder, f"{FREE_PREFIX}{size}-{_new_name()}"))
             return
     except FileNotFoundError:

@@ -38,10 +38,10 @@ from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unma
 from devsim_flare.wire import per_job_field
 
 RUN_ENDED = {"run_ended": True}
+"""A leaf's answer to a call of a run that has ended (Ctrl-C, SIGTERM): no one reads it."""
 PER_JOB_FIELDS = ("job_id", "num_samples", "loss", "accuracy", "compute_seconds", "uplink_bytes", "uplink_raw_bytes")
 """Per-job fields of an asynchronous reply (one value per job), sent in :func:`~devsim_flare.wire.per_job_field`'s
 form."""
-"""A leaf's answer to a call of a run that has ended (Ctrl-C, SIGTERM): no one reads it."""
 
 DEFAULT_PROCESSOR = "processors.task_processor.TaskDeviceProcessor"
 

@@ -360,17 +360,17 @@ class AsyncScheduler:
         if not self._started:
             raise RuntimeError("call AsyncScheduler.start() (or load_state_dict) first")
 
-    def _select_idle(self, count: int) -> list[int]:
-        """``count`` distinct idle devices, uniform without replacement, sorted ascending (fewer when a
-        population model has fewer idle devices online).
+    def _select_idle(self, count: int, counter: int, now: float) -> list[int]:
+        """``count`` distinct idle devices at simulated time ``now``, uniform without replacement from the stream of
+        dispatch ``counter``, sorted ascending (fewer when a population model has fewer idle devices online).
 
         Samples ranks among the ``population_size - in_flight`` idle devices and maps rank ``r``
         to the ``r``-th idle device id via the sorted busy ids (O(K log K), no per-device array).
         """
-        rng = derive_rng(self.seed, "async-select", self._dispatch_counter)
+        rng = derive_rng(self.seed, "async-select", counter)
         busy = np.array(sorted(self._busy), dtype=np.int64)
         if self.population is not None and self.population.availability is not None:
-            return self.population.select_online(rng, self._now, count, exclude=busy).tolist()
+            return self.population.select_online(rng, now, count, exclude=busy).tolist()
         ranks = np.sort(rng.choice(self.population_size - busy.size, size=count, replace=False))
         idle_before_busy = busy - np.arange(busy.size, dtype=np.int64)
         return (ranks + np.searchsorted(idle_before_busy, ranks, side="right")).astype(np.int64).tolist()
@@ -396,44 +396,35 @@ class AsyncScheduler:
     def _plan_dispatch(self, count: int) -> tuple[float, int, list[DeviceJob]]:
         """What :meth:`_dispatch` does, without changing the scheduler: (the clock after it, the dispatch counter
         after it, the jobs)."""
-        now, counter, next_job_id = self._now, self._dispatch_counter, self._next_job_id
-        try:
-            return self._draw_dispatch(count)
-        finally:
-            self._now, self._dispatch_counter, self._next_job_id = now, counter, next_job_id
-
-    def _draw_dispatch(self, count: int) -> tuple[float, int, list[DeviceJob]]:
-        devices = self._select_idle(count)
-        self._dispatch_counter += 1
+        now, counter = self._now, self._dispatch_counter
+        devices = self._select_idle(count, counter, now)
+        counter += 1
         while not devices and not self._heap and self.population is not None:
-            later = self.population.next_online_time(self._now)
-            if later <= self._now or (self.max_time is not None and later >= self.max_time):
-                self._now = self._now if later <= self._now else float(self.max_time)
-                return self._now, self._dispatch_counter, []
-            self._now = later
-            devices = self._select_idle(count)
-            self._dispatch_counter += 1
+            later = self.population.next_online_time(now)
+            if later <= now or (self.max_time is not None and later >= self.max_time):
+                return (now if later <= now else float(self.max_time)), counter, []
+            now = later
+            devices = self._select_idle(count, counter, now)
+            counter += 1
         jobs = []
-        for device_id in devices:
-            job_id = self._next_job_id
-            self._next_job_id += 1
+        for job_id, device_id in enumerate(devices, start=self._next_job_id):
             rng = derive_rng(self.seed, "delay", job_id)
             if self.population is None:
                 download, train, upload = profile_for(self.schedule, self.seed, device_id).sample_delays(rng)
                 session_end = math.inf
             else:
                 download, train, upload = self.population.job_delays(device_id, rng, self.work)
-                session_end = float(self.population.session_end(np.array([device_id]), self._now)[0])
+                session_end = float(self.population.session_end(np.array([device_id]), now)[0])
             if self.network is not None:
                 link = self.network.link_for(self.seed, device_id)
                 download += link.download_seconds(self.download_bytes)
                 upload += link.upload_seconds(self.upload_bytes)
-            finish = self._now + download + train + upload
+            finish = now + download + train + upload
             job = DeviceJob(
                 job_id=job_id,
                 device_id=device_id,
                 base_version=self._version,
-                dispatch_time=self._now,
+                dispatch_time=now,
                 arrival_time=min(finish, session_end),
                 train_seed=derive_seed(self.seed, "train-job", job_id),
                 download_time=download,
@@ -442,4 +433,4 @@ class AsyncScheduler:
                 dropped=finish > session_end,
             )
             jobs.append(job)
-        return self._now, self._dispatch_counter, jobs
+        return now, counter, jobs
