@@ -18,6 +18,7 @@ from nvflare.recipe import PocEnv, SimEnv
 
 from devsim.config import ConfigError, SimulationConfig
 from devsim.observe.checkpoint import CARRIED_RUN_FOLDER
+from devsim.observe.results import RECORDS_LOG
 from devsim.observe.round_timeout import RoundTimeout
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
 from devsim_flare.leaf import LeafNode
@@ -52,7 +53,8 @@ class DevsimRecipe(CollabRecipe):
     """Top-level values written into the server's and every leaf's app config (NVFlare reads its config vars there
     first, so they hold in the simulator, POC and production alike): see :func:`tensor_transfer_params`."""
     carried_checkpoint: str | None = None
-    """A checkpoint.pt the server app carries in ``custom/devsim_resume/`` (a job resubmitted to continue from it)."""
+    """A checkpoint.pt the server app carries in ``custom/devsim_resume/``, with the ``records.jsonl`` beside it (a job
+    resubmitted to continue from it)."""
 
     def finalize(self):
         if self._finalized:
@@ -76,7 +78,9 @@ class DevsimRecipe(CollabRecipe):
             for target in targets:
                 job.add_file_to(source, target=target, dest_dir=dest_dir, app_folder_type="custom")
         if self.carried_checkpoint:
-            job.add_file_to_server(self.carried_checkpoint, dest_dir=CARRIED_RUN_FOLDER, app_folder_type="custom")
+            records_log = os.path.join(os.path.dirname(self.carried_checkpoint), RECORDS_LOG)
+            for carried in [self.carried_checkpoint] + ([records_log] if os.path.isfile(records_log) else []):
+                job.add_file_to_server(carried, dest_dir=CARRIED_RUN_FOLDER, app_folder_type="custom")
         return job
 
 

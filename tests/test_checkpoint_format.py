@@ -1,14 +1,18 @@
-"""Checkpoints keep NumPy arrays as tensors in the file and give NumPy arrays back."""
+"""Checkpoints keep NumPy arrays as tensors in the file and give NumPy arrays back, and name the run's records log
+instead of holding its records."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 import torch
 
-from devsim.observe.checkpoint import CHECKPOINT_NAME, StoredArray, load_checkpoint, save_checkpoint
+from devsim.observe.checkpoint import CHECKPOINT_NAME, StoredArray, load_checkpoint, records_counted, save_checkpoint
+from devsim.observe.results import RECORDS_LOG, RunRecorder
 
 
 def test_arrays_travel_as_tensors_and_come_back_as_the_same_arrays(tmp_path):
@@ -33,3 +37,62 @@ def test_arrays_travel_as_tensors_and_come_back_as_the_same_arrays(tmp_path):
     generator.set_state(back["random"])
     assert generator.rand() == np.random.RandomState(3).rand()
     assert torch.equal(back["tensor"], torch.ones(2))
+
+
+def _records(first: int, last: int) -> list[dict]:
+    """Records shaped like a round's: numbers, nested dicts, lists, text with a newline and non-ASCII."""
+    return [
+        {"round": r, "accuracy": r / 1000, "bytes_total": {"up": 10 * r}, "dead_leaves": [], "note": f"r{r}\nü"}
+        for r in range(first, last + 1)
+    ]
+
+
+def test_a_checkpoint_names_the_records_log_and_does_not_grow_with_the_run(tmp_path):
+    """Each checkpoint appends the new records to records.jsonl and keeps only their count: its file is the same
+    size after 1,000 records as after 10, and loading gives every record back in order."""
+    recorder = RunRecorder(str(tmp_path), {}, method="fedavg")
+    sizes = {}
+    for count in (10, 1000):
+        for record in _records(len(recorder.data["rounds"]) + 1, count):
+            recorder.add_round(record)
+        save_checkpoint(str(tmp_path), {"weights": {"w": np.ones(3, np.float32)}, "records": recorder.log_records()})
+        sizes[count] = os.path.getsize(tmp_path / CHECKPOINT_NAME)
+        assert load_checkpoint(str(tmp_path))["records"] == _records(1, count)
+        assert records_counted(str(tmp_path / CHECKPOINT_NAME)) == count
+    assert sizes[1000] == sizes[10]
+    assert len((tmp_path / RECORDS_LOG).read_text(encoding="utf-8").splitlines()) == 1000
+
+
+def test_records_logged_after_a_checkpoint_are_not_read_back_and_a_short_log_is_named(tmp_path):
+    """A run that went on after its checkpoint (and then stopped) resumes with the checkpoint's records only; a log
+    shorter than the checkpoint's count is an error naming the file."""
+    recorder = RunRecorder(str(tmp_path), {}, method="fedavg")
+    for record in _records(1, 5):
+        recorder.add_round(record)
+    save_checkpoint(str(tmp_path), {"records": recorder.log_records()})
+    for record in _records(6, 8):
+        recorder.add_round(record)
+    recorder.log_records()
+    assert load_checkpoint(str(tmp_path))["records"] == _records(1, 5)
+    (tmp_path / RECORDS_LOG).write_text("".join(line + "\n" for line in map(json.dumps, _records(1, 3))))
+    with pytest.raises(ValueError, match=r"records.jsonl holds 3 records; the checkpoint beside it counts 5"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_a_resumed_recorder_logs_its_records_anew_and_an_old_list_checkpoint_still_loads(tmp_path):
+    """A resume replaces the recorder's records: the next mark rewrites the log (in the same folder or a new one),
+    so it holds exactly the resumed records and those after. A checkpoint that kept its records as a list loads."""
+    recorder = RunRecorder(str(tmp_path), {}, method="fedavg")
+    for record in _records(1, 6):
+        recorder.add_round(record)
+    recorder.log_records()
+    save_checkpoint(str(tmp_path), {"records": _records(1, 4)})  # a checkpoint written before records.jsonl
+    assert load_checkpoint(str(tmp_path))["records"] == _records(1, 4)
+    assert records_counted(str(tmp_path / CHECKPOINT_NAME)) == 4
+    for folder in (tmp_path, tmp_path / "elsewhere"):
+        resumed = RunRecorder(str(folder), {}, method="fedavg")
+        resumed.data["rounds"] = _records(1, 4)
+        resumed.add_round(_records(5, 5)[0])
+        save_checkpoint(str(folder), {"records": resumed.log_records()})
+        lines = (folder / RECORDS_LOG).read_text(encoding="utf-8").splitlines()
+        assert [json.loads(line) for line in lines] == _records(1, 5)

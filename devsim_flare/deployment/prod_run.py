@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devsim.config import SimulationConfig
-from devsim.observe.checkpoint import CARRIED_RUN_FOLDER, CHECKPOINT_NAME
+from devsim.observe.checkpoint import CARRIED_RUN_FOLDER, CHECKPOINT_NAME, records_counted
 from devsim_flare.deployment.prod_job import (
     LOGIN_TIMEOUT_SECONDS,
     ProdJob,
@@ -138,9 +138,5 @@ def _submit_and_follow(make_recipe, args, config, download_dir: str, kit, leaves
 
 
 def records_in(checkpoint: str | None) -> int:
-    """How many round records a synchronous run's checkpoint holds (0 without one)."""
-    if checkpoint is None:
-        return 0
-    import torch
-
-    return len(torch.load(checkpoint, weights_only=False)["records"])
+    """How many round records a synchronous run's checkpoint counts (0 without one)."""
+    return 0 if checkpoint is None else records_counted(checkpoint)

@@ -32,7 +32,7 @@ class AsyncCheckpoints:
                 "snapshots": {v: self.snapshots.get(v) for v in sorted(in_flight)},
                 "buffer": self.buffer.state_dict(),
                 "method": self.method_state(),
-                "records": recorder.data["rounds"],
+                "records": recorder.log_records(),
                 "accepted": accepted,
                 "failures": dict(self.failures),
                 "participation": self.participation.state(),

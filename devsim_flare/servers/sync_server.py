@@ -328,7 +328,7 @@ class SyncServer:
                 "rounds_done": rounds_done,
                 "weights": self.weights,
                 "strategy": self.strategy_state(),
-                "records": recorder.data["rounds"],
+                "records": recorder.log_records(),
                 "config": self.config.to_dict(),
                 "sim_time": self.sim_time,
                 "participation": self.participation.state(),
