@@ -50,3 +50,14 @@ def test_injected_bad_updates_are_rejected_and_never_aggregated(tmp_path):
     assert all(torch.isfinite(v).all() for v in final.values())
     assert all(np.isfinite(r["loss"]) for r in rounds)
     assert results["summary"]["final_accuracy"] > 0.3
+
+
+def test_a_sync_run_leaving_its_plateau_is_not_stopped_by_the_norm_screen(tmp_path):
+    """Digits with one local step a device sits near loss 2.3 for 40 rounds, then its leaf updates grow 25x: the
+    screen judges a round's replies together (:meth:`UpdateValidator.check_round`), so the run goes on and learns
+    where a median of past updates alone rejected both leaves at round 51 and ended it."""
+    args = ["--dataset", "digits", "--num-rounds", "70", "--local-iterations", "1", "--eval-frequency", "70"]
+    run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "ws")], tmp_path)
+    results = find_results(tmp_path / "ws" / "runs")
+    assert len(results["rounds"]) == 70 and not any(r["rejected_leaves"] for r in results["rounds"])
+    assert results["summary"]["final_accuracy"] > 0.5

@@ -238,3 +238,54 @@ def test_arbitrary_junk_never_raises(junk, weight):
 @given(entries=st.fixed_dictionaries({k: _ARRAYS for k in REFERENCE}))
 def test_arbitrary_arrays_under_the_right_keys_never_raise(entries):
     _check_result(UpdateValidator(REFERENCE, max_norm=1e3).check_delta(entries, "junk"))
+
+
+def _reply(scale: float, seed: int = 0) -> dict:
+    return {"delta_sum": good_delta(scale=scale, seed=seed), "total_weight": 1.0, "device_metrics": {}}
+
+
+def _validator_after_small_updates(factor: float = 20.0) -> UpdateValidator:
+    """A validator that has accepted ten updates of norm about 0.01 x sqrt(entries)."""
+    validator = UpdateValidator(REFERENCE, max_norm_factor=factor)
+    for seed in range(10):
+        assert validator.check_delta(good_delta(scale=0.01, seed=seed), f"device {seed}") is None
+    return validator
+
+
+def test_a_round_whose_leaves_all_grew_together_is_accepted():
+    """Leaving a plateau, every leaf's update grows 25-60x in a few rounds: the round's lower median raises the
+    adaptive limit, and the remembered median then follows. A lone reply is still judged by the history alone."""
+    validator = _validator_after_small_updates()
+    results = validator.check_round({"site-1": _reply(0.5, 1), "site-2": _reply(0.6, 2)})
+    assert results == {"site-1": None, "site-2": None}
+    lone = _validator_after_small_updates()
+    assert_rejected(lone.check_round({"site-1": _reply(0.5, 1)})["site-1"], "norm", "20 x median")
+    assert_rejected(lone.check_leaf_payload(_reply(0.5, 1), "site-1"), "norm", "of the last 10 accepted")
+
+
+@pytest.mark.parametrize("honest, faulty", [(1, 1), (2, 2), (3, 1)], ids=["1 of 2", "2 of 4", "1 of 4"])
+def test_faulty_replies_are_rejected_while_at_most_half_of_a_round(honest, faulty):
+    """The lower median is an honest norm while at most half the replies are faulty: faulty replies 1e4x the honest
+    ones (which are themselves 50x the history) are rejected, the honest accepted."""
+    validator = _validator_after_small_updates()
+    replies = {f"honest-{i}": _reply(0.5, i) for i in range(honest)}
+    replies.update({f"faulty-{i}": _reply(5e3, 10 + i) for i in range(faulty)})
+    results = validator.check_round(replies)
+    for source, result in results.items():
+        if source.startswith("honest"):
+            assert result is None, result
+        else:
+            assert_rejected(result, "norm", "the lower median of this round's")
+
+
+def test_a_malformed_reply_does_not_count_towards_the_round_median_and_limits_are_per_leaf():
+    """Only replies that pass every other check enter the round's median; ``max_norms`` sets a leaf's absolute
+    limit (the cluster job's leaves train different models)."""
+    validator = _validator_after_small_updates()
+    broken = {"delta_sum": good_delta(scale=0.5), "total_weight": 0.0}
+    results = validator.check_round({"site-1": _reply(0.5, 1), "site-2": broken})
+    assert_rejected(results["site-1"], "norm", "20 x median")
+    assert_rejected(results["site-2"], "weight", "total_weight")
+    limited = validator.check_round({"site-1": _reply(0.01, 1), "site-2": _reply(0.01, 2)}, {"site-2": 1e-6})
+    assert limited["site-1"] is None
+    assert_rejected(limited["site-2"], "norm", "exceeds the limit 1.0e-06")

@@ -86,7 +86,10 @@ class AggregationSettings:
     )
     update_norm_factor: float | None = field(
         default=20.0,
-        metadata=_aggregation("also reject updates whose norm exceeds this times the median accepted norm"),
+        metadata=_aggregation(
+            "also reject updates whose norm exceeds this times the median accepted norm (sync: or, when larger, "
+            "the lower median of the round's replies)"
+        ),
     )
 
     def update_norm_limit(self, global_norm: float) -> float | None:

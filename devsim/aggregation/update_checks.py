@@ -100,19 +100,46 @@ class UpdateValidator:
         return self._run(source, lambda: self._check(delta, _positive(weight, "weight")))
 
     def check_leaf_payload(self, payload: Mapping, source: str) -> UpdateRejection | None:
-        """Check a synchronous leaf reply (``LeafRoundResult.to_payload``): ``delta_sum`` and ``total_weight``."""
+        """Check a synchronous leaf reply (``LeafRoundResult.to_payload``): ``delta_sum`` and ``total_weight``; a
+        round of one reply (:meth:`check_round`)."""
+        name = _safe_text(source) if not isinstance(source, str) else source
+        return self.check_round({name: payload})[name]
 
-        def check() -> None:
-            if not isinstance(payload, Mapping):
-                raise _Reject("type", f"payload has type {_type_name(payload)}, expected a mapping")
-            if "delta_sum" not in payload:
-                raise _Reject("type", "payload has no 'delta_sum'")
-            if "total_weight" not in payload:
-                raise _Reject("weight", "payload has no 'total_weight'")
-            weight = _positive(payload["total_weight"], "total_weight")
-            self._check(payload["delta_sum"], weight)
+    def check_round(
+        self, payloads: Mapping[str, Any], max_norms: Mapping[str, float | None] | None = None
+    ) -> dict[str, UpdateRejection | None]:
+        """Check a synchronous round's leaf replies together (each as :meth:`check_leaf_payload`); returns, per
+        source, None or its rejection. ``max_norms`` gives a source's absolute limit in place of ``max_norm``.
 
-        return self._run(source, check)
+        The adaptive limit is ``max_norm_factor`` times the larger of the remembered median and this round's lower
+        median (:func:`statistics.median_low`, taken when at least two replies pass every other check). A scale that
+        most of a round's leaves share is where training is, not a fault: when learning leaves a plateau, leaf
+        updates grow 25x within 50 rounds (digits, one local step a device), which a median of the last
+        :data:`NORM_HISTORY` updates alone rejected, every leaf at once. The lower median stays an honest norm while
+        at most half of the replies are faulty (one of two, two of four)."""
+        limits = max_norms or {}
+        results: dict[str, UpdateRejection | None] = {}
+        norms: dict[str, float] = {}
+        for source, payload in payloads.items():
+            absolute = limits.get(source, self.max_norm)
+            try:
+                norms[source] = self._leaf_norm(payload, absolute)
+                results[source] = None
+            except _Reject as rejection:
+                results[source] = self._reject(source, rejection.category, rejection.reason)
+            except Exception as error:
+                reason = f"could not check the update: {type(error).__name__}: {error}"
+                results[source] = self._reject(source, "error", reason)
+        with self._lock:
+            limit, why = self._adaptive_limit(sorted(norms.values()))
+            for source, norm in norms.items():
+                if limit is not None and not norm <= limit:
+                    results[source] = self._reject_locked(
+                        source, "norm", f"norm {norm:.1e} exceeds the limit {limit:.1e}{why}"
+                    )
+                else:
+                    self._norms.append(norm)
+        return results
 
     def check_job_result(self, delta: Mapping, num_samples: Any, source: str) -> UpdateRejection | None:
         """Check one asynchronous job's (unweighted) delta and its sample count (finite, > 0)."""
@@ -146,40 +173,73 @@ class UpdateValidator:
 
     def _reject(self, source: str, category: str, reason: str) -> UpdateRejection:
         with self._lock:
-            self._counts[category] += 1
+            return self._reject_locked(source, category, reason)
+
+    def _reject_locked(self, source: str, category: str, reason: str) -> UpdateRejection:
+        """:meth:`_reject` for a caller that holds the lock."""
+        self._counts[category] += 1
         text = reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
         return UpdateRejection(source=source, reason=text, category=category)
 
+    def _leaf_norm(self, payload: Any, max_norm: float | None) -> float:
+        """A leaf reply's per-sample-mean delta norm after every check but the adaptive limit (raises _Reject)."""
+        if not isinstance(payload, Mapping):
+            raise _Reject("type", f"payload has type {_type_name(payload)}, expected a mapping")
+        if "delta_sum" not in payload:
+            raise _Reject("type", "payload has no 'delta_sum'")
+        if "total_weight" not in payload:
+            raise _Reject("weight", "payload has no 'total_weight'")
+        weight = _positive(payload["total_weight"], "total_weight")
+        norm = self._norm(payload["delta_sum"], weight, square_sum=True)
+        if max_norm is not None and not norm <= max_norm:
+            raise _Reject("norm", f"norm {norm:.1e} exceeds the limit {max_norm:.1e}")
+        return norm
+
     def _check(self, delta: Any, weight: float) -> None:
-        if not isinstance(delta, Mapping):
-            raise _Reject(
-                "type", f"delta has type {_type_name(delta)}, expected a mapping of model entry names to arrays"
-            )
-        _check_keys(delta, self._shapes)
         limited = self.max_norm is not None or self.max_norm_factor is not None
-        total = 0.0
-        with np.errstate(over="ignore", invalid="ignore"):  # float32 overflow is expected: _square_sum redoes it
-            for key, shape in self._shapes.items():
-                total += _check_entry(key, delta[key], shape, square_sum=limited)
+        norm = self._norm(delta, weight, square_sum=limited)
         if not limited:
             return
-        norm = math.sqrt(total) / weight
         with self._lock:
             limit, why = self._limit()
             if limit is not None and not norm <= limit:
                 raise _Reject("norm", f"norm {norm:.1e} exceeds the limit {limit:.1e}{why}")
             self._norms.append(norm)
 
+    def _norm(self, delta: Any, weight: float, square_sum: bool) -> float:
+        """Keys, types, shapes and finiteness of ``delta`` (raises _Reject); with ``square_sum`` its global L2 norm
+        divided by ``weight``, else 0.0."""
+        if not isinstance(delta, Mapping):
+            raise _Reject(
+                "type", f"delta has type {_type_name(delta)}, expected a mapping of model entry names to arrays"
+            )
+        _check_keys(delta, self._shapes)
+        total = 0.0
+        with np.errstate(over="ignore", invalid="ignore"):  # float32 overflow is expected: _square_sum redoes it
+            for key, shape in self._shapes.items():
+                total += _check_entry(key, delta[key], shape, square_sum=square_sum)
+        return math.sqrt(total) / weight
+
     def _limit(self) -> tuple[float | None, str]:
         """Current limit and how the adaptive part came about (caller holds the lock)."""
         limit, why = self.max_norm, ""
-        if self.max_norm_factor is not None and len(self._norms) >= ADAPTIVE_MIN_UPDATES:
-            median = statistics.median(self._norms)
-            adaptive = self.max_norm_factor * median
-            if median > 0 and (limit is None or adaptive < limit):
-                limit = adaptive
-                why = f" ({self.max_norm_factor:g} x median {median:.1e} of the last {len(self._norms)} accepted)"
+        adaptive, adaptive_why = self._adaptive_limit([])
+        if adaptive is not None and (limit is None or adaptive < limit):
+            limit, why = adaptive, adaptive_why
         return limit, why
+
+    def _adaptive_limit(self, round_norms: list[float]) -> tuple[float | None, str]:
+        """The adaptive limit (None before :data:`ADAPTIVE_MIN_UPDATES` accepted updates, or without a factor) from
+        the remembered median and, with two or more, the lower median of ``round_norms``; and how it came about
+        (caller holds the lock)."""
+        if self.max_norm_factor is None or len(self._norms) < ADAPTIVE_MIN_UPDATES:
+            return None, ""
+        median = statistics.median(self._norms)
+        why = f" ({self.max_norm_factor:g} x median {median:.1e} of the last {len(self._norms)} accepted)"
+        if len(round_norms) >= 2 and statistics.median_low(round_norms) > median:
+            median = statistics.median_low(round_norms)
+            why = f" ({self.max_norm_factor:g} x {median:.1e}, the lower median of this round's {len(round_norms)})"
+        return (self.max_norm_factor * median, why) if median > 0 else (None, "")
 
 
 def _check_keys(delta: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> None:

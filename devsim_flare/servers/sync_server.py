@@ -422,7 +422,7 @@ class SyncServer:
         ``--min-devices-fraction`` over the ``selected`` devices of leaves alive when the round was sent (the
         devices of a leaf already lost are counted by ``--min-leaves``, not here). Every rejection is printed
         with its reason and recorded."""
-        accepted, rejected = {}, {}
+        accepted, rejected, candidates, limits = {}, {}, {}, {}
         counts = {"dropped": 0, "silent": 0, "rejected_devices": 0}
         for leaf in sorted(payloads, key=self.leaves.index):
             payload = payloads[leaf]
@@ -434,21 +434,25 @@ class SyncServer:
                 print(f"[server] round {round_num + 1}: {leaf} rejected {reason}", flush=True)
             if isinstance(payload, dict) and payload.get("total_weight") == 0:
                 continue
+            candidates[leaf] = payload
             if self.privacy is None:  # under DP each device's norm is bounded; a leaf-sum limit would depend on others
-                self.validator.max_norm = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
-            rejection = self.validator.check_leaf_payload(payload, leaf)
-            if rejection is not None:
-                rejected[leaf] = rejection.reason
-                print(f"[server] round {round_num + 1}: {rejection}", flush=True)
-                continue
-            accepted[leaf] = payload
+                limits[leaf] = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
+        checked = self.validator.check_round(candidates, limits)
+        for leaf, payload in candidates.items():
+            if checked[leaf] is None:
+                accepted[leaf] = payload
+            else:
+                rejected[leaf] = checked[leaf].reason
+                print(f"[server] round {round_num + 1}: {checked[leaf]}", flush=True)
         answered = sum(len(p["device_metrics"]["device_id"]) for p in accepted.values())
         record.update(answered_devices=answered, rejected_leaves=rejected, **counts)
         record["dead_leaves"] = sorted(self.dead_leaves)
         if self.new_losses:  # read by the POC command, which does not see the server's console
             record["leaves_lost"], self.new_losses = self.new_losses, {}
         if selected or self.privacy is None:  # Poisson sampling may select nobody: then the round is noise only
-            min_devices_check(answered, selected, self.config.min_devices_fraction, round_num=round_num + 1)
+            min_devices_check(
+                answered, selected, self.config.min_devices_fraction, round_num=round_num + 1, rejected=sorted(rejected)
+            )
         return accepted
 
     def _call_leaves(
