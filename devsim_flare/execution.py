@@ -39,6 +39,16 @@ def _run_ended(config: SimulationConfig, since: float = 0.0) -> bool:
     return _results_say(config, since, "summary", "stopped")
 
 
+def failure_reason(config: SimulationConfig, since: float = 0.0) -> str | None:
+    """Why the server said its run failed (``failed`` of results.json in a local ``--output-dir`` written at or
+    after ``since``), or None."""
+    if not _results_say(config, since, "failed"):
+        return None
+    from devsim.observe.results import load_results
+
+    return str(load_results(config.output_dir)["failed"].get("reason")) or None
+
+
 def _results_say(config: SimulationConfig, since: float, *keys: str) -> bool:
     """Whether results.json in a local ``--output-dir``, written at or after ``since``, has one of ``keys`` set."""
     if not config.output_dir:
@@ -291,11 +301,15 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                     file=sys.stderr,
                 )
                 continue
-            print(
-                f"error: the job failed ({error}). The server's reason is in the ERROR lines above; "
-                f"partial results, if any, are in {config.output_dir or workspace}",
-                file=sys.stderr,
-            )
+            reason = failure_reason(config, since=submitted)
+            if reason:
+                print(f"error: {reason}{_resume_hint(config.output_dir)}", file=sys.stderr)
+            else:
+                print(
+                    f"error: the job failed ({error}). The server's reason is in the ERROR lines above; "
+                    f"partial results, if any, are in {config.output_dir or workspace}",
+                    file=sys.stderr,
+                )
             return 1
     if args.env != "sim":
 
@@ -316,6 +330,8 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
             print(f"error: {followed.failed_by_leaf}{_resume_hint(config.output_dir)}", file=sys.stderr)
             return 1
         if result is None and not _summary_written(config, since=submitted):
+            if reason := failure_reason(config, since=submitted):
+                print(f"error: {reason}{_resume_hint(config.output_dir)}", file=sys.stderr)
             return 1
     if signals.signum is not None:
         return signals.exit_code  # reported by run_recipe

@@ -68,8 +68,8 @@ def test_min_devices_check_message():
     assert min_devices_needed(20, 0.0) == 1
     with pytest.raises(RoundFailedError, match="only 0 of 5"):
         min_devices_check(0, 5, 0.0)
-    with pytest.raises(RoundFailedError, match=r"answered \(the updates of site-1, site-2 were rejected: see the"):
-        min_devices_check(0, 20, 0.5, round_num=51, rejected=["site-1", "site-2"])
+    with pytest.raises(RoundFailedError, match=r"^round 51: only 0 of 20 selected devices answered \(why\); --min"):
+        min_devices_check(0, 20, 0.5, round_num=51, why="why")
 
 
 def test_min_devices_check_bad_arguments():

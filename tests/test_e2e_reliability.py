@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.conftest import SMALL_RUN, find_results, run_job
+from tests.conftest import SMALL_RUN, find_results, launch_job, run_job
 from tests.test_e2e_async import ASYNC_RUN
 
 
@@ -61,3 +61,14 @@ def test_a_sync_run_leaving_its_plateau_is_not_stopped_by_the_norm_screen(tmp_pa
     results = find_results(tmp_path / "ws" / "runs")
     assert len(results["rounds"]) == 70 and not any(r["rejected_leaves"] for r in results["rounds"])
     assert results["summary"]["final_accuracy"] > 0.5
+
+
+def test_a_failed_run_says_why_in_its_last_line_and_in_results_json(tmp_path):
+    """Every device update over --max-update-norm: round 1 fails, and the command's last line (exit 1) and
+    results.json's ``failed`` give the server's reason, not only NVFlare's "Simulation failed"."""
+    out = tmp_path / "run"
+    args = [*SMALL_RUN, "--num-rounds", "3", "--max-update-norm", "1e-9", "--output-dir", str(out)]
+    proc = launch_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "ws")], tmp_path, 600)
+    reason = "round 1: only 0 of 16 selected devices answered (the leaves rejected 16 device updates: see the lines"
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {reason}"), proc.stderr
+    assert find_results(out)["failed"]["reason"].startswith(reason)

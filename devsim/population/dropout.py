@@ -89,23 +89,22 @@ def min_devices_needed(selected: int, min_fraction: float) -> int:
 
 
 def min_devices_check(
-    answered: int, selected: int, min_fraction: float, round_num: int | None = None, rejected: list[str] | None = None
+    answered: int, selected: int, min_fraction: float, round_num: int | None = None, why: str = ""
 ) -> None:
     """Raise :class:`RoundFailedError` when fewer than ``min_fraction`` of the selected devices answered.
 
     ``round_num`` (optional) prefixes the message, e.g. "round 3: only 2 of 20 selected devices
-    answered; --min-devices-fraction 0.5 needs 10"; ``rejected`` names the leaves whose replies the server
-    rejected (their devices are not counted as answered), and the message says so. A round with no answers
-    always fails, since there is nothing to aggregate.
+    answered; --min-devices-fraction 0.5 needs 10"; ``why`` (optional) follows "answered" in parentheses, e.g.
+    which updates were rejected (their devices do not count as answered). A round with no answers always fails,
+    since there is nothing to aggregate.
     """
     if not 0 <= answered <= selected:
         raise ValueError(f"answered ({answered}) must be between 0 and selected ({selected})")
     needed = min_devices_needed(selected, min_fraction)
     if answered < needed:
         prefix = "" if round_num is None else f"round {round_num}: "
-        why = f" (the updates of {', '.join(rejected)} were rejected: see the lines above)" if rejected else ""
         raise RoundFailedError(
-            f"{prefix}only {answered} of {selected} selected devices answered{why}; "
+            f"{prefix}only {answered} of {selected} selected devices answered{f' ({why})' if why else ''}; "
             f"--min-devices-fraction {min_fraction:g} needs {needed}"
         )
 

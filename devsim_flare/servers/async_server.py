@@ -51,7 +51,7 @@ from devsim_flare.leaf_calls import LeafCalls
 from devsim_flare.leaf_liveness import LeafLiveness
 from devsim_flare.servers.async_checkpoint import AsyncCheckpoints
 from devsim_flare.servers.async_leaf_traffic import AsyncLeafTraffic
-from devsim_flare.servers.base import central_evaluator, start_run
+from devsim_flare.servers.base import central_evaluator, record_failure, start_run
 from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
@@ -321,6 +321,9 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             self.on_last_version()
             self._checkpoint(output_dir, recorder, accepted)
             self._drain()
+        except Exception as error:
+            record_failure(recorder, error)
+            raise
         finally:
             self.close_method()
             self.calls.close()

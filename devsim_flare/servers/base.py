@@ -1,5 +1,5 @@
 """What every server (sync or async) does the same way: load the task, check the leaves, pick the output
-folder, build the model and the central evaluator."""
+folder, build the model and the central evaluator, record why a run failed."""
 
 from __future__ import annotations
 
@@ -81,3 +81,11 @@ def group_evaluators(
         )
         for g in range(count)
     }
+
+
+def record_failure(recorder, error: BaseException) -> None:
+    """Write why the run failed into results.json (``failed: {"reason": ...}``), for the command's last line: the
+    message alone for this project's own errors (a round that failed, leaves lost), else the error's type too."""
+    own = type(error).__module__.split(".")[0] in ("devsim", "devsim_flare")
+    recorder.data["failed"] = {"reason": str(error) if own else f"{type(error).__name__}: {error}"}
+    recorder.flush()

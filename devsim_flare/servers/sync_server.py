@@ -46,11 +46,19 @@ from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls, RunStopped
 from devsim_flare.leaf_liveness import LeafLiveness
-from devsim_flare.servers.base import group_evaluators, start_run
+from devsim_flare.servers.base import group_evaluators, record_failure, start_run
 from devsim_flare.servers.round_records import count_traffic, dropouts_by_cause, mean_metric, round_summary
 from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
+
+
+def _why(rejected: dict[str, str], counts: dict[str, int]) -> str:
+    """What a round's rejections took from its answered devices, for :func:`min_devices_check` ('' for nothing)."""
+    parts = [f"the updates of {', '.join(rejected)} were rejected"] if rejected else []
+    if counts["rejected_devices"]:
+        parts.append(f"the leaves rejected {counts['rejected_devices']} device updates")
+    return "; ".join(parts) + ": see the lines above" if parts else ""
 
 
 class LeafRoundError(RuntimeError):
@@ -289,6 +297,9 @@ class SyncServer:
                     self._mark_stopped(recorder, done, "--stop-after-round")
                     print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
                     return
+        except Exception as error:
+            record_failure(recorder, error)
+            raise
         finally:
             calls.close()
             if self.exchange is not None:
@@ -450,9 +461,8 @@ class SyncServer:
         if self.new_losses:  # read by the POC command, which does not see the server's console
             record["leaves_lost"], self.new_losses = self.new_losses, {}
         if selected or self.privacy is None:  # Poisson sampling may select nobody: then the round is noise only
-            min_devices_check(
-                answered, selected, self.config.min_devices_fraction, round_num=round_num + 1, rejected=sorted(rejected)
-            )
+            why = _why(rejected, counts)
+            min_devices_check(answered, selected, self.config.min_devices_fraction, round_num + 1, why)
         return accepted
 
     def _call_leaves(
