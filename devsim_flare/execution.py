@@ -364,7 +364,8 @@ def report_results(
             print(f"stopped after {stop}; continue with --resume {results_dir}")
             return 0
         if not summary:
-            print(f"run did not finish; partial results in {summary_path}", file=sys.stderr)
+            failed = f"error: {results['failed'].get('reason')}; " if results.get("failed") else ""
+            print(f"{failed}run did not finish; partial results in {summary_path}", file=sys.stderr)
             return 1
         progress = (
             f"{summary['rounds']} rounds"

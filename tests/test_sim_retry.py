@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -55,3 +56,11 @@ def test_only_logs_written_during_the_run_count(tmp_path):
     old = time.time() - 3600
     os.utime(log, (old, old))  # left over from an earlier run in the same workspace
     assert not cli.leaf_lost_its_port(str(tmp_path), within_s=60)
+
+
+def test_a_downloaded_run_that_failed_is_reported_with_its_reason(tmp_path, capsys):
+    """``--env prod`` and POC report a run from its results.json: a failed one exits 1 naming the server's reason."""
+    results = {"method": "fedavg", "config": {}, "rounds": [], "summary": {}, "failed": {"reason": "round 3: why"}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    code = cli.report_results(SimulationConfig(), str(tmp_path), time.perf_counter(), False, str(tmp_path))
+    assert code == 1 and capsys.readouterr().err.startswith("error: round 3: why; run did not finish")
