@@ -30,38 +30,33 @@ STOP_POLL_SECONDS = 0.1
 def _summary_written(config: SimulationConfig, since: float = 0.0) -> bool:
     """Whether the server wrote its final summary into a local ``--output-dir`` at or after ``since`` (a
     ``time.time()`` stamp: a results file left there by an earlier run does not count)."""
-    return _results_say(config, since, "summary")
+    return bool(_results_fields(config, since).get("summary"))
 
 
 def _run_ended(config: SimulationConfig, since: float = 0.0) -> bool:
     """Whether the server's results in a local ``--output-dir`` (written at or after ``since``) say the run is
     over: its summary, or ``stopped`` (a stop request, ``--stop-after-round``)."""
-    return _results_say(config, since, "summary", "stopped")
+    fields = _results_fields(config, since)
+    return bool(fields.get("summary") or fields.get("stopped"))
 
 
 def failure_reason(config: SimulationConfig, since: float = 0.0) -> str | None:
     """Why the server said its run failed (``failed`` of results.json in a local ``--output-dir`` written at or
     after ``since``), or None."""
-    if not _results_say(config, since, "failed"):
-        return None
-    from devsim.observe.results import load_results
-
-    return str(load_results(config.output_dir)["failed"].get("reason")) or None
+    failed = _results_fields(config, since).get("failed")
+    return str(failed.get("reason")) if isinstance(failed, dict) and failed.get("reason") else None
 
 
-def _results_say(config: SimulationConfig, since: float, *keys: str) -> bool:
-    """Whether results.json in a local ``--output-dir``, written at or after ``since``, has one of ``keys`` set."""
-    if not config.output_dir:
-        return False
+def _results_fields(config: SimulationConfig, since: float) -> dict:
+    """results.json in a local ``--output-dir`` when written at or after ``since``; else {} (none, older, unread)."""
+    path = os.path.join(config.output_dir or "", "results.json")
     try:
-        if os.path.getmtime(os.path.join(config.output_dir, "results.json")) < since:
-            return False
-        from devsim.observe.results import load_results
-
-        results = load_results(config.output_dir)
-        return any(results.get(key) for key in keys)
+        if not config.output_dir or os.path.getmtime(path) < since:
+            return {}
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
     except (OSError, ValueError):
-        return False
+        return {}
 
 
 def wait_for_job(
@@ -223,7 +218,10 @@ def run_recipe(
     poc_root = os.environ.get("NVFLARE_POC_WORKSPACE") if args.env == "poc" else None
     processes = (lambda: processes_under(poc_root)) if poc_root else None
     since = time.time()
-    recorded = functools.partial(_results_say, config, since, "rounds")  # before a round: nothing to save
+
+    def recorded() -> bool:  # before a round: nothing to save
+        return bool(_results_fields(config, since).get("rounds"))
+
     ended = functools.partial(_run_ended, config, since)
     stopper = StopOnSignals(config.output_dir, server_stopped=ended, processes=processes, ask_server=recorded)
     with services_stopped_at_exit(poc_root), stopper as signals:
