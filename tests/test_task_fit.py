@@ -144,7 +144,7 @@ LARGE_MODEL = IMAGES.replace("nn.Linear(4 * 6 * 6, 10)", "nn.Linear(4 * 6 * 6, 1
 
 def test_tensor_transfer_auto_follows_the_model_size(tasks, tmp_path):
     """Small models travel inline in NVFlare's messages; one over 2 MiB of float32 state keeps NVFlare's download,
-    with a note; an explicit choice is kept whatever the size."""
+    with a note, unless shared memory carries the model; an explicit choice is kept whatever the size."""
     images = tasks["images"]
     assert images.probe.model_bytes == 4 * (4 * 1 * 3 * 3 + 4 + 4 * 6 * 6 * 10 + 10)
     config, notes = fit_config(SimulationConfig(samples_per_device=10), images)
@@ -155,6 +155,10 @@ def test_tensor_transfer_auto_follows_the_model_size(tasks, tmp_path):
     assert config.tensor_transfer == "download" and "--tensor-transfer inline" in notes[-1]
     kept, _ = fit_config(SimulationConfig(samples_per_device=10, tensor_transfer="inline"), large)
     assert kept.tensor_transfer == "inline"
+    shared, notes = fit_config(SimulationConfig(samples_per_device=10, shared_memory="on"), large)
+    assert shared.tensor_transfer == "inline" and notes == []  # the model goes through files, not the messages
+    kept, _ = fit_config(SimulationConfig(samples_per_device=10, shared_memory="on", tensor_transfer="download"), large)
+    assert kept.tensor_transfer == "download"
 
 
 def test_tensor_transfer_values():

@@ -86,7 +86,8 @@ class EnvironmentSettings:
         metadata=_environment(
             "how model arrays travel in NVFlare's messages: inline (inside the message, one exchange: a 62k-parameter "
             "call takes 5 ms instead of 24), download (NVFlare's default: the receiver fetches them from the sender "
-            "in 2 MiB chunks, less memory for large models) or auto (inline for models up to 2 MiB of float32 state)"
+            "in 2 MiB chunks, less memory for large models) or auto (inline for models up to 2 MiB of float32 state, "
+            "and for any model when --shared-memory is on: the model arrays then go through files)"
         ),
     )
     shared_memory: str = field(

@@ -152,8 +152,10 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         stop = StopRequest(output_dir)  # honoured at model versions: a checkpoint there resumes the same run
         self.exchange = open_exchange(config.shared_memory)
         self._waiting: dict[JobKey, dict] = {}
-        # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit
-        call_bytes = MAX_CALL_MODEL_BYTES.get(config.tensor_transfer, MAX_CALL_MODEL_BYTES["download"])
+        # "auto" is resolved before the job starts; a server given it unresolved gets NVFlare's download limit, as
+        # does one whose base models go through shared files (no message carries them, whatever --tensor-transfer)
+        transfer = "download" if self.exchange is not None else config.tensor_transfer
+        call_bytes = MAX_CALL_MODEL_BYTES.get(transfer, MAX_CALL_MODEL_BYTES["download"])
         self.gather = JobGatherer(config.dispatch_batch_size(), max(1, call_bytes // max(self.model_bytes, 1)))
         self._failed_jobs: set[JobKey] = set()
         self._in_flight: set[JobKey] = set()
