@@ -46,6 +46,16 @@ def test_run_accountant_matches_a_fresh_library_accountant_round_by_round(kind):
     assert steps == sorted(steps) and steps[0] > 0
 
 
+def test_a_budget_look_ahead_then_a_step_gives_the_steps_own_epsilon():
+    """``--dp-budget`` asks for epsilon one round ahead before each round; the PLD it composed is the one the step
+    keeps, so the run's epsilons are those of stepping alone, bit for bit."""
+    event = dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(0.9))
+    looking, stepping = RunAccountant(event, 1e-5, "pld"), RunAccountant(event, 1e-5, "pld")
+    for _ in range(8):
+        ahead = looking.epsilon_at(looking.rounds + 1)
+        assert looking.step() == ahead == stepping.step()
+
+
 def test_accountant_state_restores_the_same_epsilon():
     event = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.2))
     for kind in ("rdp", "pld"):
