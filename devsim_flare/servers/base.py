@@ -9,6 +9,7 @@ import torch
 from nvflare.collab import collab
 
 from devsim.config import SimulationConfig
+from devsim.observe.results import RunRecorder
 from devsim.population.devices import natural_sort
 from devsim.seeding import derive_seed
 from devsim.tasks import Task, task_from_settings
@@ -83,7 +84,7 @@ def group_evaluators(
     }
 
 
-def record_failure(recorder, error: BaseException) -> None:
+def record_failure(recorder: RunRecorder, error: BaseException) -> None:
     """Write why the run failed into results.json (``failed: {"reason": ...}``), for the command's last line: the
     message alone for this project's own errors (a round that failed, leaves lost), else the error's type too."""
     own = type(error).__module__.split(".")[0] in ("devsim", "devsim_flare")
