@@ -16,6 +16,7 @@ from typing import Any
 
 from devsim.config import SimulationConfig
 from devsim.observe.progress import format_metrics
+from devsim.observe.results import failure_reason
 from devsim.resources.gpu_placement import leaf_gpu_groups
 from devsim_flare.launch.previous_run import clear_previous_run
 from devsim_flare.recipe import build_env
@@ -40,11 +41,13 @@ def _run_ended(config: SimulationConfig, since: float = 0.0) -> bool:
     return bool(fields.get("summary") or fields.get("stopped"))
 
 
-def failure_reason(config: SimulationConfig, since: float = 0.0) -> str | None:
-    """Why the server said its run failed (``failed`` of results.json in a local ``--output-dir`` written at or
-    after ``since``), or None."""
-    failed = _results_fields(config, since).get("failed")
-    return str(failed.get("reason")) if isinstance(failed, dict) and failed.get("reason") else None
+def _print_failure(config: SimulationConfig, since: float) -> bool:
+    """Print why the server said its run failed (results.json's ``failed`` in a local ``--output-dir``, written at or
+    after ``since``) with the resume hint; whether there was a reason to print."""
+    reason = failure_reason(_results_fields(config, since))
+    if reason:
+        print(f"error: {reason}{_resume_hint(config.output_dir)}", file=sys.stderr)
+    return bool(reason)
 
 
 def _results_fields(config: SimulationConfig, since: float) -> dict:
@@ -299,10 +302,7 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
                     file=sys.stderr,
                 )
                 continue
-            reason = failure_reason(config, since=submitted)
-            if reason:
-                print(f"error: {reason}{_resume_hint(config.output_dir)}", file=sys.stderr)
-            else:
+            if not _print_failure(config, submitted):
                 print(
                     f"error: the job failed ({error}). The server's reason is in the ERROR lines above; "
                     f"partial results, if any, are in {config.output_dir or workspace}",
@@ -328,8 +328,7 @@ def _run_attempts(make_recipe, args, config: SimulationConfig, env, workspace: s
             print(f"error: {followed.failed_by_leaf}{_resume_hint(config.output_dir)}", file=sys.stderr)
             return 1
         if result is None and not _summary_written(config, since=submitted):
-            if reason := failure_reason(config, since=submitted):
-                print(f"error: {reason}{_resume_hint(config.output_dir)}", file=sys.stderr)
+            _print_failure(config, submitted)
             return 1
     if signals.signum is not None:
         return signals.exit_code  # reported by run_recipe
@@ -362,7 +361,7 @@ def report_results(
             print(f"stopped after {stop}; continue with --resume {results_dir}")
             return 0
         if not summary:
-            failed = f"error: {results['failed'].get('reason')}; " if results.get("failed") else ""
+            failed = f"error: {reason}; " if (reason := failure_reason(results)) else ""
             print(f"{failed}run did not finish; partial results in {summary_path}", file=sys.stderr)
             return 1
         progress = (

@@ -9,6 +9,7 @@ dropped and counted, and the server keeps running.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import statistics
@@ -118,18 +119,15 @@ class UpdateValidator:
         :data:`NORM_HISTORY` updates alone rejected, every leaf at once. The lower median stays an honest norm while
         at most half of the replies are faulty (one of two, two of four)."""
         limits = max_norms or {}
-        results: dict[str, UpdateRejection | None] = {}
         norms: dict[str, float] = {}
-        for source, payload in payloads.items():
-            absolute = limits.get(source, self.max_norm)
-            try:
-                norms[source] = self._leaf_norm(payload, absolute)
-                results[source] = None
-            except _Reject as rejection:
-                results[source] = self._reject(source, rejection.category, rejection.reason)
-            except Exception as error:
-                reason = f"could not check the update: {type(error).__name__}: {error}"
-                results[source] = self._reject(source, "error", reason)
+
+        def measure(source: str, payload: Any) -> None:
+            norms[source] = self._leaf_norm(payload, limits.get(source, self.max_norm))
+
+        results = {
+            source: self._run(source, functools.partial(measure, source, payload))
+            for source, payload in payloads.items()
+        }
         with self._lock:
             limit, why = self._adaptive_limit(sorted(norms.values()))
             for source, norm in norms.items():

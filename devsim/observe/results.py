@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import Any
 
 FLUSH_SHARE = 0.1
@@ -32,6 +33,15 @@ RECORDS_LOG = "records.jsonl"
 def _log_line(record: dict[str, Any]) -> str:
     """One record as a line of ``records.jsonl`` (JSON escapes newlines inside strings, so a record is one line)."""
     return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def _write_replacing(path: str, chunks: Iterable[str]) -> None:
+    """Write ``chunks`` to ``path`` atomically: a temporary file beside it, then a rename."""
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.writelines(chunks)
+    os.replace(tmp, path)
 
 
 def read_logged_records(folder: str, mark: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,13 +95,14 @@ class RunRecorder:
     def flush(self) -> None:
         """Write ``results.json`` atomically (a temporary file, then a rename), every record added so far."""
         started = time.perf_counter()
-        text = self.text()
-        fd, tmp = tempfile.mkstemp(dir=self.output_dir, prefix=".results.", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(tmp, self.path)
+        _write_replacing(self.path, [self.text()])
         self._flushed_at = time.perf_counter()
         self._flush_seconds = self._flushed_at - started
+
+    def mark_failed(self, reason: str) -> None:
+        """Write ``failed: {"reason": reason}`` into ``results.json`` now (the run ended on an error)."""
+        self.data["failed"] = {"reason": reason}
+        self.flush()
 
     def log_records(self) -> dict[str, Any]:
         """Append the records not yet logged to ``<output_dir>/records.jsonl`` (one compact JSON record a line) and
@@ -104,10 +115,7 @@ class RunRecorder:
         rounds = self.data["rounds"]
         path = os.path.join(self.output_dir, RECORDS_LOG)
         if rounds is not self._logged_list or len(rounds) < self._logged or not os.path.isfile(path):
-            fd, tmp = tempfile.mkstemp(dir=self.output_dir, prefix=".records.", suffix=".jsonl")
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                stream.writelines(_log_line(record) for record in rounds)
-            os.replace(tmp, path)
+            _write_replacing(path, (_log_line(record) for record in rounds))
         elif self._logged < len(rounds):
             with open(path, "a", encoding="utf-8") as stream:
                 stream.writelines(_log_line(record) for record in rounds[self._logged :])
@@ -132,6 +140,13 @@ def load_results(run_dir: str) -> dict[str, Any]:
     """Read ``results.json`` from a run folder."""
     with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as stream:
         return json.load(stream)
+
+
+def failure_reason(results: dict[str, Any]) -> str | None:
+    """Why a run failed, from a ``results.json``'s content (its ``failed`` reason: see
+    :meth:`RunRecorder.mark_failed`), or None."""
+    failed = results.get("failed")
+    return str(failed.get("reason")) if isinstance(failed, dict) and failed.get("reason") else None
 
 
 def record_step(record: dict[str, Any], index: int) -> float:

@@ -88,5 +88,4 @@ def record_failure(recorder: RunRecorder, error: BaseException) -> None:
     """Write why the run failed into results.json (``failed: {"reason": ...}``), for the command's last line: the
     message alone for this project's own errors (a round that failed, leaves lost), else the error's type too."""
     own = type(error).__module__.split(".")[0] in ("devsim", "devsim_flare")
-    recorder.data["failed"] = {"reason": str(error) if own else f"{type(error).__name__}: {error}"}
-    recorder.flush()
+    recorder.mark_failed(str(error) if own else f"{type(error).__name__}: {error}")
