@@ -87,8 +87,8 @@ class AggregationSettings:
     update_norm_factor: float | None = field(
         default=20.0,
         metadata=_aggregation(
-            "also reject updates whose norm exceeds this times the median accepted norm (sync: or, when larger, "
-            "the lower median of the round's replies)"
+            "also reject updates whose norm exceeds this times the median accepted norm (or, when larger, the lower "
+            "median of the round's replies (sync) or of the last 100 checked jobs (async))"
         ),
     )
 

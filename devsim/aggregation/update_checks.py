@@ -67,8 +67,13 @@ class UpdateValidator:
     kept). ``max_norm`` is an absolute limit on the global L2 norm of the per-sample-mean delta
     (model-parameter units). ``max_norm_factor`` (> 1) adds an adaptive limit of that factor times the
     median norm of the last :data:`NORM_HISTORY` accepted updates, once :data:`ADAPTIVE_MIN_UPDATES`
-    updates were accepted; with both set, the smaller limit applies. Use one validator per kind of
-    update (leaf mean deltas and single-device job deltas have different typical norms).
+    updates were accepted; with both set, the smaller limit applies. Updates checked one at a time
+    (:meth:`check_delta`, :meth:`check_job_result`) also remember the norms of the last
+    :data:`NORM_HISTORY` candidates, rejected ones included, and the adaptive limit uses their lower median
+    where it is the larger: a scale most recent updates share is where training is, so a run whose
+    updates all grew together recovers after about half a history of rejections instead of rejecting
+    every update from then on. Use one validator per kind of update (leaf mean deltas and single-device
+    job deltas have different typical norms).
     """
 
     def __init__(
@@ -89,6 +94,8 @@ class UpdateValidator:
         self.max_norm = None if max_norm is None else float(max_norm)
         self.max_norm_factor = None if max_norm_factor is None else float(max_norm_factor)
         self._norms: deque[float] = deque(maxlen=NORM_HISTORY)
+        self._candidates: deque[float] = deque(maxlen=NORM_HISTORY)
+        """Norms of the last updates checked one at a time that passed every check but the adaptive limit."""
         self._counts = dict.fromkeys(CATEGORIES, 0)
         self._lock = threading.Lock()
 
@@ -199,7 +206,8 @@ class UpdateValidator:
         if not limited:
             return
         with self._lock:
-            limit, why = self._limit()
+            limit, why = self._limit(recent=True)
+            self._candidates.append(norm)
             if limit is not None and not norm <= limit:
                 raise _Reject("norm", f"norm {norm:.1e} exceeds the limit {limit:.1e}{why}")
             self._norms.append(norm)
@@ -218,25 +226,27 @@ class UpdateValidator:
                 total += _check_entry(key, delta[key], shape, square_sum=square_sum)
         return math.sqrt(total) / weight
 
-    def _limit(self) -> tuple[float | None, str]:
-        """Current limit and how the adaptive part came about (caller holds the lock)."""
+    def _limit(self, recent: bool = False) -> tuple[float | None, str]:
+        """Current limit and how the adaptive part came about; with ``recent``, the adaptive part also weighs the
+        remembered candidates' lower median (caller holds the lock)."""
         limit, why = self.max_norm, ""
-        adaptive, adaptive_why = self._adaptive_limit([])
+        candidates = list(self._candidates) if recent and len(self._candidates) >= ADAPTIVE_MIN_UPDATES else []
+        adaptive, adaptive_why = self._adaptive_limit(candidates, "the last {} checked")
         if adaptive is not None and (limit is None or adaptive < limit):
             limit, why = adaptive, adaptive_why
         return limit, why
 
-    def _adaptive_limit(self, round_norms: list[float]) -> tuple[float | None, str]:
+    def _adaptive_limit(self, round_norms: list[float], which: str = "this round's {}") -> tuple[float | None, str]:
         """The adaptive limit (None before :data:`ADAPTIVE_MIN_UPDATES` accepted updates, or without a factor) from
-        the remembered median and, with two or more, the lower median of ``round_norms``; and how it came about
-        (caller holds the lock)."""
+        the remembered median and, with two or more, the lower median of ``round_norms`` (``which``, formatted with
+        their count, names them in the reason); and how it came about (caller holds the lock)."""
         if self.max_norm_factor is None or len(self._norms) < ADAPTIVE_MIN_UPDATES:
             return None, ""
         median = statistics.median(self._norms)
         why = f" ({self.max_norm_factor:g} x median {median:.1e} of the last {len(self._norms)} accepted)"
         if len(round_norms) >= 2 and statistics.median_low(round_norms) > median:
             median = statistics.median_low(round_norms)
-            why = f" ({self.max_norm_factor:g} x {median:.1e}, the lower median of this round's {len(round_norms)})"
+            why = f" ({self.max_norm_factor:g} x {median:.1e}, the lower median of {which.format(len(round_norms))})"
         return (self.max_norm_factor * median, why) if median > 0 else (None, "")
 
 
