@@ -72,3 +72,16 @@ def test_a_failed_run_says_why_in_its_last_line_and_in_results_json(tmp_path):
     reason = "round 1: only 0 of 16 selected devices answered (the leaves rejected 16 device updates: see the lines"
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {reason}"), proc.stderr
     assert find_results(out)["failed"]["reason"].startswith(reason)
+
+
+def test_an_async_run_whose_every_update_is_rejected_ends_with_a_reason(tmp_path):
+    """A learning rate that makes every device's update NaN: no version can ever come. The server prints the first
+    rejections of the version, then ends the run after 1,000 arrivals without an accepted update, saying why in the
+    command's last line and in results.json (before, it dispatched new jobs from version 0 forever)."""
+    out = tmp_path / "run"
+    args = [*ASYNC_RUN, "--lr", "1e30", "--output-dir", str(out), "--workspace", str(tmp_path / "ws")]
+    proc = launch_job("pt_job_fedbuff.py", args, tmp_path, 600)
+    reason = "version 0: none of the last 1000 arriving device updates was accepted (rejected 1000: non-finite 1000)"
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {reason}"), proc.stderr
+    assert find_results(out)["failed"]["reason"].startswith(reason)
+    assert proc.stdout.count("rejected (non_finite)") == 10 and "further rejections at version 0" in proc.stdout

@@ -23,6 +23,7 @@ from nvflare.collab import collab
 
 from devsim.aggregation.fedbuff import FedBuff
 from devsim.aggregation.server_optimizers import server_optimizer_for
+from devsim.aggregation.stall import StallGuard
 from devsim.aggregation.update_checks import UpdateValidator
 from devsim.clock import AsyncScheduler, DeviceJob, NetworkModel, SnapshotStore, load_schedule
 from devsim.clock.gather import JobGatherer, JobKey, job_key
@@ -173,6 +174,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             max_norm_factor=config.update_norm_factor if self.privacy is None else None,
         )
         self._base_norms: dict[int, float] = {}
+        self.stall = StallGuard(config.concurrency, lambda: (self.failures, self.validator.counts()))
         self.failures = {"dropped": 0, "silent": 0, "rejected": 0, "leaf_lost": 0}
         if self.population_model is not None:
             self.failures[SESSION_END] = 0
@@ -218,6 +220,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             self._sim_time_eta = BoundEta(config.max_sim_time, self.scheduler.now, time.time() - run_started)
         collector = PeriodicCollector().start()
         self.cpu = CpuLedger()
+        self.stall.reset()
         startup.mark("server_ready")
         startup.mark("first_round_started")
         try:
@@ -237,6 +240,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                 result = self._arrival_result(job, window)
                 if result is None:
                     self.snapshots.release(job.base_version)
+                    self.stall.missed(self.scheduler.version)
                     self._dispatch(self.scheduler.dispatch_open())
                     continue
                 started = time.time()
@@ -247,6 +251,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                 if self.privacy is not None:
                     self.privacy.accepted(job.device_id)
                 self.snapshots.release(job.base_version)
+                self.stall.accepted()
                 accepted += 1
                 window_staleness.append(staleness)
                 self.staleness_histogram.add(staleness)
@@ -412,7 +417,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                 result["delta"] = decode_row(parts, keys, self.weights, self.codec_spec)
             except ValueError as error:
                 self.failures["rejected"] += 1
-                print(f"[server] version {self.scheduler.version}: device {job.device_id}: {error}", flush=True)
+                self._print_rejection(f"device {job.device_id}: {error}")
                 return None
             finally:
                 window.add_server_decode(time.perf_counter() - decode_started)
@@ -424,9 +429,15 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         rejection = self.validator.check_job_result(result["delta"], result["num_samples"], f"device {job.device_id}")
         if rejection is not None:
             self.failures["rejected"] += 1
-            print(f"[server] version {self.scheduler.version}: {rejection}", flush=True)
+            self._print_rejection(str(rejection))
             return None
         return result
+
+    def _print_rejection(self, text: str) -> None:
+        """Print a rejected update's line, the first few of each version (:meth:`StallGuard.printable`)."""
+        line = self.stall.printable(self.scheduler.version, f"[server] version {self.scheduler.version}: {text}")
+        if line is not None:
+            print(line, flush=True)
 
     def _base_norm(self, version: int) -> float:
         """L2 norm of the model of ``version`` (held in the snapshots), computed once per version: about B
