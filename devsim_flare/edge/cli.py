@@ -21,6 +21,8 @@ from devsim_flare.run_signals import exit_now, signal_exit_codes
 
 SERVER_OPTIMIZER_FLAGS = ("server_optimizer", "server_momentum", "server_beta2", "server_tau")
 """The Collab jobs' server optimizer flags, which the edge job's model manager takes."""
+SCREEN_FLAGS = ("max_update_norm", "update_norm_factor")
+"""The Collab jobs' update screen flags, which the edge job's leaves apply to each device update."""
 DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarchy (EdgeJob and its device simulation)."
 
 
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="numpy",
         help="global model format sent to the leaves (lists: NVFlare's default, needed by real web devices)",
     )
+    add_config_flags(p, SCREEN_FLAGS)
     p.add_argument("--update-interval", type=float, default=1.0, help="seconds between a leaf's reports")
     p.add_argument("--update-timeout", type=float, default=60.0)
     p.add_argument("--eval-frequency", type=int, default=1)
@@ -154,7 +157,7 @@ def build_recipe(
         buffer_size=args.buffer_size,
         global_lr=args.global_lr,
         staleness_weight=args.staleness_weight,
-        **{name: getattr(args, name) for name in SERVER_OPTIMIZER_FLAGS},
+        **{name: getattr(args, name) for name in (*SERVER_OPTIMIZER_FLAGS, *SCREEN_FLAGS)},
         num_workers=args.num_workers,
         runner=args.runner,
         numpy_payloads=args.payloads == "numpy",
@@ -222,9 +225,11 @@ def print_outcome(status: str, results_root: str, wall: float) -> int:
     gaps = [r["since_previous_s"] for r in records[1:]]
     per_version = sum(gaps) / len(gaps) if gaps else float("nan")
     first = format_metrics(records[0]["loss"], records[0]["metrics"])
+    rejected = last.get("rejected_updates", 0)
+    screened = f"; {rejected} device updates rejected by the leaves (see the lines above)" if rejected else ""
     print(
         f"job status {status}; final {format_metrics(last['loss'], last['metrics'])} at version {last['version']} "
-        f"(initial {first}); {per_version:.2f}s per version; {wall:.1f}s wall; results: {path}"
+        f"(initial {first}){screened}; {per_version:.2f}s per version; {wall:.1f}s wall; results: {path}"
     )
     return 0
 

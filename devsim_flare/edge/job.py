@@ -12,7 +12,8 @@ import torchvision:
   ``ScatterAndGatherForEdge`` (``EdgeJob.configure_server``), plus :class:`EdgeGlobalEvaluator` (ours,
   in place of the torchvision ``GlobalEvaluator``) that scores every global model version on the run's
   test split and writes ``edge_results.json`` and ``final_model.pt``;
-- every client (leaf): ``EdgeTaskReceiver``, ``ModelUpdateDXOAggrFactory``, ``EdgeModelExecutor``
+- every client (leaf): ``EdgeTaskReceiver``, :class:`~devsim_flare.edge.screen.ScreenedUpdateAggrFactory` (NVFlare's
+  sum of device updates, each checked first), ``EdgeModelExecutor``
   (``EdgeJob.configure_client``), the device processor
   :class:`~processors.edge_task_processor.EdgeTaskProcessor` and a device runner:
   :class:`~devsim_flare.edge.runner.FastEdgeRunner` (default) or :class:`EdgeLeafRunner` (NVFlare's
@@ -30,6 +31,7 @@ ids and settings refer to one another) and read best side by side.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -44,8 +46,6 @@ from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey,
 from nvflare.app_common.abstract.model_persistor import ModelPersistor
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
-from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
-from nvflare.edge.aggregators.model_update_dxo_factory import ModelUpdateDXOAggrFactory
 from nvflare.edge.assessors.buff_model_manager import BuffModelManager, _ModelState
 from nvflare.edge.assessors.model_update import ModelUpdateAssessor
 from nvflare.edge.tools.edge_job import EdgeJob
@@ -58,6 +58,7 @@ from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.observe.progress import format_metrics
 from devsim.seeding import derive_seed
 from devsim.tasks import task_from_settings
+from devsim_flare.edge.screen import ScreenedUpdateAggregator, ScreenedUpdateAggrFactory
 from devsim_flare.edge.selection import SeededDeviceManager, leaf_index_of
 from processors.edge_task_processor import EdgeTaskProcessor
 
@@ -67,6 +68,8 @@ FINAL_MODEL_FILE = "final_model.pt"
 MODES = ("fedavg", "fedbuff")
 RUNNERS = ("fast", "stock")
 STOCK_RUNNER_WORKERS = 4
+REJECTED_UPDATES_PROP = "devsim.rejected_updates"
+"""FL context property: device updates the leaves' screens left out so far (set with each new global model)."""
 
 
 class EdgeLeafRunner(TPORunner):
@@ -145,9 +148,11 @@ class EdgeGlobalEvaluator(Widget):
                 return
             load_numpy_into_model(self._model, weights)
             result = self._evaluator.evaluate(self._model)
+            rejected = fl_ctx.get_prop(REJECTED_UPDATES_PROP)
             record = {
                 "version": version,
                 **result.record(),
+                **({} if rejected is None else {"rejected_updates": int(rejected)}),
                 "elapsed_s": round(now - self._started, 4),
                 "since_previous_s": round(now - self._previous, 4),
             }
@@ -238,6 +243,12 @@ class NumpyBuffModelManager(BuffModelManager):
         self.server_beta2, self.server_tau = server_beta2, server_tau
         self.optimizer = server_optimizer_for(self)
         """The server optimizer's state (None: the plain step)."""
+        self.rejected_updates = 0
+        """Device updates the leaves' screens left out so far (:mod:`devsim_flare.edge.screen`)."""
+
+    def initialize_model(self, model: DXO, fl_ctx: FLContext) -> None:
+        self.current_model = model
+        self.updates[self.current_model_version] = _ModelState(ScreenedUpdateAggregator())
 
     def generate_new_model(self, fl_ctx: FLContext) -> None:
         self.current_model_version += 1
@@ -248,6 +259,7 @@ class NumpyBuffModelManager(BuffModelManager):
             summed: dict[str, np.ndarray] = {}
             for base_version, state in self.updates.items():
                 aggregator = state.aggregator
+                self.rejected_updates += getattr(aggregator, "rejected", 0)
                 if aggregator.count > 0:
                     scale = 1.0 / (1.0 + (version - base_version) ** 0.5) if self.staleness_weight else 1.0
                     for key, value in aggregator.dict.items():
@@ -267,12 +279,13 @@ class NumpyBuffModelManager(BuffModelManager):
                     current[key] = current[key] + value * factor
         if version == 1 and self.optimizer is not None:
             self.log_info(fl_ctx, self.optimizer.describe())
-        self.updates[version] = _ModelState(ModelUpdateDXOAggregator())
+        self.updates[version] = _ModelState(ScreenedUpdateAggregator())
         self.log_info(fl_ctx, f"generated new model version {version} with {num_updates} updates")
         self.current_model = DXO(data_kind=DataKind.WEIGHTS, data=current)
         self.num_updates_counter = 0
         fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(current, {}), private=True, sticky=True)
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=True)
+        fl_ctx.set_prop(REJECTED_UPDATES_PROP, self.rejected_updates, private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)
 
 
@@ -289,6 +302,8 @@ class DevsimEdgeRecipe(Recipe):
         mode: ``fedavg`` (synchronous) or ``fedbuff`` (new version every ``buffer_size`` updates,
             refill as soon as one slot is free).
         buffer_size, global_lr, staleness_weight, max_model_history: FedBuff settings.
+        max_update_norm, update_norm_factor: the leaves' screen of each device update
+            (:class:`~devsim_flare.edge.screen.ScreenedUpdateAggrFactory`; None switches a limit off).
         server_optimizer, server_momentum, server_beta2, server_tau: how a version's mean update moves the model
             (``global_lr`` is the optimizer's eta; anything but ``sgd`` needs ``numpy_payloads``).
         num_workers: device-training threads per leaf (each owns one model); None sizes them from the
@@ -326,6 +341,8 @@ class DevsimEdgeRecipe(Recipe):
         server_beta2: float = BETA2,
         server_tau: float = TAU,
         max_model_history: int | None = 10,
+        max_update_norm: float | None = None,
+        update_norm_factor: float | None = 20.0,
         num_workers: int | None = None,
         runner: str = "fast",
         numpy_payloads: bool = True,
@@ -362,6 +379,10 @@ class DevsimEdgeRecipe(Recipe):
             buffer, min_hole = buffer_size or 1, 1
             if not 1 <= buffer <= selection:
                 raise ValueError(f"buffer_size must be in 1..{selection} (device_selection_size), got {buffer}")
+        if max_update_norm is not None and not (math.isfinite(max_update_norm) and max_update_norm > 0):
+            raise ValueError(f"--max-update-norm must be a finite number > 0 or none, got {max_update_norm}")
+        if update_norm_factor is not None and not (math.isfinite(update_norm_factor) and update_norm_factor > 1):
+            raise ValueError(f"--update-norm-factor must be a finite number > 1 or none, got {update_norm_factor}")
         if server_optimizer != "sgd" and not numpy_payloads:
             raise ValueError(
                 f"--server-optimizer: {server_optimizer} needs --payloads numpy (NVFlare's list manager only takes sgd)"
@@ -410,7 +431,9 @@ class DevsimEdgeRecipe(Recipe):
         )
         job.configure_server(assessor=assessor, update_interval=update_interval)
         job.configure_client(
-            aggregator_factory=ModelUpdateDXOAggrFactory(),
+            aggregator_factory=ScreenedUpdateAggrFactory(
+                self.settings, max_update_norm=max_update_norm, update_norm_factor=update_norm_factor
+            ),
             max_model_versions=max_model_history,
             update_timeout=update_timeout,
         )
