@@ -168,3 +168,14 @@ def test_the_configuration_imports_no_pytorch():
     code = "import sys, devsim.config; print(sorted(m for m in ('torch', 'nvflare') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_async_population_smaller_than_the_sync_selection_default_is_allowed():
+    """Asynchronous jobs have no --device-selection-size flag, so its default (20) is not held against their
+    population: FedBuff on 2 leaves x 5 devices with K = 4 is a valid run (it was refused naming that flag)."""
+    AsyncConfig.from_dict({"devices_per_leaf": 5, "concurrency": 4})
+    FedReviveConfig.from_dict({"devices_per_leaf": 5, "concurrency": 4})
+    with pytest.raises(ConfigError, match=r"--concurrency: 20 is larger than the population of 10 devices \(--num"):
+        AsyncConfig.from_dict({"devices_per_leaf": 5})
+    with pytest.raises(ConfigError, match="--device-selection-size: 20 is larger than the population of 10"):
+        SimulationConfig.from_dict({"devices_per_leaf": 5})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from devsim.config_errors import ConfigError
 from devsim.sections import check_choice, check_fraction, check_min, check_positive_finite, meta
@@ -28,6 +28,10 @@ def _population(text: str) -> dict[str, Any]:
 @dataclass
 class PopulationSettings:
     """The simulated population: leaves, devices per leaf, per-round selection, availability, speeds and faults."""
+
+    rounds_select_devices: ClassVar[bool] = True
+    """Whether the run selects ``device_selection_size`` devices a round (synchronous jobs); asynchronous jobs have
+    no such flag, so its default is not checked against their population."""
 
     num_leaf_nodes: int = field(default=2, metadata=_population("leaf nodes (NVFlare clients) under the server"))
     devices_per_leaf: int = field(
@@ -89,7 +93,7 @@ class PopulationSettings:
         population size (a natural partition sets it from the task later)."""
         for name in ("num_leaf_nodes", "devices_per_leaf", "device_selection_size"):
             check_min(name, getattr(self, name), 1)
-        if population and self.device_selection_size > self.num_devices:
+        if population and self.rounds_select_devices and self.device_selection_size > self.num_devices:
             raise ConfigError(
                 "device_selection_size",
                 f"{self.device_selection_size} is larger than the population of {self.num_devices} devices "
@@ -134,6 +138,8 @@ def _check_heterogeneity(settings: PopulationSettings) -> None:
 class AsyncPopulationSettings:
     """Asynchronous selection: K device jobs in flight, dispatched once O slots are open; leaves lost at a version."""
 
+    rounds_select_devices: ClassVar[bool] = False
+
     concurrency: int = field(default=20, metadata=_population("K: device jobs in flight"))
     min_open_slots: int = field(default=1, metadata=_population("O: dispatch new jobs once this many slots are open"))
     lose_leaf: str = field(
@@ -169,7 +175,9 @@ class AsyncPopulationSettings:
         check_min("concurrency", self.concurrency, 1)
         if population and self.concurrency > self.num_devices:
             raise ConfigError(
-                "concurrency", f"{self.concurrency} is larger than the population; allowed: 1..{self.num_devices}"
+                "concurrency",
+                f"{self.concurrency} is larger than the population of {self.num_devices} devices (--num-leaf-nodes "
+                f"{self.num_leaf_nodes} x --devices-per-leaf {self.devices_per_leaf}); allowed: 1..{self.num_devices}",
             )
         if not 1 <= self.min_open_slots <= self.concurrency:
             raise ConfigError(
