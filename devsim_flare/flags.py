@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 
 from devsim.config import AsyncConfig, SimulationConfig, flag_name
 from devsim.sections import SECTIONS, section_fields
@@ -36,6 +37,35 @@ def _optional(parse):
     return parse_optional
 
 
+class JobArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose error for an unknown flag names the close ones (``--dp-clip-norm``: "did you mean
+    --dp-clip?") and says when a flag belongs to the synchronous jobs only (``not_here``: flag -> why)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.not_here: dict[str, str] = {}
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):
+            hints = [self._hint(token) for token in message.split(": ", 1)[1].split(" ")]
+            message += "".join(f"; {hint}" for hint in hints if hint)
+        super().error(message)
+
+    def _hint(self, token: str) -> str:
+        """What an unknown ``--flag`` (or ``--flag=value``) probably meant; "" for anything else."""
+        name = token.split("=", 1)[0]
+        if not name.startswith("--"):
+            return ""
+        if name in self.not_here:
+            return f"{name} is {self.not_here[name]}"
+        known = {o[2:]: o for o in self._option_string_actions if o.startswith("--")}
+        known.update({o[2:]: o for o in self.not_here})
+        close = [known[c] for c in difflib.get_close_matches(name[2:], list(known), n=3, cutoff=0.7)]
+        if close and close[0] in self.not_here:
+            return f"{name}: did you mean {close[0]}? It is {self.not_here[close[0]]}"
+        return f"{name}: did you mean {' or '.join(close)}?" if close else ""
+
+
 def build_parser(description: str, defaults: SimulationConfig | None = None) -> argparse.ArgumentParser:
     """Parser with one flag per field of ``type(defaults)`` (default values from it), grouped by section
     (:data:`devsim.sections.SECTIONS`, one ``--help`` group each), and the run flags.
@@ -45,11 +75,17 @@ def build_parser(description: str, defaults: SimulationConfig | None = None) -> 
     defaults = defaults or SimulationConfig()
     config_cls = type(defaults)
     asynchronous = issubclass(config_cls, AsyncConfig)
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter, usage=SHORT_USAGE
     )
     parser.set_defaults(config_cls=config_cls)
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    if asynchronous:
+        parser.not_here = {
+            flag_name(f.name): "for synchronous rounds only (pt_job_fedavg.py, pt_job_cluster.py)"
+            for f in fields.values()
+            if f.metadata.get("sync_only")
+        }
     for section, names in section_fields(config_cls).items():
         shown = [
             fields[name]

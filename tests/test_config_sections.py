@@ -179,3 +179,24 @@ def test_an_async_population_smaller_than_the_sync_selection_default_is_allowed(
         AsyncConfig.from_dict({"devices_per_leaf": 5})
     with pytest.raises(ConfigError, match="--device-selection-size: 20 is larger than the population of 10"):
         SimulationConfig.from_dict({"devices_per_leaf": 5})
+
+
+@pytest.mark.parametrize(
+    "config, argv, hint",
+    [
+        (SimulationConfig(), ["--dp-clip-norm", "1.0"], "; --dp-clip-norm: did you mean --dp-clip-lr or --dp-clip?"),
+        (
+            SimulationConfig(),
+            ["--samples_per_device", "3"],
+            "; --samples_per_device: did you mean --samples-per-device?",
+        ),
+        (AsyncConfig(), ["--num-rounds", "5"], "; --num-rounds is for synchronous rounds only (pt_job_fedavg.py, "),
+        (AsyncConfig(), ["--num-round=5"], "; --num-round: did you mean --num-rounds? It is for synchronous rounds"),
+        (SimulationConfig(), ["--zzz", "3"], "unrecognized arguments: --zzz 3"),
+    ],
+)
+def test_an_unknown_flag_is_refused_naming_what_was_meant(config, argv, hint, capsys):
+    with pytest.raises(SystemExit):
+        build_parser("", config).parse_args(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert hint in last and last.count("unrecognized arguments") == 1, last

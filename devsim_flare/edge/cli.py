@@ -15,7 +15,7 @@ import time
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
-from devsim_flare.flags import SHORT_USAGE, add_check_flag, add_config_flags, checked_line
+from devsim_flare.flags import SHORT_USAGE, JobArgumentParser, add_check_flag, add_config_flags, checked_line
 from devsim_flare.launch.warm_parent import note_job_accepted
 from devsim_flare.run_signals import exit_now, signal_exit_codes
 
@@ -27,7 +27,7 @@ DESCRIPTION = "This project's device processor in NVFlare 2.9's own edge hierarc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = JobArgumentParser(
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter, usage=SHORT_USAGE
     )
     p.add_argument("--num-leaf-nodes", type=int, default=2)
