@@ -161,7 +161,7 @@ def test_numpy_model_manager_sends_the_versions_mean_through_the_server_optimize
             dxo = DXO(DataKind.WEIGHT_DIFF, {"dict": {k: v.copy() for k, v in delta.items()}, "count": 1})
             manager.updates[version].aggregator.accept(dxo.to_shareable(), ctx)
         manager.generate_new_model(ctx)
-        mean = {k: (deltas[0][k] + deltas[1][k]).astype(np.float64) / 2 for k in initial}
+        mean = {k: (deltas[0][k].astype(np.float64) + deltas[1][k]) / 2 for k in initial}  # summed in float64
         expected = by_hand.apply(expected, mean)
     for key in initial:
         np.testing.assert_array_equal(manager.current_model.data[key], expected[key])

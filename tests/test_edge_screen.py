@@ -113,3 +113,24 @@ def test_an_edge_run_whose_updates_are_all_nan_keeps_a_finite_model_and_says_so(
     assert records[-1]["rejected_updates"] >= 16, records
     assert f"{records[-1]['rejected_updates']} device updates rejected by the leaves" in proc.stdout.splitlines()[-1]
     assert "rejected (non_finite)" in proc.stdout
+
+
+def test_a_leaf_sum_is_the_same_in_any_order_devices_finish_in():
+    """Device updates are summed in float64: the threads' finishing order (and where a leaf's report cuts a version's
+    updates) no longer changes the global model, so a FedAvg-mode edge run repeats bit for bit."""
+    deltas = _deltas(12, scale=0.05)
+    sums = []
+    for order in (range(12), reversed(range(12)), [5, 0, 11, 3, 7, 1, 9, 2, 10, 4, 8, 6]):
+        first, second = (ScreenedUpdateAggrFactory(SETTINGS).get_aggregator() for _ in range(2))
+        order = list(order)
+        for i in order[:5]:
+            first.accept(_device_update(deltas[i], i), FLContext())
+        for i in order[5:]:
+            second.accept(_device_update(deltas[i], i), FLContext())
+        server = ScreenedUpdateAggregator()
+        for leaf in (second, first) if order[0] == 5 else (first, second):
+            server.accept(leaf.aggregate(FLContext()), FLContext())
+        sums.append(server.dict)
+    for key in sums[0]:
+        assert sums[0][key].dtype == np.float64
+        assert all(np.array_equal(sums[0][key], other[key]) for other in sums[1:]), key

@@ -263,7 +263,7 @@ class NumpyBuffModelManager(BuffModelManager):
                 if aggregator.count > 0:
                     scale = 1.0 / (1.0 + (version - base_version) ** 0.5) if self.staleness_weight else 1.0
                     for key, value in aggregator.dict.items():
-                        scaled = np.asarray(value, dtype=np.float32) * np.float32(scale)
+                        scaled = np.asarray(value, dtype=np.float64) * scale
                         summed[key] = summed[key] + scaled if key in summed else scaled
                     num_updates += aggregator.count
                 aggregator.reset(fl_ctx)
@@ -274,9 +274,9 @@ class NumpyBuffModelManager(BuffModelManager):
                 mean = {key: value.astype(np.float64) / num_updates for key, value in summed.items()}
                 current.update(self.optimizer.apply({key: current[key] for key in mean}, mean))
             elif num_updates:
-                factor = np.float32(self.global_lr / num_updates)
+                factor = self.global_lr / num_updates
                 for key, value in summed.items():
-                    current[key] = current[key] + value * factor
+                    current[key] = (current[key] + value * factor).astype(np.float32)
         if version == 1 and self.optimizer is not None:
             self.log_info(fl_ctx, self.optimizer.describe())
         self.updates[version] = _ModelState(ScreenedUpdateAggregator())

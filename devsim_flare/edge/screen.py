@@ -8,7 +8,8 @@ entry names and shapes, float32, finite, and the norm limits (``--max-update-nor
 latter as for asynchronous jobs: the accepted history's median or the last checked updates' lower median). A
 rejected update adds nothing; its device still counts as reported, so versions keep coming (NVFlare's updater
 requires every contribution to be accepted). Sums carry their rejections up (``rejected`` beside ``count``), and
-the server's manager adds them up per version for the results.
+the server's manager adds them up per version for the results. Every sum is kept in float64, so it is the same
+whatever order the devices finish in (a FedAvg-mode edge run repeats bit for bit; float32 sums did not).
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ class ScreenedUpdateAggregator(ModelUpdateDXOAggregator):
             if not self.screen.check(delta, num_samples, f"device {device}", site):
                 self.rejected += 1
                 return True
+        if not is_sum and isinstance(data.get("dict"), dict):  # summed in float64: the same sum in any order
+            data["dict"] = {k: np.asarray(v, dtype=np.float64) for k, v in data["dict"].items()}
         return ModelUpdateDXOAggregator.accept(self, dxo.to_shareable(), fl_ctx)
 
     def aggregate(self, fl_ctx: FLContext) -> Shareable:
