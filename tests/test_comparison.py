@@ -38,6 +38,7 @@ def test_arms_name_their_job_and_flags_and_bad_ones_are_refused():
         "0.01",
     )
     assert parse_arm("B10=fedbuff: --buffer-size 10") == Arm("B10", "fedbuff", ("--buffer-size", "10"))
+    assert parse_arm("stock=edge: --mode fedbuff") == Arm("stock", "edge", ("--mode", "fedbuff"))
     assert parse_arm("gpus=--gpus 0:1").job == "fedavg"  # a colon inside the flags names no job
     for text, words in (
         ("no equals sign", "expected NAME=[JOB:] FLAGS"),

@@ -279,6 +279,10 @@ def test_edge_fedavg_in_simulator_completes_and_learns(tmp_path):
     assert accuracies[-1] > CHANCE + 0.3, accuracies
     assert accuracies[-1] > accuracies[0] + 0.2, accuracies
     assert "final accuracy" in proc.stdout
+    results = json.loads((output / "results.json").read_text())  # the Collab jobs' layout, for compare_runs.py
+    assert results["method"] == "edge" and results["config"]["mode"] == "fedavg"
+    assert [r["version"] for r in results["rounds"]] == versions
+    assert results["summary"]["final_accuracy"] == accuracies[-1] and results["summary"]["versions"] == versions[-1]
     final = torch.load(output / "final_model.pt")
     assert final["version"] == versions[-1] and set(final["state_dict"]) == set(model_to_numpy(build_model("cnn")))
     # every version was built from exactly the 8 devices of the round (synchronous FedAvg)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from devsim.observe.results import record_metric, record_step
 
-JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster")
+JOBS = ("fedavg", "fedbuff", "fedrevive", "cluster", "edge")
 """The jobs an arm can run (``jobs/pt_job_<job>.py``)."""
 LOWER_IS_BETTER_SUFFIXES = ("loss", "error", "mae", "mse", "rmse", "perplexity")
 """A metric whose name ends in one of these (``loss``, ``mae``, ``val_mse``, ...) is better when lower."""

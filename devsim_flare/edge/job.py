@@ -56,6 +56,7 @@ from nvflare.widgets.widget import Widget
 from devsim.aggregation.server_optimizers import BETA1, BETA2, TAU, server_optimizer_for
 from devsim.codec import float_state_keys, load_numpy_into_model
 from devsim.observe.progress import format_metrics
+from devsim.observe.results import RunRecorder
 from devsim.seeding import derive_seed
 from devsim.tasks import task_from_settings
 from devsim_flare.edge.screen import ScreenedUpdateAggregator, ScreenedUpdateAggrFactory
@@ -92,18 +93,31 @@ class EdgeGlobalEvaluator(Widget):
     Writes ``edge_results.json`` (one record per evaluated version: accuracy, loss, seconds since the
     job started and since the previous version) after every version, and ``final_model.pt`` (the last
     global state dict) at the end of the run, into ``output_dir`` (absolute) or the server's run folder.
+    The same records go to ``results.json`` in the Collab jobs' layout (``method`` "edge", ``config``,
+    ``rounds`` keyed by ``version``, and at the end ``summary``: final and initial accuracy, final loss and
+    metrics, versions, rejected updates, wall seconds, the final model's path), which ``compare_runs.py``,
+    ``plot_runs.py`` and the Python API read as they read every other job's.
 
     Args:
         settings: the processor settings (dataset, model, data_seed, synthetic sizes, data_root).
-        eval_frequency: evaluate every N-th version (the last one is always kept for the final model).
+        eval_frequency: evaluate every N-th version (the last one is evaluated at the end in any case).
         output_dir: where to write; None for the job's run folder on the server.
+        job: the job's own settings (mode, versions, leaves, ...), kept in ``results.json``'s ``config``.
     """
 
-    def __init__(self, settings: dict | None = None, eval_frequency: int = 1, output_dir: str | None = None):
+    def __init__(
+        self,
+        settings: dict | None = None,
+        eval_frequency: int = 1,
+        output_dir: str | None = None,
+        job: dict | None = None,
+    ):
         Widget.__init__(self)
         self.settings = dict(settings or {})
         self.eval_frequency = int(eval_frequency)
         self.output_dir = output_dir
+        self.job = dict(job or {})
+        self._recorder: RunRecorder | None = None
         self._lock = threading.Lock()
         self._model = None
         self._evaluator = None
@@ -113,6 +127,7 @@ class EdgeGlobalEvaluator(Widget):
         self._started = None
         self._previous = None
         self._folder = None
+        self._rejected: int | None = None
         self.register_event_handler(EventType.START_RUN, self._start)
         self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_global_model)
         self.register_event_handler(EventType.END_RUN, self._end)
@@ -131,6 +146,7 @@ class EdgeGlobalEvaluator(Widget):
             run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
             self._folder = os.path.join(run_dir, self.output_dir or "devsim_edge")
         os.makedirs(self._folder, exist_ok=True)
+        self._recorder = RunRecorder(self._folder, {**self.settings, **self.job}, method="edge", task=task.record())
         self._started = self._previous = time.perf_counter()
         self.log_info(fl_ctx, f"edge evaluator: {len(task.y_test)} test samples; results in {self._folder}")
 
@@ -144,27 +160,33 @@ class EdgeGlobalEvaluator(Widget):
         weights = {k: np.asarray(learnable[ModelLearnableKey.WEIGHTS][k], dtype=np.float32) for k in keys}
         with self._lock:
             self._last_weights, self._last_version = weights, version
+            self._rejected = fl_ctx.get_prop(REJECTED_UPDATES_PROP)
             if version % self.eval_frequency and version != 1:
                 return
-            load_numpy_into_model(self._model, weights)
-            result = self._evaluator.evaluate(self._model)
-            rejected = fl_ctx.get_prop(REJECTED_UPDATES_PROP)
-            record = {
-                "version": version,
-                **result.record(),
-                **({} if rejected is None else {"rejected_updates": int(rejected)}),
-                "elapsed_s": round(now - self._started, 4),
-                "since_previous_s": round(now - self._previous, 4),
-            }
-            self._previous = now
-            self._records.append(record)
-            self._write()
-        line = (
+            line = self._evaluate(version, weights, now)
+        self.log_info(fl_ctx, line)
+        print(line, flush=True)
+
+    def _evaluate(self, version: int, weights: dict[str, np.ndarray], now: float) -> str:
+        """Score ``weights`` (global model ``version``), record them in both results files, and return the console
+        line (caller holds the lock)."""
+        load_numpy_into_model(self._model, weights)
+        result = self._evaluator.evaluate(self._model)
+        record = {
+            "version": version,
+            **result.record(),
+            **({} if self._rejected is None else {"rejected_updates": int(self._rejected)}),
+            "elapsed_s": round(now - self._started, 4),
+            "since_previous_s": round(now - self._previous, 4),
+        }
+        self._previous = now
+        self._records.append(record)
+        self._write()
+        self._recorder.add_round(record)
+        return (
             f"[edge] version {version}  {format_metrics(result.loss, result.metrics)}  "
             f"elapsed {record['elapsed_s']:.1f}s  (+{record['since_previous_s']:.2f}s)"
         )
-        self.log_info(fl_ctx, line)
-        print(line, flush=True)
 
     def _write(self):
         payload = {"settings": self.settings, "records": self._records}
@@ -177,11 +199,25 @@ class EdgeGlobalEvaluator(Widget):
         with self._lock:
             if self._last_weights is None or self._folder is None:
                 return
+            if self._records[-1]["version"] != self._last_version:  # the final model, evaluated whatever the frequency
+                print(self._evaluate(self._last_version, self._last_weights, time.perf_counter()), flush=True)
             state = {k: torch.from_numpy(v) for k, v in self._last_weights.items()}
-            torch.save(
-                {"version": self._last_version, "state_dict": state}, os.path.join(self._folder, FINAL_MODEL_FILE)
-            )
+            final_path = os.path.join(self._folder, FINAL_MODEL_FILE)
+            torch.save({"version": self._last_version, "state_dict": state}, final_path)
             self._write()
+            first, last = self._records[0], self._records[-1]
+            self._recorder.finish(
+                {
+                    "initial_accuracy": first.get("accuracy"),
+                    "final_accuracy": last.get("accuracy"),
+                    "final_loss": last["loss"],
+                    "final_metrics": last["metrics"],
+                    "versions": self._last_version,
+                    "rejected_updates": int(self._rejected or 0),
+                    "wall_seconds": time.perf_counter() - self._started,
+                    "final_model": final_path,
+                }
+            )
 
 
 def seeded_initial_weights(settings: dict) -> dict[str, np.ndarray]:
@@ -394,7 +430,21 @@ class DevsimEdgeRecipe(Recipe):
 
         persistor_id = job.to_server(SeededModelPersistor(settings=self.settings), id="persistor")
         job.to_server(
-            EdgeGlobalEvaluator(settings=self.settings, eval_frequency=eval_frequency, output_dir=output_dir),
+            EdgeGlobalEvaluator(
+                settings=self.settings,
+                eval_frequency=eval_frequency,
+                output_dir=output_dir,
+                job=dict(
+                    mode=mode,
+                    num_leaf_nodes=num_leaf_nodes,
+                    devices_per_leaf=devices_per_leaf,
+                    num_versions=num_versions,
+                    device_selection_size=selection,
+                    buffer_size=buffer,
+                    global_lr=global_lr,
+                    server_optimizer=server_optimizer,
+                ),
+            ),
             id="evaluator",
         )
         manager_args = dict(
