@@ -179,6 +179,8 @@ class EdgeGlobalEvaluator(Widget):
             "elapsed_s": round(now - self._started, 4),
             "since_previous_s": round(now - self._previous, 4),
         }
+        if self._records:  # the Collab layout's wall time per record (plot_runs.py adds them up)
+            record["round_seconds"] = record["since_previous_s"]
         self._previous = now
         self._records.append(record)
         self._write()
