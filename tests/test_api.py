@@ -180,3 +180,18 @@ def test_an_edge_run_folder_reads_as_a_result(tmp_path) -> None:
     assert result.summary == {"versions": 3, "final_loss": 1.2, "final_metrics": {"accuracy": 0.6}}
     with pytest.raises(RecipeError, match="no results.json or edge_results.json"):
         RunResult.load(str(tmp_path / "nothing"))
+
+
+def test_a_failed_run_says_why_in_its_status_and_result(tmp_path) -> None:
+    """The server's reason (results.json's ``failed``) reaches ``Run.get_status()`` and ``RunResult.failure``, as the
+    command's last line gives it."""
+    from devsim_flare.api.results import Run
+
+    reason = "version 0: none of the last 1000 arriving device updates was accepted (rejected 1000: non-finite 1000)"
+    results = {"method": "fedbuff", "config": {}, "rounds": [], "summary": {}, "failed": {"reason": reason}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert Run(1, str(tmp_path)).get_status() == f"FAILED (exit code 1): {reason}"
+    result = Run(1, str(tmp_path)).get_result()
+    assert result.failure == reason and not result.finished
+    assert Run(1, str(tmp_path / "missing")).get_status() == "FAILED (exit code 1)"
+    assert Run(0, str(tmp_path)).get_status() == "FINISHED:COMPLETED"

@@ -15,19 +15,21 @@ class RunResult:
     """What a finished (or stopped) run left in its folder.
 
     ``rounds``: the per-round (sync) or per-evaluation (async) records of ``results.json`` as Python data
-    (docs/outputs.md); ``summary``: the end-of-run summary (empty when the run stopped early)."""
+    (docs/outputs.md); ``summary``: the end-of-run summary (empty when the run stopped early or failed);
+    ``failure``: why a failed run ended (its server's reason, as the command's last line gives it), else None."""
 
     folder: str
     method: str
     config: dict[str, Any]
     rounds: list[dict[str, Any]]
     summary: dict[str, Any]
+    failure: str | None = None
 
     @classmethod
     def load(cls, folder: str) -> RunResult:
         """The result in ``folder``: a job's ``results.json``, or the edge job's ``edge_results.json`` (its records
         are per evaluated version; its summary is the last record's figures). RecipeError when there is neither."""
-        from devsim.observe.results import load_results
+        from devsim.observe.results import failure_reason, load_results
         from devsim_flare.edge.job import RESULTS_FILE as EDGE_RESULTS_FILE
 
         folder = os.path.abspath(folder)
@@ -39,6 +41,7 @@ class RunResult:
                 config=results.get("config", {}),
                 rounds=results.get("rounds", []),
                 summary=results.get("summary", {}),
+                failure=failure_reason(results),
             )
         edge_path = os.path.join(folder, EDGE_RESULTS_FILE)
         if os.path.isfile(edge_path):
@@ -100,12 +103,19 @@ class Run:
 
     def get_status(self) -> str:
         """``FINISHED:COMPLETED``; ``STOPPED (SIGINT)`` / ``STOPPED (SIGTERM)`` for a run stopped by a signal (its
-        checkpoint continues with ``resume_from``); else ``FAILED (exit code N)``."""
+        checkpoint continues with ``resume_from``); else ``FAILED (exit code N)``, followed by ``: reason`` when the
+        run's server said why (:attr:`RunResult.failure`)."""
         if self.exit_code == 0:
             return "FINISHED:COMPLETED"
         if self.exit_code in (130, 143):
             return f"STOPPED ({'SIGINT' if self.exit_code == 130 else 'SIGTERM'})"
-        return f"FAILED (exit code {self.exit_code})"
+        failure = None
+        if self.folder:
+            try:
+                failure = RunResult.load(self.folder).failure
+            except (RecipeError, OSError, ValueError):
+                failure = None
+        return f"FAILED (exit code {self.exit_code})" + (f": {failure}" if failure else "")
 
     def get_result(self) -> RunResult:
         """The run's :class:`RunResult`; raises RecipeError when the run left no results file."""
