@@ -28,7 +28,7 @@ from devsim.population.devices import natural_sort
 from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.privacy.device import DevicePrivacy
-from devsim.privacy.noise import with_gaussian
+from devsim.privacy.noise import noised_norm_bound, with_gaussian
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
 from devsim.resources.precision import apply_tf32
@@ -233,6 +233,9 @@ class LeafNode:
         privacy = None
         if dp is not None:
             privacy = DevicePrivacy(float(dp["clip"]), float(dp["local_noise_std"]), int(self.settings.get("seed", 0)))
+            if max_norm is not None and privacy.local_noise_std:  # local DP: the leaf sees noised updates
+                size = sum(int(np.size(v)) for v in weights.values())
+                max_norm = max(max_norm, noised_norm_bound(privacy.clip, privacy.local_noise_std, size))
         result = self._runner.run_round(round_num, weights, device_ids, self._dropout, self._faults, max_norm, privacy)
         payload = result.to_payload()
         if dp is not None and float(dp["leaf_noise_std"]):

@@ -140,3 +140,13 @@ def test_dp_fedbuff_accounts_each_version_and_resumes_bit_for_bit(tmp_path):
 def test_bad_dp_flags_are_refused_in_one_line(script, args, needle, tmp_path):
     stderr = refused_job(script, [*args, "--workspace", str(tmp_path / "ws")], tmp_path)
     assert needle in stderr.strip().splitlines()[-1]
+
+
+def test_local_dp_updates_pass_the_leaf_norm_check_by_their_noise(tmp_path):
+    """Under --dp local a leaf sees each device's noised update (norm about z S sqrt(d): 125 for the CNN at z 0.5,
+    S 1), which --max-update-ratio's limit (89 here) rejected, every device of round 1; the limit is now at least the
+    noised update's bound (:func:`devsim.privacy.noise.noised_norm_bound`)."""
+    args = ["--dataset", "digits", "--num-rounds", "2", "--dp", "local", "--dp-noise-multiplier", "0.5"]
+    run_job("pt_job_fedavg.py", [*args, "--workspace", str(tmp_path / "ws")], tmp_path)
+    rounds = find_results(tmp_path / "ws" / "runs")["rounds"]
+    assert len(rounds) == 2 and all(r["rejected_devices"] == 0 for r in rounds), rounds

@@ -269,3 +269,18 @@ def test_leaf_placement_also_accounts_one_leaf_sum_alone():
     resumed = PrivateAggregator(plan, seed=0, num_leaves=4)
     resumed.load_state(aggregator.state())
     assert resumed.leaf_accountant.rounds == 1
+
+
+def test_the_noised_norm_bound_holds_for_honest_noised_updates():
+    """Clipped updates plus N(0, std^2) noise stay under :func:`noised_norm_bound` (the leaf's limit under local DP),
+    which is still far below an absurd update."""
+    from devsim.privacy.noise import noised_norm_bound
+
+    rng = np.random.default_rng(0)
+    size, clip, std = 62_006, 1.0, 0.5
+    bound = noised_norm_bound(clip, std, size)
+    for _ in range(20):
+        update = rng.standard_normal(size)
+        update *= clip / np.linalg.norm(update)
+        assert np.linalg.norm(update + std * rng.standard_normal(size)) < bound
+    assert 125 < bound < 132

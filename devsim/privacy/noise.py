@@ -6,12 +6,25 @@ noise of round r, leaf i's share of it, device d's local noise. Arrays are float
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from devsim.seeding import derive_rng, derive_seed
 
 Weights = dict[str, np.ndarray]
+
+NOISE_NORM_MARGIN = 10.0
+"""Standard deviations of slack above ``sqrt(size)`` in :func:`noised_norm_bound`: the norm of N(0, std^2) noise in
+``size`` dimensions is ``std * sqrt(size)`` give or take about ``std / sqrt(2)``, so 10 is about 14 of its own standard
+deviations."""
+
+
+def noised_norm_bound(clip: float, std: float, size: int) -> float:
+    """A bound on the L2 norm of an update clipped to ``clip`` plus N(0, ``std``^2) noise in each of its ``size``
+    entries, that an honest noised update does not exceed in practice: ``clip + std * (sqrt(size) + 10)``."""
+    return clip + std * (math.sqrt(size) + NOISE_NORM_MARGIN)
 
 
 def gaussian_like(shapes: dict[str, tuple[int, ...]], std: float, seed: int, purpose: str, *ids: int) -> Weights:
