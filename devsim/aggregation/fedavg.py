@@ -57,10 +57,12 @@ class FedAvg(SyncStrategy):
         scale = self.global_lr / total_weight
         if self._on_device(global_weights):
             return self._aggregate_torch(global_weights, updates, scale)
-        return {
-            name: (value + scale * _summed(updates, name, value.shape)).astype(np.float32)
-            for name, value in global_weights.items()
-        }
+        new_weights: Weights = {}
+        for name, value in global_weights.items():
+            summed = _summed(updates, name, value.shape)
+            summed *= scale  # value + scale * summed in float64, rounded once to float32, without temporaries
+            new_weights[name] = np.add(summed, value, out=np.empty(value.shape, np.float32), casting="unsafe")
+        return new_weights
 
     def state_dict(self) -> dict:
         """The server optimizer's state (empty for plain FedAvg), for a checkpoint."""
@@ -84,8 +86,11 @@ class FedAvg(SyncStrategy):
 
 
 def _summed(updates: list[LeafUpdate], name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The leaves' ``delta_sum[name]`` added in float64, in the order given."""
-    summed = np.zeros(shape, dtype=np.float64)
-    for update in updates:
+    """The leaves' ``delta_sum[name]`` added in float64, in the order given (the first converted, not added to zeros:
+    the same values, one pass fewer)."""
+    if not updates:
+        return np.zeros(shape, dtype=np.float64)
+    summed = np.array(updates[0].delta_sum[name], dtype=np.float64)
+    for update in updates[1:]:
         summed += update.delta_sum[name]
     return summed
