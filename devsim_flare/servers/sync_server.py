@@ -436,6 +436,7 @@ class SyncServer:
         with its reason and recorded."""
         accepted, rejected, candidates, limits = {}, {}, {}, {}
         counts = {"dropped": 0, "silent": 0, "rejected_devices": 0}
+        model_norms: dict[int, float] = {}  # id(model) -> its norm: FedAvg's leaves share one model
         for leaf in sorted(payloads, key=self.leaves.index):
             payload = payloads[leaf]
             leaf_counts = payload.get("counts", {}) if isinstance(payload, dict) else {}
@@ -448,7 +449,10 @@ class SyncServer:
                 continue
             candidates[leaf] = payload
             if self.privacy is None:  # under DP each device's norm is bounded; a leaf-sum limit would depend on others
-                limits[leaf] = self.config.update_norm_limit(weights_norm(self.leaf_models([leaf])[leaf]))
+                model = self.leaf_models([leaf])[leaf]
+                if id(model) not in model_norms:
+                    model_norms[id(model)] = weights_norm(model)
+                limits[leaf] = self.config.update_norm_limit(model_norms[id(model)])
         checked = self.validator.check_round(candidates, limits)
         for leaf, payload in candidates.items():
             if checked[leaf] is None:
