@@ -85,13 +85,16 @@ def job_env(args) -> dict:
 
 def job_figures(run: dict, selected_samples: int) -> dict:
     """Steady-round figures of one job run (rounds after the first): median round and training seconds,
-    device-samples/s over ``selected_samples`` a round, mean timing parts, and the run's start-up and plans."""
+    device-samples/s over ``selected_samples`` a round, mean timing parts (and the server aggregate's split), and the
+    run's start-up and plans."""
     rounds = run["rounds"]
     steady = rounds[1:] or rounds
     parts = {k: statistics.mean(r["timing"]["parts"][k] for r in steady) for k in steady[0]["timing"]["parts"]}
     train = statistics.median(r["train_seconds"] for r in steady)
     out = _run_facts(run) | dict(round_seconds_median=statistics.median(r["round_seconds"] for r in steady))
     out.update(train_seconds_median=train, device_samples_per_s=selected_samples / train, timing_mean_parts=parts)
+    split = ("server_screen", "server_update")  # server_aggregate's two halves: the checks, then the model's update
+    out["server_split_mean"] = {k: statistics.mean(r["timing"]["info"].get(k, 0.0) for r in steady) for k in split}
     return out | dict(final_accuracy=rounds[-1].get("accuracy"), worker_plans=run["worker_lines"])
 
 

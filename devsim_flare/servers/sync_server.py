@@ -253,12 +253,15 @@ class SyncServer:
                 record = {"round": round_num + 1, "devices": int(len(selected)), **clock}
                 record["devices_on_dead_leaves"] = on_dead_leaves
                 count_traffic(traffic, payloads, model_bytes, len(assignments), record)
+                screen_started = time.time()
                 payloads = self._screen(round_num, payloads, len(selected) - on_dead_leaves, record)
+                screened = time.time()
                 answered = [d for p in payloads.values() for d in p["device_metrics"]["device_id"].tolist()]
                 if not clock:
                     record.update(sim_clock.round_seconds(round_num, answered))
                 for payload in payloads.values():
                     self.participation.add(payload["device_metrics"]["device_id"])
+                update_started = time.time()
                 if payloads:
                     record.update(self.aggregate(round_num, payloads, assignments))
                 else:  # every selected device sat on a lost leaf (counted by --min-leaves): the model stays
@@ -277,7 +280,8 @@ class SyncServer:
                 )
                 for leaf, payload in payloads.items():
                     cpu.leaf_reply(leaf, payload["timing"])
-                timing = with_info(with_bytes(timing, record["bytes"]), cpu.close())
+                split = {"server_screen": screened - screen_started, "server_update": aggregated - update_started}
+                timing = with_info(with_bytes(timing, record["bytes"]), {**cpu.close(), **split})
                 timings.append(timing)
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
