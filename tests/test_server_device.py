@@ -86,3 +86,21 @@ def test_the_sync_server_aggregates_in_numpy_on_a_cpu_and_on_the_gpu_when_it_has
         server.device = device
         server.setup_strategy(SimulationConfig())
         assert server.strategy.device == expected
+
+
+def test_calibrate_keeps_the_faster_path_and_says_so():
+    """At start the server times one round's arithmetic both ways and keeps the faster; the bits do not change."""
+    import re
+
+    rng = np.random.default_rng(2)
+    weights = {"a": rng.standard_normal(DEVICE_MIN_PARAMS).astype(np.float32), "b": np.ones(3, np.float32)}
+    strategy = FedAvg(device="cpu")
+    line = strategy.calibrate(weights, num_leaves=2)
+    device_ms, numpy_ms = (float(x) for x in re.findall(r"([\d.]+) ms", line))
+    assert strategy.use_device == (device_ms < numpy_ms), line
+    assert line.startswith(f"FedAvg's arithmetic in {'cpu' if strategy.use_device else 'NumPy'}:"), line
+    updates = [LeafUpdate("site-1", {k: np.full_like(v, 0.5) for k, v in weights.items()}, 4.0, 2)]
+    got = strategy.aggregate(weights, updates)
+    want = FedAvg().aggregate(weights, updates)
+    assert all(np.array_equal(got[k], want[k]) for k in weights)
+    assert FedAvg().calibrate(weights, 2) == "" and FedAvg(device="cpu").calibrate({"a": weights["b"]}, 2) == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -18,8 +20,8 @@ class FedAvg(SyncStrategy):
 
     Sums run in float64 in the order the updates are given, so the result does not depend on
     which leaf answered first. With a CUDA ``device`` and a model of at least :data:`DEVICE_MIN_PARAMS` entries
-    the same float64 arithmetic runs there (same order, same result to the bit); ``device="cpu"`` forces the torch
-    path on the CPU (tests).
+    the same float64 arithmetic runs there (same order, same result to the bit), unless :meth:`calibrate` measured
+    NumPy faster; ``device="cpu"`` forces the torch path on the CPU (tests).
 
     With a ``server_optimizer`` other than ``sgd`` (:mod:`devsim.aggregation.server_optimizers`: FedAvgM, FedAdagrad,
     FedAdam, FedYogi) the same float64 mean update goes through that optimizer instead (in NumPy, on any device),
@@ -39,13 +41,44 @@ class FedAvg(SyncStrategy):
         self.global_lr = float(global_lr)
         self.device = None if device is None else torch.device(device)
         self.server_optimizer = active(server_optimizer)
+        self.use_device: bool | None = None
+        """Set by :meth:`calibrate`: whether the torch path was the faster; None: by :data:`DEVICE_MIN_PARAMS`."""
 
     def _on_device(self, global_weights: Weights) -> bool:
         if self.device is None:
             return False
+        if self.use_device is not None:
+            return self.use_device
         if self.device.type == "cpu":
             return True
         return sum(int(v.size) for v in global_weights.values()) >= DEVICE_MIN_PARAMS
+
+    def calibrate(self, global_weights: Weights, num_leaves: int, repeats: int = 2) -> str:
+        """Time one round's arithmetic (``num_leaves`` leaf sums of zeros) on ``self.device`` and in NumPy, the best
+        of ``repeats`` each, keep the faster (both give the same bits) and return a line saying so. Does nothing
+        without a device, under a server optimizer, or for a model below :data:`DEVICE_MIN_PARAMS` ("")."""
+        size = sum(int(v.size) for v in global_weights.values())
+        if self.device is None or self.server_optimizer is not None or size < DEVICE_MIN_PARAMS:
+            return ""
+        zeros = {name: np.zeros_like(value) for name, value in global_weights.items()}
+        updates = [LeafUpdate(f"leaf-{i}", zeros, 1.0, 1) for i in range(max(1, num_leaves))]
+        seconds = {}
+        for use_device in (True, False):
+            self.use_device, best = use_device, float("inf")
+            for _ in range(repeats):
+                started = time.perf_counter()
+                self.aggregate(global_weights, updates)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                best = min(best, time.perf_counter() - started)
+            seconds[use_device] = best
+        self.use_device = seconds[True] < seconds[False]
+        where = str(self.device) if self.use_device else "NumPy"
+        return (
+            f"FedAvg's arithmetic in {where}: {1000 * seconds[True]:.1f} ms a round on {self.device} against "
+            f"{1000 * seconds[False]:.1f} ms in NumPy for {size:,} parameters and {len(updates)} leaves, measured "
+            "at start (the same bits either way)"
+        )
 
     def aggregate(self, global_weights: Weights, updates: list[LeafUpdate]) -> Weights:
         total_weight = sum(u.total_weight for u in updates)

@@ -84,6 +84,10 @@ class SyncServer:
         device = getattr(self, "device", None)
         device = device if device is not None and torch.device(device).type != "cpu" else None  # NumPy: faster there
         self.strategy = FedAvg(global_lr=config.global_lr, device=device, server_optimizer=server_optimizer_for(config))
+        weights = getattr(self, "weights", None)
+        line = self.strategy.calibrate(weights, len(self.leaves)) if weights is not None and device is not None else ""
+        if line:
+            print(f"[server] {line}", flush=True)
 
     def leaf_models(self, leaves: list[str]) -> dict[str, Weights]:
         """The model each leaf trains from this round."""
