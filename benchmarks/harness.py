@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.environ.get("DEVSIM_BENCHMARK_RESULTS") or os.path.join(REPO, "benchmarks", "results")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a job's processes on one thread each
 FIRST_PROGRESS = re.compile(r"^(?:\[[^\]]*\] )?(round|version) 1[/ ]")
-WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ ")  # a leaf's plan, printed once when it starts
+WORKERS_LINE = re.compile(r"^\[(site-\d+)\] workers=\d+ |^\[server\] FedAvg's arithmetic in ")  # plans at start
 WARM_PARENT_MODULE = "devsim_flare.launch.warm_parent"  # in the command line of a warm parent (python -m ...)
 
 
