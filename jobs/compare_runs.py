@@ -4,7 +4,7 @@ python jobs/compare_runs.py --seeds 0,1,2 --out cmp \\
     --arm "FedAvg=" --arm "FedAdam=--server-optimizer adam --global-lr 0.01" --arm "FedProx=--prox-mu 0.01" \\
     -- --dataset digits --alpha 0.1 --num-rounds 20
 
-An arm is ``NAME=[JOB:] FLAGS`` (JOB one of fedavg, fedbuff, fedrevive, cluster; default fedavg); the flags after
+An arm is ``NAME=[JOB:] FLAGS`` (JOB one of fedavg, fedbuff, fedrevive, cluster, edge; default fedavg); the flags after
 ``--`` go to every arm first, the arm's own after them (the last value of a flag wins), then ``--seed S`` and the
 run's folder ``OUT/NAME/seed-S``. Runs go seed by seed (every arm on seed 0 first), ``--parallel`` at a time (default
 1; each of them in its own NVFlare workspace under ``OUT``), each job's output in ``OUT/NAME/seed-S.log``. A finished
