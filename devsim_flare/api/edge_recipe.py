@@ -22,7 +22,8 @@ class EdgeRecipe:
 
     ``settings`` are the flags of ``jobs/pt_job_edge.py`` with ``_`` for ``-`` (``num_versions``, ``mode``,
     ``runner``, ...); runs in :class:`SimEnv` (flat: every client a leaf) or :class:`ProdEnv`. Its run folder holds
-    ``edge_results.json`` (one record per evaluated version) and ``final_model.pt``."""
+    ``results.json`` (the Collab jobs' layout, one record per evaluated version), ``edge_results.json`` (the same
+    records) and ``final_model.pt``."""
 
     method: ClassVar[str] = "edge"
 
