@@ -284,3 +284,16 @@ def test_the_noised_norm_bound_holds_for_honest_noised_updates():
         update *= clip / np.linalg.norm(update)
         assert np.linalg.norm(update + std * rng.standard_normal(size)) < bound
     assert 125 < bound < 132
+
+
+def test_the_noise_note_compares_the_noise_on_a_mean_update_with_the_clip_norm():
+    """Central: z sqrt(d) / denominator; local: each of the m expected devices adds its own, z sqrt(m d) / denominator.
+    Above 1 the line says what quietens it; a large enough denominator brings it under."""
+    central = PrivateAggregator(PrivacyPlan.from_settings(dp_config()), 0, 2)  # z 1, 20 selected of 100
+    assert central.noise_to_clip(62_500) == pytest.approx(250 / 20)
+    assert "norm about 12.5 x S" in central.noise_note(62_500) and "quieten" in central.noise_note(62_500)
+    local = PrivateAggregator(PrivacyPlan.from_settings(dp_config(dp="local", dp_noise_multiplier=0.5)), 0, 2)
+    assert local.noise_to_clip(62_500) == pytest.approx(0.5 * math.sqrt(20 * 62_500) / 20)
+    wide = dp_config(num_leaf_nodes=10, devices_per_leaf=1000, device_selection_size=5000)
+    quiet = PrivateAggregator(PrivacyPlan.from_settings(wide), 0, 10)
+    assert quiet.noise_to_clip(62_500) == pytest.approx(0.05) and "quieten" not in quiet.noise_note(62_500)

@@ -102,3 +102,7 @@ class BufferedPrivacy:
     def describe(self) -> str:
         """One line: the mechanism."""
         return self.aggregator.describe().replace("DP ", "DP-FedBuff ", 1)
+
+    def noise_note(self, num_params: int) -> str:
+        """How loud the noise on each applied version is (:meth:`PrivateAggregator.noise_note`)."""
+        return self.aggregator.noise_note(num_params)

@@ -162,6 +162,30 @@ class PrivateAggregator:
             self.leaf_accountant.load_state(state["leaf_accountant"])
         self.clip = float(state["clip"])
 
+    def noise_to_clip(self, num_params: int) -> float:
+        """The norm of the noise on one applied mean update, over the clip norm ``S`` (which bounds the mean of the
+        clipped updates): ``z_sum sqrt(d) / denominator`` for central noise, ``z sqrt(m d) / denominator`` when each
+        of the ``m`` expected devices adds its own (local DP), for a model of ``d = num_params`` entries."""
+        plan = self.plan
+        if plan.mode == "local":
+            return plan.noise_multiplier * math.sqrt(plan.expected * num_params) / plan.denominator
+        return plan.sum_noise_multiplier * math.sqrt(num_params) / plan.denominator
+
+    def noise_note(self, num_params: int) -> str:
+        """One line on how loud the noise is against the updates it hides (:meth:`noise_to_clip`), with what would
+        quieten it when it is louder than the largest possible mean update."""
+        ratio = self.noise_to_clip(num_params)
+        line = (
+            f"DP noise on each applied mean update: norm about {ratio:.3g} x S ({num_params:,} parameters, "
+            f"denominator {self.plan.denominator:g}); a mean of clipped updates has norm at most S"
+        )
+        if ratio > 1:
+            line += (
+                "; the noise is the louder, so the model learns only as far as many rounds average it out "
+                "(more devices per aggregate, a larger epsilon or fewer rounds quieten it)"
+            )
+        return line
+
     def describe(self) -> str:
         """One line: the mechanism and what it costs."""
         plan = self.plan

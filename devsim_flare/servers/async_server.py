@@ -197,6 +197,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
+            print(f"[server] {self.privacy.noise_note(sum(int(v.size) for v in self.weights.values()))}", flush=True)
         if self.buffer.server_optimizer is not None:
             print(f"[server] {self.buffer.server_optimizer.describe()}", flush=True)
         run_started = time.time()

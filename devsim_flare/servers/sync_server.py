@@ -200,6 +200,7 @@ class SyncServer:
         )
         if self.privacy is not None:
             print(f"[server] {self.privacy.describe()}", flush=True)
+            print(f"[server] {self.privacy.noise_note(sum(int(v.size) for v in self.weights.values()))}", flush=True)
         if config.server_optimizer != "sgd":  # FedAvg's (cluster aggregation refuses one)
             print(f"[server] {self.strategy.server_optimizer.describe()}", flush=True)
         print(
