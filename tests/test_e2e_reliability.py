@@ -72,6 +72,10 @@ def test_a_failed_run_says_why_in_its_last_line_and_in_results_json(tmp_path):
     reason = "round 1: only 0 of 16 selected devices answered (the leaves rejected 16 device updates: see the lines"
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {reason}"), proc.stderr
     assert find_results(out)["failed"]["reason"].startswith(reason)
+    # NVFlare's two tracebacks of it stay in the server's log file, out of the console
+    assert "Traceback" not in proc.stdout + proc.stderr
+    logs = list((tmp_path / "ws").rglob("server/log.txt"))
+    assert logs and any("RoundFailedError: " + reason in log.read_text() for log in logs)
 
 
 def test_an_async_run_whose_every_update_is_rejected_ends_with_a_reason(tmp_path):

@@ -3,6 +3,7 @@ folder, build the model and the central evaluator, record why a run failed."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -86,6 +87,27 @@ def group_evaluators(
 
 def record_failure(recorder: RunRecorder, error: BaseException) -> None:
     """Write why the run failed into results.json (``failed: {"reason": ...}``), for the command's last line: the
-    message alone for this project's own errors (a round that failed, leaves lost), else the error's type too."""
+    message alone for this project's own errors (a round that failed, leaves lost), else the error's type too.
+
+    For this project's own errors the console also leaves out NVFlare's tracebacks of ``error`` (it logs one twice
+    as the job ends): their message is the whole story, and the command prints it last. Log files keep them."""
     own = type(error).__module__.split(".")[0] in ("devsim", "devsim_flare")
     recorder.mark_failed(str(error) if own else f"{type(error).__name__}: {error}")
+    if own:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(_TracebackOf(str(error)))
+
+
+class _TracebackOf(logging.Filter):
+    """Drops the error records that are a traceback ending in ``message`` (a console handler's filter)."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        return not ("Traceback (most recent call last)" in text and self.message in text)
