@@ -165,6 +165,10 @@ def test_a_recipe_exports_a_job_folder_that_nvflare_reads(tmp_path) -> None:
 def test_the_edge_recipe_checks_its_settings_and_environment(tmp_path) -> None:
     with pytest.raises(RecipeError, match="did you mean num_versions"):
         EdgeRecipe(num_version=3)
+    with pytest.raises(RecipeError, match="--update-norm-factor must be a finite number > 1"):  # at construction
+        EdgeRecipe(update_norm_factor=0.5)
+    with pytest.raises(RecipeError, match="buffer_size must be in 1..32"):
+        EdgeRecipe(mode="fedbuff", buffer_size=999)
     with pytest.raises(RecipeError, match="--env: the edge job runs in SimEnv or ProdEnv, not PocEnv"):
         EdgeRecipe(num_versions=2).execute(PocEnv(workspace=str(tmp_path)))
 

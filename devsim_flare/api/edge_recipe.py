@@ -36,9 +36,17 @@ class EdgeRecipe:
         check_setting_names("EdgeRecipe", self.method, settings, allowed)
         self.task = task
         self.settings = dict(settings)
+        args = edge_cli.build_parser().parse_args([])
+        for name, value in self.settings.items():
+            setattr(args, name, value)
+        try:  # the recipe's own checks of the values now, as the Collab recipes do (the task's wait for execute)
+            edge_cli.build_recipe(args, None)
+        except (ValueError, TypeError) as error:
+            raise RecipeError(str(error)) from error
 
     def execute(self, env: Environment | None = None) -> Run:
-        """Run the edge job in ``env`` (default :class:`SimEnv`) and wait for it; RecipeError for bad settings."""
+        """Run the edge job in ``env`` (default :class:`SimEnv`) and wait for it; RecipeError for a bad task or
+        environment (bad values were refused when the recipe was built)."""
         env = env or SimEnv(workspace=os.path.join("workspace", "edge"))
         if not isinstance(env, SimEnv | ProdEnv):
             raise RecipeError(f"--env: the edge job runs in SimEnv or ProdEnv, not {type(env).__name__}")
