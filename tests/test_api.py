@@ -167,8 +167,9 @@ def test_the_edge_recipe_checks_its_settings_and_environment(tmp_path) -> None:
         EdgeRecipe(num_version=3)
     with pytest.raises(RecipeError, match="--update-norm-factor must be a finite number > 1"):  # at construction
         EdgeRecipe(update_norm_factor=0.5)
-    with pytest.raises(RecipeError, match="buffer_size must be in 1..32"):
-        EdgeRecipe(mode="fedbuff", buffer_size=999)
+    with pytest.raises(RecipeError, match=r"num_versions \(--num-versions\) must be >= 1"):
+        EdgeRecipe(num_versions=0)
+    EdgeRecipe(device_selection_size=500)  # checked against the population when it executes (the task may set it)
     with pytest.raises(RecipeError, match="--env: the edge job runs in SimEnv or ProdEnv, not PocEnv"):
         EdgeRecipe(num_versions=2).execute(PocEnv(workspace=str(tmp_path)))
 

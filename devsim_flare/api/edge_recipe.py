@@ -39,7 +39,10 @@ class EdgeRecipe:
         args = edge_cli.build_parser().parse_args([])
         for name, value in self.settings.items():
             setattr(args, name, value)
-        try:  # the recipe's own checks of the values now, as the Collab recipes do (the task's wait for execute)
+        # the recipe's own checks of the values now, as the Collab recipes do; those against the population wait for
+        # execute, where the task may set it (a natural partition: devices per leaf from the task's owners)
+        args.device_selection_size = args.buffer_size = None
+        try:
             edge_cli.build_recipe(args, None)
         except (ValueError, TypeError) as error:
             raise RecipeError(str(error)) from error
