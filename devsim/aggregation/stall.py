@@ -60,8 +60,10 @@ class StallGuard:
         self._since = (dict(failures), dict(rejections))
 
     def accepted(self) -> None:
-        """An update was accepted (:meth:`reset`)."""
-        self.reset()
+        """An update was accepted: a streak ends (:meth:`reset`). Without one the counters have not moved since the
+        last reset (only a missed arrival moves them), so there is nothing to take again."""
+        if self.streak:
+            self.reset()
 
     def missed(self, version: int) -> None:
         """An arrival gave no update: count it; at the limit raise :class:`StallError` naming the counters' growth

@@ -297,7 +297,7 @@ class NumpyBuffModelManager(BuffModelManager):
             summed: dict[str, np.ndarray] = {}
             for base_version, state in self.updates.items():
                 aggregator = state.aggregator
-                self.rejected_updates += getattr(aggregator, "rejected", 0)
+                self.rejected_updates += aggregator.rejected
                 if aggregator.count > 0:
                     scale = 1.0 / (1.0 + (version - base_version) ** 0.5) if self.staleness_weight else 1.0
                     for key, value in aggregator.dict.items():

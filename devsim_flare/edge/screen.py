@@ -95,23 +95,22 @@ class ScreenedUpdateAggregator(ModelUpdateDXOAggregator):
         updater ends the job on False)."""
         dxo = from_shareable(shareable)
         data = dxo.data if isinstance(dxo.data, dict) else {}
-        is_sum = "rejected" in data  # this aggregator's sums say how many they left out; a device's update does not
-        self.rejected += int(data.pop("rejected", 0) or 0)
-        if is_sum and data.get("dict") is None and data.get("count") == 0:
-            return True  # a child's sum of only rejected updates
-        if self.screen is not None and not is_sum:
-            device = dxo.get_meta_prop("device", "?")
+        if "rejected" in data:  # a child's sum (this class's aggregate), whose parts were checked
+            self.rejected += int(data.pop("rejected") or 0)
+            if data.get("dict") is None and data.get("count") == 0:
+                return True  # only rejected updates below
+        else:  # a device's update
             delta = data.get("dict")
-            if isinstance(delta, dict):  # NVFlare's list payloads
+            if isinstance(delta, dict):  # NVFlare's list payloads arrive as lists
                 delta = {k: np.asarray(v, dtype=np.float32) if isinstance(v, list) else v for k, v in delta.items()}
-                data["dict"] = delta
-            num_samples = dxo.get_meta_prop("num_samples", 1)  # checked: finite and > 0
-            site = fl_ctx.get_identity_name() or "leaf"
-            if not self.screen.check(delta, num_samples, f"device {device}", site):
-                self.rejected += 1
-                return True
-        if not is_sum and isinstance(data.get("dict"), dict):  # summed in float64: the same sum in any order
-            data["dict"] = {k: np.asarray(v, dtype=np.float64) for k, v in data["dict"].items()}
+            if self.screen is not None:
+                source = f"device {dxo.get_meta_prop('device', '?')}"
+                num_samples = dxo.get_meta_prop("num_samples", 1)  # checked: finite and > 0
+                if not self.screen.check(delta, num_samples, source, fl_ctx.get_identity_name() or "leaf"):
+                    self.rejected += 1
+                    return True
+            if isinstance(delta, dict):  # summed in float64: the same sum in any order
+                data["dict"] = {k: np.asarray(v, dtype=np.float64) for k, v in delta.items()}
         return ModelUpdateDXOAggregator.accept(self, dxo.to_shareable(), fl_ctx)
 
     def aggregate(self, fl_ctx: FLContext) -> Shareable:
