@@ -257,6 +257,10 @@ def run_job(
     simulated_here = args.env == "sim" and not exporting
     forking = fork_server and simulated_here and not getattr(args, "check", False)
     server = start_fork_server(leaves=config.num_leaf_nodes, check_children=check_fork) if forking else None
+    if server is not None:
+        from devsim.observe.startup import stamp_command
+
+        stamp_command("command_forked")  # the checks after it (data, task, privacy) split from the flags and fork
     try:
         return _checked_run(parser, args, server_cls, config, gpu_ids, exporting, download_dir)
     finally:

@@ -135,9 +135,13 @@ class LeafNode:
             flush=True,
         )
         self._collector = PeriodicCollector().start()
+        process_at = process_started()
         self._startup = {
             **parts.record(),
-            "process_to_setup": started - process_started(),
+            "process_to_setup": started - process_at,
+            "process_started_at": process_at,
+            "setup_started_at": started,
+            "setup_done_at": time.time(),
         }
 
     def _plan(self, worker) -> LeafPlan:

@@ -4,7 +4,9 @@ The job command stamps its own process start into the environment (:data:`COMMAN
 processes it starts inherit (the simulator's server and leaves, POC sites started by it), and, under
 :data:`COMMAND_STAMPS_ENV`, when its imports were done (``command_imports_done``: the job script's code runs) and
 when every pre-run check had passed (``command_checked``: flags, data, task, privacy), so that
-``command_to_server_process`` splits into the command's imports, its checks, and the launch of the simulator. The
+``command_to_server_process`` splits into the command's imports, its checks, and the launch of the simulator (a
+simulation forked from a fork server also stamps ``command_forked``, once its flags are read and the fork server
+started: ``command_flags_and_fork`` is the checks' first part, the data, task and privacy checks the rest). The
 server marks its own process start, the start of its run (NVFlare started it, the leaves have connected and set
 up: a Collab server's ``main`` runs after every site's ``init``), when the task and model are ready, and the first
 and last rounds (sync rounds, or async evaluation windows). The command adds, once the job has ended, the time from the
@@ -14,7 +16,9 @@ Each leaf times its own set-up in parts (:class:`SetupParts`: importing its code
 data, the plan with its batching probe, the other workers, compilation) and sends them once, with its first reply
 (``startup`` of the payload); the server records them per leaf under ``leaves``, their slowest leaf under
 ``leaf_parts_max`` and what the slowest leaf's set-up leaves of ``server_process_to_run`` (NVFlare starting the
-sites and connecting them) under ``seconds["nvflare_and_rest"]``.
+sites and connecting them) under ``seconds["nvflare_and_rest"]``. Each leaf also sends when its process started and
+when its set-up started and ended (:data:`LEAF_STAMPS`), which split that rest into NVFlare starting the leaf
+processes, the leaf processes before their set-up, and NVFlare starting the run after the last set-up.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ COMMAND_STAMPS_ENV = "DEVSIM_COMMAND_STAMPS"
 STAGES = (
     ("command_imports", "command_started", "command_imports_done"),
     ("command_checks", "command_imports_done", "command_checked"),
+    ("command_flags_and_fork", "command_imports_done", "command_forked"),
     ("checked_to_server_process", "command_checked", "server_process_started"),
     ("command_to_server_process", "command_started", "server_process_started"),
     ("server_process_to_run", "server_process_started", "server_run_started"),
@@ -118,6 +123,11 @@ def command_starts_now() -> Iterator[None]:
                 os.environ[name] = value
 
 
+LEAF_STAMPS = ("process_started_at", "setup_started_at", "setup_done_at")
+"""Wall-clock stamps (``time.time()`` seconds) a leaf sends beside its set-up parts: its process start, and the
+start and end of its set-up."""
+
+
 class SetupParts:
     """Seconds of the named parts of one leaf's set-up, in the order they ran (``total`` is added by
     :meth:`record`: the wall time since the object was made)."""
@@ -151,12 +161,15 @@ class StartupClock:
             "server_process_started": process_started(),
         }
         self.leaves: dict[str, dict[str, float]] = {}
+        self.leaf_stamps: dict[str, dict[str, float]] = {}
 
     def leaf_reply(self, leaf: str, payload: dict) -> None:
-        """Take a leaf's set-up parts out of its reply (sent once, with its first reply); other replies pass."""
+        """Take a leaf's set-up parts out of its reply (sent once, with its first reply); other replies pass.
+        Entries named ``*_at`` are the leaf's wall-clock stamps (:data:`LEAF_STAMPS`), kept apart from its parts."""
         parts = payload.pop("startup", None)
         if isinstance(parts, dict) and leaf not in self.leaves:
-            self.leaves[leaf] = {str(k): float(v) for k, v in parts.items()}
+            self.leaves[leaf] = {str(k): float(v) for k, v in parts.items() if not str(k).endswith("_at")}
+            self.leaf_stamps[leaf] = {str(k): float(v) for k, v in parts.items() if str(k).endswith("_at")}
 
     def mark(self, name: str) -> None:
         """Stamp ``name`` now unless it was stamped before."""
@@ -181,7 +194,25 @@ class StartupClock:
             record["leaf_parts_max"] = slowest
             to_run = seconds.get("server_process_to_run")
             seconds["nvflare_and_rest"] = None if to_run is None else to_run - slowest["total"]
+            seconds.update(self._leaf_stamp_stages())
         return record
+
+    def _leaf_stamp_stages(self) -> dict[str, float]:
+        """``nvflare_and_rest`` split by the leaves' own stamps, where every leaf sent them: NVFlare starting the
+        leaf processes (``server_process_to_leaf_processes``: to the latest leaf process start), each leaf process
+        before its set-up (``leaf_process_to_setup``, the slowest), and NVFlare starting the run once every leaf was
+        set up (``leaves_set_up_to_run``: from the latest set-up's end)."""
+        stamps = [self.leaf_stamps.get(leaf, {}) for leaf in self.leaves]
+        if not stamps or any(not set(LEAF_STAMPS) <= set(s) for s in stamps):
+            return {}
+        out: dict[str, float] = {}
+        server_started, run_started = self.stamps.get("server_process_started"), self.stamps.get("server_run_started")
+        if server_started is not None:
+            out["server_process_to_leaf_processes"] = max(s["process_started_at"] for s in stamps) - server_started
+        out["leaf_process_to_setup"] = max(s["setup_started_at"] - s["process_started_at"] for s in stamps)
+        if run_started is not None:
+            out["leaves_set_up_to_run"] = run_started - max(s["setup_done_at"] for s in stamps)
+        return out
 
 
 def add_exit(record: dict[str, Any], exited: float) -> dict[str, Any]:
