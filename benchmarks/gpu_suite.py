@@ -2,11 +2,12 @@
 
 Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring says
 what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
-``tf32``, ``compiled_step``, ``async_revive``. A section starts only while half its budget is left of ``--budget``
-(default 360 s, one device call of at most 6 minutes), runs in its own child process (``benchmarks/gpu_suite_child.py``:
-a crash, a Python error or the time limit of one section is recorded under ``errors`` and the next section runs), its
-job runs are killed at twice its budget and the child at twice what is left of it, and the figures are written after
-every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``) prints every target beside its figure.
+``tf32``, ``cudnn_benchmark``, ``compiled_step``, ``async_revive``, ``async_gather``. A section starts only while half
+its budget is left of ``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own child process
+(``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is recorded under
+``errors`` and the next section runs), its job runs are killed at twice its budget and the child at twice what is left
+of it, and the figures are written after every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``)
+prints every target beside its figure.
 ``--device cpu --tiny`` is the dry run (tiny sizes, CPU only; a test runs it); ``scripts/gpu_suite.sh run`` runs the
 suite on the GPU machine:
 
@@ -45,14 +46,14 @@ from benchmarks.harness import short_commit  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.models import build_model  # noqa: E402
 from devsim.resources.leaf_plan import LeafPlan, plan_leaf  # noqa: E402
-from devsim.resources.precision import apply_tf32  # noqa: E402
+from devsim.resources.precision import apply_cudnn_benchmark, apply_tf32  # noqa: E402
 from devsim.resources.workers import plan_workers  # noqa: E402
 from devsim.training.leaf_runner import LeafRoundRunner  # noqa: E402
 from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=75, throughput=50, profile=30, async_throughput=95, worker_sweep=20, fedrevive=75)
-BUDGETS.update(tf32=15, compiled_step=25, async_revive=90, async_gather=60)
+BUDGETS.update(tf32=15, cudnn_benchmark=25, compiled_step=25, async_revive=90, async_gather=60)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 360 s."""
@@ -151,12 +152,12 @@ def auto_plan(model_name: str, device: str, devices: int, samples: int) -> LeafP
     return plan_leaf(device=device, batch_size=10, device_batch_setting="auto", obstacle=timed, **sizes)
 
 
-def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, fill=False, rounds=3):
+def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int, batch: int, seconds=None, fill=False):
     """Median device-samples/s of one leaf (``workers`` processors of this suite's leaf settings on ``device``,
     ``batch`` devices a computation, groups filled first with ``fill``) training devices 0..``devices``-1 from the
-    same global model over rounds 2.. of ``rounds``, and the last round's leaf delta sum (name -> array). Every
-    round is round 0, so every setting trains the same batches. On the CPU torch gets usable cores / workers
-    threads."""
+    same global model over rounds 2 and 3, and the last round's leaf delta sum (name -> array); every round's
+    seconds are appended to the list ``seconds`` when given. Every round is round 0, so every setting trains the
+    same batches. On the CPU torch gets usable cores / workers threads."""
     settings = leaf_settings(model, devices, samples)
     if device == "cpu":
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
@@ -166,10 +167,12 @@ def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int,
     runner = LeafRoundRunner(processors, device_batch=batch, fill_groups=fill)
     rates, result = [], None
     try:
-        for round_num in range(rounds):
+        for round_num in range(3):
             started = time.perf_counter()
             result = runner.run_round(0, weights, list(range(devices)))
             synchronize(device)
+            if seconds is not None:
+                seconds.append(time.perf_counter() - started)
             if round_num:
                 rates.append(devices * samples / (time.perf_counter() - started))
     finally:
@@ -199,7 +202,7 @@ def section_throughput(args, size: dict) -> dict:
         batched, _ = leaf_rate(model_name, args.device, devices, samples, 1, devices)
         plan = auto_plan(model_name, args.device, devices, samples)
         auto, _ = leaf_rate(
-            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups
+            model_name, args.device, devices, samples, plan.num_workers, plan.device_batch, fill=plan.fill_groups
         )
         row = dict(devices=devices, samples_per_device=samples, centralized_batch10=central_10)
         row[f"centralized_batch{LIMIT_BATCH}"] = central_limit
@@ -209,28 +212,25 @@ def section_throughput(args, size: dict) -> dict:
     return out
 
 
-def section_tf32(args, size: dict) -> dict:
-    """TF32's gain and difference: one leaf's batched round and centralized batch-256 training with TF32 on against
-    off (``--tf32``), and the largest difference of the leaf's delta sum between the two, relative to its largest
-    entry. On the CPU TF32 does not exist: both runs are float32 and the difference is 0."""
+def section_tf32(args, size: dict, switch=apply_tf32) -> dict:
+    """One leaf's batched round and centralized batch-256 training with a process-wide ``switch`` (``--tf32``) on
+    against off (the suite's default) for each model of ``tf32_models``; the first round's seconds; the largest
+    difference of the leaf's delta sum between the two, relative to its largest entry. The CPU has no TF32 (nor
+    cuDNN: ``cudnn_benchmark``, the same with ``--cudnn-benchmark``): both runs are the same float32 run."""
     out = {}
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    try:
-        for model_name in size["tf32_models"]:
-            devices, samples = leaf_shape(size, model_name)
-            row, sums = {}, {}
-            for on, name in ((False, "off"), (True, "on")):
-                apply_tf32(on)
-                row[f"leaf_{name}"], sums[name] = leaf_rate(model_name, args.device, devices, samples, 1, devices)
-                row[f"centralized_{name}"] = centralized_rate(
-                    model_name, args.device, LIMIT_BATCH, size["central_samples"]
-                )
-            scale = max(float(abs(v).max()) for v in sums["off"].values())
-            difference = max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
-            row.update(leaf_gain=row["leaf_on"] / row["leaf_off"], max_relative_difference=difference)
-            out[model_name] = row | {"centralized_gain": row["centralized_on"] / row["centralized_off"]}
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    for model_name in size["tf32_models"]:
+        (devices, samples), row, sums = leaf_shape(size, model_name), {}, {}
+        for on, name in ((False, "off"), (True, "on")):
+            switch(on)
+            seconds: list[float] = []
+            row[f"leaf_{name}"], sums[name] = leaf_rate(model_name, args.device, devices, samples, 1, devices, seconds)
+            row[f"leaf_first_round_seconds_{name}"] = seconds[0]
+            row[f"centralized_{name}"] = centralized_rate(model_name, args.device, LIMIT_BATCH, size["central_samples"])
+            switch(False)
+        scale = max(float(abs(v).max()) for v in sums["off"].values())
+        difference = max(float(abs(sums["on"][k] - sums["off"][k]).max()) for k in sums["off"]) / scale
+        row.update(leaf_gain=row["leaf_on"] / row["leaf_off"], max_relative_difference=difference)
+        out[model_name] = row | {"centralized_gain": row["centralized_on"] / row["centralized_off"]}
     return out
 
 
@@ -247,9 +247,11 @@ def section_worker_sweep(args, size: dict) -> dict:
     for workers in size["sweep_groups"]:
         if time.monotonic() < args.section_deadline:
             batch = -(-devices // workers)
-            rate, _ = leaf_rate("cnn", args.device, devices, samples, workers, batch, True)
+            rate, _ = leaf_rate("cnn", args.device, devices, samples, workers, batch, fill=True)
             rates[f"groups {workers}x{batch}"] = rate
-    auto, _ = leaf_rate("cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, plan.fill_groups)
+    auto, _ = leaf_rate(
+        "cnn", args.device, devices, samples, plan.num_workers, plan.device_batch, fill=plan.fill_groups
+    )
     best = max(rates, key=rates.get)
     out = dict(auto_plan=plan.reason, auto_workers=plan.num_workers, auto_device_batch=plan.device_batch)
     out.update(auto_samples_per_s=auto, samples_per_s=rates, best=best)
@@ -321,6 +323,7 @@ RUNNERS = {
     "async_throughput": section_async_throughput,
     "compiled_step": section_compiled_step,
     "tf32": section_tf32,
+    "cudnn_benchmark": functools.partial(section_tf32, switch=apply_cudnn_benchmark),
     "async_revive": section_async_revive,
     "async_gather": section_async_gather,
 }
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child-limit", type=float, help=argparse.SUPPRESS)  # seconds before the parent stops it
     args = parser.parse_args(argv)
     apply_tf32(False)  # what the jobs' processes run by default (torch leaves cuDNN's TF32 on); `tf32` sets its arms
+    apply_cudnn_benchmark(False)  # the jobs' default too; `cudnn_benchmark` sets its arms
     if args.section_child:
         return _section_child(args)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]

@@ -136,13 +136,15 @@ def extras(report: dict) -> list[str]:
     except (KeyError, TypeError):
         lines.append("startup: missing")
     try:
-        for model, row in _s(report, "tf32").items():
-            if isinstance(row, dict) and "leaf_gain" in row:
-                lines.append(
-                    f"tf32 {model}: leaf {row['leaf_gain']:.2f}x, centralized {row['centralized_gain']:.2f}x faster; "
-                    f"leaf delta sum differs by {row['max_relative_difference']:.1e} of its largest entry"
-                )
-    except (KeyError, TypeError):
+        for section in ("tf32", "cudnn_benchmark"):
+            for model, row in report["sections"].get(section, {}).items():
+                if isinstance(row, dict) and "leaf_gain" in row:
+                    lines.append(
+                        f"{section} {model}: leaf {row['leaf_gain']:.2f}x, centralized "
+                        f"{row['centralized_gain']:.2f}x faster; leaf delta sum differs by "
+                        f"{row['max_relative_difference']:.1e} of its largest entry"
+                    )
+    except (KeyError, TypeError, AttributeError):
         lines.append("tf32: missing")
     lines += profile_lines(report)
     return lines

@@ -37,7 +37,6 @@ TOP = 15
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 NAME_CHARS = 160
-CUDNN_BENCHMARK_MODE = "graphs_cudnn_benchmark"  # graphs captured after cuDNN's own algorithm search (CUDA only)
 CHANNELS_LAST_MODE = "graphs_channels_last"  # graphs with the batched path's channels-last fold (CUDA only)
 
 
@@ -141,8 +140,7 @@ def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch
 
 def section_compiled_step(args, size: dict) -> dict:
     """Seconds per device of one batched group's training, eager against compiled, groups of several sizes; on CUDA
-    also graphs with ``torch.backends.cudnn.benchmark`` on (cuDNN times its algorithms per shape before capture) and
-    graphs with the channels-last fold (:mod:`devsim.training.channels_last`, used on the CPU only: on the H200 a
+    also graphs with the channels-last fold (:mod:`devsim.training.channels_last`, used on the CPU only: on the H200 a
     fifth of the graphed round's GPU time went to cuDNN's NCHW/NHWC conversions around each device's kernels). The
     default inductor arm runs on the CPU only: on the H200 it compiled 4.4-9.8 s per group size and replayed slower
     than graphs (2026-11-27), and with it the section did not fit its budget."""
@@ -154,7 +152,6 @@ def section_compiled_step(args, size: dict) -> dict:
     modes = {"eager": None, "graphs": dict(GRAPH_OPTIONS)}
     if args.device == "cuda":
         modes["reduce_overhead"] = {"mode": "reduce-overhead"}
-        modes[CUDNN_BENCHMARK_MODE] = dict(GRAPH_OPTIONS)
         modes[CHANNELS_LAST_MODE] = dict(GRAPH_OPTIONS)
     else:
         modes["compiled"] = {}
@@ -176,15 +173,11 @@ def section_compiled_step(args, size: dict) -> dict:
         row: dict = {}
         eager = None
         for name, trainer in trainers.items():
-            saved_benchmark = torch.backends.cudnn.benchmark
-            torch.backends.cudnn.benchmark = name == CUDNN_BENCHMARK_MODE
             try:
                 first, best, deltas = lockstep_seconds(trainer, pool, start, args.device, calls=3)
             except Exception as error:  # noqa: BLE001 - a mode that cannot compile here is a finding, not a failure
                 row[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
                 continue
-            finally:
-                torch.backends.cudnn.benchmark = saved_benchmark
             row[name] = {"first_call_seconds": first, "ms_per_device": 1000 * best / group}
             if eager is None:
                 eager = (best, deltas)

@@ -31,7 +31,7 @@ from devsim.privacy.device import DevicePrivacy
 from devsim.privacy.noise import noised_norm_bound, with_gaussian
 from devsim.resources.collection import PeriodicCollector
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
-from devsim.resources.precision import apply_tf32
+from devsim.resources.precision import apply_cudnn_benchmark, apply_tf32
 from devsim.shared_arrays import ExchangeClosed, received_weights, reply_in_file
 from devsim.training.leaf_runner import LeafRoundRunner
 from devsim_flare.leaf_liveness import in_job_process, mark_lost_if_killed, unmark_lost
@@ -84,6 +84,7 @@ class LeafNode:
         settings["hidden_group"] = self._hidden_group()
         self.settings = settings
         apply_tf32(bool(settings.get("tf32", False)))
+        apply_cudnn_benchmark(bool(settings.get("cudnn_benchmark", False)))
         first = processor_cls.from_settings(settings)
         if first.torch_device.type == "cuda":
             with parts.measure("cuda_init"):

@@ -172,6 +172,30 @@ def test_optional_numeric_flags_can_be_unset():
     assert config.max_versions is None and config.max_sim_time == 3.0
 
 
+def test_the_cuda_switches_are_off_by_default_and_set_process_wide():
+    """``--tf32`` and ``--cudnn-benchmark`` reach the config (every process applies them at its start: the server in
+    ``start_run``, each leaf in its set-up) and set PyTorch's process-wide flags; off is the default for both."""
+    import torch
+
+    from devsim.resources.precision import apply_cudnn_benchmark, apply_tf32
+    from devsim_flare.cli import build_parser, config_from_args
+
+    parser = build_parser("t", SimulationConfig())
+    default = config_from_args(parser, parser.parse_args([]))
+    assert default.tf32 is False and default.cudnn_benchmark is False
+    config = config_from_args(parser, parser.parse_args(["--cudnn-benchmark", "--tf32"]))
+    assert config.cudnn_benchmark is True and config.to_dict()["cudnn_benchmark"] is True
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        assert apply_cudnn_benchmark(True) == "cuDNN benchmark on" and torch.backends.cudnn.benchmark
+        assert apply_tf32(True) == "tf32 on (matmul and cuDNN)" and torch.backends.cuda.matmul.allow_tf32
+        apply_cudnn_benchmark(False)
+        apply_tf32(False)
+        assert not torch.backends.cudnn.benchmark and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def test_server_threads_default_to_one_beside_the_leaves():
     """A server sharing the machine with its leaves (sim, poc) runs PyTorch on one thread unless told otherwise; on a
     deployment PyTorch keeps its default; 0 threads is refused with the flag named."""

@@ -72,6 +72,8 @@ def test_in_process_sections_write_consistent_figures(dry_run):
     tf32 = report["sections"]["tf32"]["cnn"]
     assert tf32["leaf_gain"] == pytest.approx(tf32["leaf_on"] / tf32["leaf_off"])
     assert tf32["max_relative_difference"] < 1e-5  # no TF32 on the CPU: the same float32 run twice
+    search = report["sections"]["cudnn_benchmark"]["cnn"]  # no cuDNN on the CPU either: the same run twice
+    assert search["max_relative_difference"] < 1e-5 and search["leaf_first_round_seconds_on"] > 0
     from benchmarks.gpu_suite import SECTIONS
 
     assert list(report["section_seconds"]) == list(SECTIONS) and report["suite_seconds"] > 0

@@ -74,7 +74,7 @@ def test_the_leaves_stamps_split_what_nvflare_takes_around_their_set_up():
     clock = StartupClock()
     clock.stamps.update(server_process_started=100.0, server_run_started=112.0)
     stamps = [(101.0, 101.5, 104.0), (103.0, 103.0, 110.0)]  # process start, set-up start and end
-    for leaf, (process, setup, done) in zip(("site-1", "site-2"), stamps):
+    for leaf, (process, setup, done) in zip(("site-1", "site-2"), stamps, strict=True):
         parts = {"total": done - setup, "process_started_at": process, "setup_started_at": setup}
         clock.leaf_reply(leaf, {"startup": parts | {"setup_done_at": done}})
     out = clock.record()

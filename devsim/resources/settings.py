@@ -66,6 +66,14 @@ class EnvironmentSettings:
             "off: full float32 (cuDNN's own default is on; this switches it off unless set)"
         ),
     )
+    cudnn_benchmark: bool = field(
+        default=False,
+        metadata=_environment(
+            "on a GPU, let cuDNN time its convolution algorithms at each new shape and keep the fastest "
+            "(torch.backends.cudnn.benchmark; a search at each batched group size, rounding may differ run to run); "
+            "off: cuDNN's heuristic choice"
+        ),
+    )
     server_threads: int | None = field(
         default=None,
         metadata=_environment(

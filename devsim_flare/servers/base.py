@@ -26,7 +26,7 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
     output folder and the compute device. Sets PyTorch's threads (``--server-threads``).
     """
     from devsim.codec import model_to_numpy
-    from devsim.resources.precision import apply_tf32
+    from devsim.resources.precision import apply_cudnn_benchmark, apply_tf32
     from processors.task_processor import default_torch_device
 
     server.config = server.config_cls.from_dict(server.settings)
@@ -34,6 +34,7 @@ def start_run(server, model_args: dict | None = None) -> tuple[str, torch.device
     if server.config.server_threads:
         torch.set_num_threads(server.config.server_threads)
     apply_tf32(server.config.tf32)
+    apply_cudnn_benchmark(server.config.cudnn_benchmark)
     server.task = task_from_settings(server.settings)
     server.leaves = connected_leaves(server.config)
     device = default_torch_device()
