@@ -108,13 +108,14 @@ def build_recipe(
 
     ``leaves_on_host`` is how many leaf processes share this machine's cores (all of them in
     ``sim`` and ``poc``; 1 in production) and ``leaves_on_gpu`` how many share one GPU; both size
-    each leaf's worker pool. ``sync_timeout`` is how long (seconds) the server waits for every leaf to
+    each leaf's worker pool, and the first tells the server whether a core is free for writing checkpoints in the
+    background. ``sync_timeout`` is how long (seconds) the server waits for every leaf to
     start before giving up; default ``max(60, round_timeout)`` (``--round-timeout`` unset: the first round's wait,
     :data:`devsim.observe.round_timeout.FIRST_SECONDS`), which leaves time for sites started by hand.
     """
     settings = config.to_dict()
     first_wait = RoundTimeout(config.round_timeout).seconds
-    server = server_cls(settings=settings)
+    server = server_cls(settings=settings, leaves_on_host=leaves_on_host)
     leaf = LeafNode(
         settings=settings,
         num_workers=config.num_workers,

@@ -96,3 +96,48 @@ def test_a_resumed_recorder_logs_its_records_anew_and_an_old_list_checkpoint_sti
         save_checkpoint(str(folder), {"records": resumed.log_records()})
         lines = (folder / RECORDS_LOG).read_text(encoding="utf-8").splitlines()
         assert [json.loads(line) for line in lines] == _records(1, 5)
+
+
+def test_a_background_checkpoint_holds_the_state_as_it_was_when_saved(tmp_path):
+    """The run goes on changing its arrays while the file is written: the file holds the state of the call."""
+    from devsim.observe.checkpoint import CheckpointWriter
+
+    weights = {"w": np.arange(6, dtype=np.float32)}
+    writer = CheckpointWriter()
+    writer.save(str(tmp_path), {"rounds_done": 5, "weights": weights})
+    weights["w"] += 100.0  # the next round, in place
+    writer.wait()
+    state = load_checkpoint(str(tmp_path))
+    assert state["rounds_done"] == 5 and state["weights"]["w"].tolist() == list(range(6))
+    writer.save(str(tmp_path), {"rounds_done": 6, "weights": weights}, wait=True)  # a run's last: on return
+    assert load_checkpoint(str(tmp_path))["rounds_done"] == 6
+    assert writer.close() is None
+
+
+def test_a_failed_background_checkpoint_is_raised_at_the_next_one_or_returned_at_close(tmp_path):
+    from devsim.observe.checkpoint import CheckpointWriter
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    writer = CheckpointWriter()
+    writer.save(str(blocker / "run"), {"rounds_done": 1})  # its folder cannot be made
+    with pytest.raises(OSError):
+        writer.save(str(tmp_path), {"rounds_done": 2})
+    writer.save(str(blocker / "run"), {"rounds_done": 3})
+    assert isinstance(writer.close(), OSError) and writer.close() is None
+
+
+def test_checkpoints_go_to_the_background_only_where_a_core_is_free(tmp_path, monkeypatch):
+    """Where the leaves' training holds every core, a background write slows the rounds as much as it saves: the
+    writer then saves in the calling thread."""
+    import devsim.resources.workers as workers
+    from devsim.observe.checkpoint import CheckpointWriter, background_pays
+
+    monkeypatch.setattr(workers, "usable_cpu_cores", lambda: 2)
+    assert not background_pays(1) and background_pays(0)  # one leaf beside the server on 2 cores; a deployment's
+    monkeypatch.setattr(workers, "usable_cpu_cores", lambda: 16)
+    assert background_pays(2) and not background_pays(15)
+    writer = CheckpointWriter(background=False)
+    writer.save(str(tmp_path), {"rounds_done": 1})
+    assert os.path.isfile(tmp_path / CHECKPOINT_NAME) and writer._pending is None  # written on return
+    assert writer.close() is None

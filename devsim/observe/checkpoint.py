@@ -18,10 +18,12 @@ versions' snapshots, the teacher buffer): written in 14-18 s and 966 MiB pickled
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -85,6 +87,71 @@ def save_checkpoint(run_dir: str, state: dict[str, Any]) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+CHECKPOINT_WAIT_SECONDS = 900.0
+"""Longest wait for a checkpoint being written in the background (a FedRevive end state of ~700 MiB took 1 s here)."""
+
+
+class CheckpointWriter:
+    """Saves a run's periodic checkpoints from one background thread where a core is free for it, so that rounds do
+    not wait for the file; else in the calling thread.
+
+    :meth:`save` copies the state (``copy.deepcopy``: the run goes on changing its own) and hands the copy to the
+    thread; at most one write is in flight, a second waits for the first. ``wait=True`` (a run's last checkpoint, a
+    stop) writes in the calling thread after the one in flight, so the file is complete when it returns. A failed
+    background write raises at the next :meth:`save` or :meth:`wait`. A ResNet-18 state of 90 MB took 70-190 ms
+    to save on the 2-core CPU and 25 ms to copy; the 62k-parameter CNN's 1.1-3.5 ms against 0.2 ms. Where the
+    leaves' training holds every core (one ResNet-18 leaf on the 2 cores), a background write slows the round as
+    much as it saves: its checkpoint's 39-49 ms between rounds became 6.5 ms, its round 324-337 ms became 384 ms.
+    ``background`` False writes every checkpoint in the calling thread (see :func:`background_pays`)."""
+
+    def __init__(self, background: bool = True) -> None:
+        self.background = bool(background)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def save(self, run_dir: str, state: dict[str, Any], wait: bool = False) -> None:
+        """Write ``state`` as ``<run_dir>/checkpoint.pt``: in the background, or now with ``wait``."""
+        self.wait()
+        if wait or not self.background:
+            save_checkpoint(run_dir, state)
+            return
+        try:
+            snapshot = copy.deepcopy(state)
+        except Exception:  # noqa: BLE001 - a state that cannot be copied is saved now, as before
+            save_checkpoint(run_dir, state)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending = self._pool.submit(save_checkpoint, run_dir, snapshot)
+
+    def wait(self) -> None:
+        """Wait for the write in flight (at most :data:`CHECKPOINT_WAIT_SECONDS`); raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result(timeout=CHECKPOINT_WAIT_SECONDS)
+
+    def close(self) -> BaseException | None:
+        """Wait for the write in flight and stop the thread; returns a failed write's error instead of raising it
+        (a run that is ending on another error keeps that one)."""
+        error = None
+        try:
+            self.wait()
+        except Exception as failed:  # noqa: BLE001 - returned to the caller
+            error = failed
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        return error
+
+
+def background_pays(leaves_on_host: int) -> bool:
+    """Whether a background checkpoint writer has a core of its own: more usable cores than the server's thread and
+    one per leaf training on this host (the leaves of ``--env sim`` and ``poc``; 0 for a deployment's server)."""
+    from devsim.resources.workers import usable_cpu_cores
+
+    return usable_cpu_cores() > int(leaves_on_host) + 1
 
 
 CARRIED_RUN_FOLDER = "devsim_resume"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from devsim.clock import DeviceJob
-from devsim.observe.checkpoint import load_checkpoint, save_checkpoint
+from devsim.observe.checkpoint import load_checkpoint
 from devsim.observe.results import RunRecorder
 
 
@@ -21,9 +21,11 @@ class AsyncCheckpoints:
     def load_method_state(self, state: dict) -> None:
         """Restore :meth:`method_state`."""
 
-    def _checkpoint(self, output_dir: str, recorder: RunRecorder, accepted: int) -> None:
+    def _checkpoint(self, output_dir: str, recorder: RunRecorder, accepted: int, wait: bool = True) -> None:
+        """Save the run's state: in the background, or complete on return (``wait``; see
+        :class:`~devsim.observe.checkpoint.CheckpointWriter`)."""
         in_flight = self.scheduler.base_versions_in_flight()
-        save_checkpoint(
+        self.checkpoints.save(
             output_dir,
             {
                 "kind": "async",
@@ -41,6 +43,7 @@ class AsyncCheckpoints:
                 "privacy": self.privacy.state() if self.privacy is not None else None,
                 "config": self.config.to_dict(),
             },
+            wait=wait,
         )
 
     def _resume(self, recorder: RunRecorder) -> int:

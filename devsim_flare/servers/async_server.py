@@ -30,7 +30,7 @@ from devsim.clock.gather import JobGatherer, JobKey, job_key
 from devsim.codec import load_numpy_into_model
 from devsim.compression import CodecSpec, decode_row, payload_bytes
 from devsim.config import AsyncConfig
-from devsim.observe.checkpoint import weights_to_tensors
+from devsim.observe.checkpoint import CheckpointWriter, background_pays, weights_to_tensors
 from devsim.observe.cpu import CpuLedger
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation, StalenessHistogram
@@ -70,8 +70,9 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
     processor = DEFAULT_PROCESSOR
     config_cls = AsyncConfig
 
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict, leaves_on_host: int = 0):
         self.settings = settings
+        self.leaves_on_host = leaves_on_host  # leaf processes sharing this server's cores (sim, poc)
 
     def wants_histograms(self) -> bool:
         """Whether leaves should return each job's label histogram (FedRevive's true class proportions)."""
@@ -224,6 +225,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         self.stall.reset()
         startup.mark("server_ready")
         startup.mark("first_round_started")
+        self.checkpoints = CheckpointWriter(background=background_pays(self.leaves_on_host))
         try:
             if not config.resume_from:
                 self._dispatch(self.scheduler.start())
@@ -307,7 +309,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
                     stopping = bool(config.stop_after_version) and self.scheduler.version >= config.stop_after_version
                     if stopping or (config.checkpoint_frequency and evaluations % config.checkpoint_frequency == 0):
                         arrivals.flush()
-                        self._checkpoint(output_dir, recorder, accepted)
+                        self._checkpoint(output_dir, recorder, accepted, wait=stopping)
                     if stopping and not self.scheduler.done:
                         self._drain()
                         version = self.scheduler.version
@@ -333,6 +335,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             record_failure(recorder, error)
             raise
         finally:
+            failed_checkpoint = self.checkpoints.close()
             self.close_method()
             self.calls.close()
             if self.exchange is not None:
@@ -340,6 +343,9 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             collector.stop()
             metrics.close()
             arrivals.close()
+        if failed_checkpoint is not None:  # a background write that no later checkpoint waited for
+            record_failure(recorder, failed_checkpoint)
+            raise failed_checkpoint
         if timings:
             print(summarize(timings, unit="window"), flush=True)
         recorder.data["startup"] = startup.record()

@@ -26,7 +26,7 @@ from devsim.codec import load_numpy_into_model, weights_norm
 from devsim.compression import CodecSpec, keeps_state, round_payload_bytes
 from devsim.config import SimulationConfig
 from devsim.data.groups import leaf_group
-from devsim.observe.checkpoint import load_checkpoint, save_checkpoint, weights_to_tensors
+from devsim.observe.checkpoint import CheckpointWriter, background_pays, load_checkpoint, weights_to_tensors
 from devsim.observe.cpu import CpuLedger
 from devsim.observe.metrics import MetricsWriter
 from devsim.observe.participation import Participation
@@ -77,8 +77,9 @@ class SyncServer:
     processor = DEFAULT_PROCESSOR
     config_cls = SimulationConfig
 
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict, leaves_on_host: int = 0):
         self.settings = settings
+        self.leaves_on_host = leaves_on_host  # leaf processes sharing this server's cores (sim, poc)
 
     def setup_strategy(self, config: SimulationConfig) -> None:
         device = getattr(self, "device", None)
@@ -223,6 +224,7 @@ class SyncServer:
         cpu = CpuLedger()
         startup.mark("server_ready")
         previous_end: float | None = None  # the last round's end (evaluation done), for its bookkeeping's seconds
+        self.checkpoints = CheckpointWriter(background=background_pays(self.leaves_on_host))
         try:
             for round_num in range(start_round, config.num_rounds):
                 reason = stop()
@@ -300,12 +302,9 @@ class SyncServer:
                     print(line, flush=True)
                 done = round_num + 1
                 stopping = done == config.stop_after_round and done < config.num_rounds
-                if (
-                    stopping
-                    or done == config.num_rounds
-                    or (config.checkpoint_frequency and done % config.checkpoint_frequency == 0)
-                ):
-                    self._checkpoint(output_dir, done, recorder)
+                last = stopping or done == config.num_rounds  # written before the run says it ended
+                if last or (config.checkpoint_frequency and done % config.checkpoint_frequency == 0):
+                    self._checkpoint(output_dir, done, recorder, wait=last)
                 if stopping:
                     self._mark_stopped(recorder, done, "--stop-after-round")
                     print(f"[server] stopped after round {done}; continue with --resume {output_dir}", flush=True)
@@ -314,11 +313,15 @@ class SyncServer:
             record_failure(recorder, error)
             raise
         finally:
+            failed_checkpoint = self.checkpoints.close()
             calls.close()
             if self.exchange is not None:
                 self.exchange.remove()
             collector.stop()
             metrics.close()
+        if failed_checkpoint is not None:  # a background write that no later checkpoint waited for (a DP stop)
+            record_failure(recorder, failed_checkpoint)
+            raise failed_checkpoint
         if timings:
             print(summarize(timings, unit="round"), flush=True)
 
@@ -345,8 +348,9 @@ class SyncServer:
         )
         print(f"[server] done; final model {final_path}", flush=True)
 
-    def _checkpoint(self, output_dir: str, rounds_done: int, recorder: RunRecorder) -> None:
-        save_checkpoint(
+    def _checkpoint(self, output_dir: str, rounds_done: int, recorder: RunRecorder, wait: bool = True) -> None:
+        """Save the run's state after ``rounds_done`` rounds: in the background, or complete on return (``wait``)."""
+        self.checkpoints.save(
             output_dir,
             {
                 "rounds_done": rounds_done,
@@ -359,6 +363,7 @@ class SyncServer:
                 "privacy": self.privacy.state() if self.privacy is not None else None,
                 "leaf_uplink": self._leaf_uplink_states(),
             },
+            wait=wait,
         )
 
     def _stop_run(self, output_dir: str, rounds_done: int, recorder: RunRecorder, reason: str) -> None:
