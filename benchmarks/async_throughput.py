@@ -70,14 +70,14 @@ def steady_rate(records: list[dict], asynchronous: bool, leaves: int) -> dict:
         updates = sum(int(r["answered_devices"]) for r in windows)
         calls = float(leaves * len(windows))
     evaluation = sum(float(r["timing"]["parts"].get("evaluation", 0.0)) for r in windows)
-    parts: dict[str, float] = {}
+    between = 0.0 if asynchronous else sum(float(r["timing"]["info"].get("between_rounds", 0.0)) for r in windows)
+    whole = sum(float(r["timing"]["wall"]) for r in windows) + between
+    wall = whole - evaluation
+    parts: dict[str, float] = {"between_rounds": between / max(updates, 1)} if between else {}
     for record in windows:
-        between = {} if asynchronous else {"between_rounds": record["timing"]["info"].get("between_rounds", 0.0)}
-        for name, value in (record["timing"]["parts"] | between).items():
+        for name, value in record["timing"]["parts"].items():
             if name != "evaluation":
                 parts[name] = parts.get(name, 0.0) + float(value) / max(updates, 1)
-    whole = sum(float(r["timing"]["wall"]) for r in windows) + parts.get("between_rounds", 0.0) * max(updates, 1)
-    wall = whole - evaluation
     cpu_seconds = {
         side: sum(float(r["timing"]["info"].get(f"{side}_cpu_seconds", 0.0)) for r in windows)
         for side in ("server", "leaf", "leaf_train")

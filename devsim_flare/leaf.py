@@ -141,7 +141,6 @@ class LeafNode:
             **parts.record(),
             "process_to_setup": started - process_at,
             "process_started_at": process_at,
-            "setup_started_at": started,
             "setup_done_at": time.time(),
         }
 

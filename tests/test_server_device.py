@@ -75,13 +75,12 @@ def test_the_leaves_stamps_split_what_nvflare_takes_around_their_set_up():
     clock.stamps.update(server_process_started=100.0, server_run_started=112.0)
     stamps = [(101.0, 101.5, 104.0), (103.0, 103.0, 110.0)]  # process start, set-up start and end
     for leaf, (process, setup, done) in zip(("site-1", "site-2"), stamps, strict=True):
-        parts = {"total": done - setup, "process_started_at": process, "setup_started_at": setup}
+        parts = {"total": done - setup, "process_to_setup": setup - process, "process_started_at": process}
         clock.leaf_reply(leaf, {"startup": parts | {"setup_done_at": done}})
     out = clock.record()
-    assert out["leaf_parts_max"] == {"total": 7.0}  # the stamps are not parts
+    assert out["leaf_parts_max"] == {"total": 7.0, "process_to_setup": 0.5}  # the stamps are not parts
     seconds = out["seconds"]
     assert seconds["server_process_to_leaf_processes"] == 3.0  # the later leaf process started at 103
-    assert seconds["leaf_process_to_setup"] == 0.5
     assert seconds["leaves_set_up_to_run"] == 2.0  # the last set-up ended at 110, the run started at 112
 
 

@@ -51,6 +51,7 @@ class MetricsWriter:
             if isinstance(value, numbers.Real) and not isinstance(value, bool)
         ]
         if entries:
+            # torch's SummaryWriter hands each add_scalar to this same file writer; here the whole record goes at once
             self._writer._get_file_writer().add_summary(Summary(value=entries), int(step))
 
     def histogram(self, step: int, name: str, values: np.ndarray) -> None:

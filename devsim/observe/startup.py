@@ -17,8 +17,8 @@ data, the plan with its batching probe, the other workers, compilation) and send
 (``startup`` of the payload); the server records them per leaf under ``leaves``, their slowest leaf under
 ``leaf_parts_max`` and what the slowest leaf's set-up leaves of ``server_process_to_run`` (NVFlare starting the
 sites and connecting them) under ``seconds["nvflare_and_rest"]``. Each leaf also sends when its process started and
-when its set-up started and ended (:data:`LEAF_STAMPS`), which split that rest into NVFlare starting the leaf
-processes, the leaf processes before their set-up, and NVFlare starting the run after the last set-up.
+when its set-up ended (:data:`LEAF_STAMPS`), which split that rest into NVFlare starting the leaf processes, the leaf
+processes before their set-up (their part ``process_to_setup``), and NVFlare starting the run after the last set-up.
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def command_starts_now() -> Iterator[None]:
                 os.environ[name] = value
 
 
-LEAF_STAMPS = ("process_started_at", "setup_started_at", "setup_done_at")
-"""Wall-clock stamps (``time.time()`` seconds) a leaf sends beside its set-up parts: its process start, and the
-start and end of its set-up."""
+LEAF_STAMPS = ("process_started_at", "setup_done_at")
+"""Wall-clock stamps (``time.time()`` seconds) a leaf sends beside its set-up parts: its process start and the end of
+its set-up (the time between its process start and its set-up is its part ``process_to_setup``)."""
 
 
 class SetupParts:
@@ -199,9 +199,9 @@ class StartupClock:
 
     def _leaf_stamp_stages(self) -> dict[str, float]:
         """``nvflare_and_rest`` split by the leaves' own stamps, where every leaf sent them: NVFlare starting the
-        leaf processes (``server_process_to_leaf_processes``: to the latest leaf process start), each leaf process
-        before its set-up (``leaf_process_to_setup``, the slowest), and NVFlare starting the run once every leaf was
-        set up (``leaves_set_up_to_run``: from the latest set-up's end)."""
+        leaf processes (``server_process_to_leaf_processes``: to the latest leaf process start) and the run once
+        every leaf was set up (``leaves_set_up_to_run``: from the latest set-up's end); between them, each leaf
+        process's own start (``leaf_parts_max["process_to_setup"]``) and set-up."""
         stamps = [self.leaf_stamps.get(leaf, {}) for leaf in self.leaves]
         if not stamps or any(not set(LEAF_STAMPS) <= set(s) for s in stamps):
             return {}
@@ -209,7 +209,6 @@ class StartupClock:
         server_started, run_started = self.stamps.get("server_process_started"), self.stamps.get("server_run_started")
         if server_started is not None:
             out["server_process_to_leaf_processes"] = max(s["process_started_at"] for s in stamps) - server_started
-        out["leaf_process_to_setup"] = max(s["setup_started_at"] - s["process_started_at"] for s in stamps)
         if run_started is not None:
             out["leaves_set_up_to_run"] = run_started - max(s["setup_done_at"] for s in stamps)
         return out

@@ -52,7 +52,13 @@ from devsim_flare.leaf_calls import LeafCalls
 from devsim_flare.leaf_liveness import LeafLiveness
 from devsim_flare.servers.async_checkpoint import AsyncCheckpoints
 from devsim_flare.servers.async_leaf_traffic import AsyncLeafTraffic
-from devsim_flare.servers.base import central_evaluator, record_failure, start_run
+from devsim_flare.servers.base import (
+    announce_privacy,
+    central_evaluator,
+    record_failure,
+    reraise_checkpoint_failure,
+    start_run,
+)
 from devsim_flare.stop_request import StopRequest
 
 Weights = dict[str, np.ndarray]
@@ -196,9 +202,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             f"results in {output_dir}",
             flush=True,
         )
-        if self.privacy is not None:
-            print(f"[server] {self.privacy.describe()}", flush=True)
-            print(f"[server] {self.privacy.noise_note(sum(int(v.size) for v in self.weights.values()))}", flush=True)
+        announce_privacy(self.privacy, self.weights)
         if self.buffer.server_optimizer is not None:
             print(f"[server] {self.buffer.server_optimizer.describe()}", flush=True)
         run_started = time.time()
@@ -343,9 +347,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
             collector.stop()
             metrics.close()
             arrivals.close()
-        if failed_checkpoint is not None:  # a background write that no later checkpoint waited for
-            record_failure(recorder, failed_checkpoint)
-            raise failed_checkpoint
+        reraise_checkpoint_failure(recorder, failed_checkpoint)
         if timings:
             print(summarize(timings, unit="window"), flush=True)
         recorder.data["startup"] = startup.record()

@@ -86,6 +86,22 @@ def group_evaluators(
     }
 
 
+def announce_privacy(privacy, weights: dict) -> None:
+    """Print the DP mechanism and how loud its noise is for a model of these ``weights`` (name -> array); nothing
+    without DP (``privacy`` None)."""
+    if privacy is not None:
+        print(f"[server] {privacy.describe()}", flush=True)
+        print(f"[server] {privacy.noise_note(sum(int(v.size) for v in weights.values()))}", flush=True)
+
+
+def reraise_checkpoint_failure(recorder: RunRecorder, error: BaseException | None) -> None:
+    """Record and raise a background checkpoint write's ``error`` that no later checkpoint waited for
+    (:meth:`~devsim.observe.checkpoint.CheckpointWriter.close`); nothing when it is None."""
+    if error is not None:
+        record_failure(recorder, error)
+        raise error
+
+
 def record_failure(recorder: RunRecorder, error: BaseException) -> None:
     """Write why the run failed into results.json (``failed: {"reason": ...}``), for the command's last line: the
     message alone for this project's own errors (a round that failed, leaves lost), else the error's type too.

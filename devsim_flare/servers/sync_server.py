@@ -46,7 +46,13 @@ from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
 from devsim_flare.leaf_calls import LeafCallError, LeafCalls, RunStopped
 from devsim_flare.leaf_liveness import LeafLiveness
-from devsim_flare.servers.base import group_evaluators, record_failure, start_run
+from devsim_flare.servers.base import (
+    announce_privacy,
+    group_evaluators,
+    record_failure,
+    reraise_checkpoint_failure,
+    start_run,
+)
 from devsim_flare.servers.round_records import count_traffic, dropouts_by_cause, mean_metric, round_summary
 from devsim_flare.stop_request import StopRequest
 
@@ -199,9 +205,7 @@ class SyncServer:
             max_norm=config.max_update_norm,
             max_norm_factor=config.update_norm_factor if self.privacy is None else None,
         )
-        if self.privacy is not None:
-            print(f"[server] {self.privacy.describe()}", flush=True)
-            print(f"[server] {self.privacy.noise_note(sum(int(v.size) for v in self.weights.values()))}", flush=True)
+        announce_privacy(self.privacy, self.weights)
         if config.server_optimizer != "sgd":  # FedAvg's (cluster aggregation refuses one)
             print(f"[server] {self.strategy.server_optimizer.describe()}", flush=True)
         print(
@@ -288,9 +292,9 @@ class SyncServer:
                 )
                 for leaf, payload in payloads.items():
                     cpu.leaf_reply(leaf, payload["timing"])
-                split = {"server_screen": screened - screen_started, "server_update": aggregated - update_started}
-                split["between_rounds"] = 0.0 if previous_end is None else round_started - previous_end
-                timing = with_info(with_bytes(timing, record["bytes"]), {**cpu.close(), **split})
+                server_info = {"server_screen": screened - screen_started, "server_update": aggregated - update_started}
+                server_info["between_rounds"] = 0.0 if previous_end is None else round_started - previous_end
+                timing = with_info(with_bytes(timing, record["bytes"]), {**cpu.close(), **server_info})
                 timings.append(timing)
                 record.update(round_seconds=timing.wall, timing=timing.to_dict())
                 recorder.add_round(record)
@@ -319,9 +323,7 @@ class SyncServer:
                 self.exchange.remove()
             collector.stop()
             metrics.close()
-        if failed_checkpoint is not None:  # a background write that no later checkpoint waited for (a DP stop)
-            record_failure(recorder, failed_checkpoint)
-            raise failed_checkpoint
+        reraise_checkpoint_failure(recorder, failed_checkpoint)
         if timings:
             print(summarize(timings, unit="round"), flush=True)
 
