@@ -1,16 +1,17 @@
 """The dataset dispatcher: load a split of any dataset by its name.
 
-It sits above the readers (`cifar`, `digits`, `synthetic`), which know nothing of each other or of it.
+It sits above the readers (`cifar`, `digits`, `synthetic`), which know nothing of each other or of it, and reads
+the synthetic and CIFAR splits through this user's on-disk cache (`split_cache`): decoded or generated once, then
+memory-mapped by every process that loads them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from devsim.data.cifar import load_cifar
 from devsim.data.datasets import ImageDataset
 from devsim.data.digits import load_digits_split
-from devsim.data.synthetic import make_synthetic
+from devsim.data.split_cache import cifar_split, synthetic_split
 
 if TYPE_CHECKING:
     from devsim.config import SimulationConfig
@@ -37,7 +38,9 @@ def load_dataset(
             ``"synthetic"``; must be None for ``"digits"`` (scikit-learn ships them).
         train: True for the training split, False for the test split.
         download: For CIFAR, download the official archive into ``root`` when it is missing.
-        seed: Seed of the synthetic dataset (ignored for CIFAR and digits, whose split is fixed).
+        seed: Seed of the synthetic dataset (ignored for CIFAR and digits, whose split is fixed). The synthetic
+            set and CIFAR's decoded splits are read from this user's cache when an earlier process made them
+            (:mod:`devsim.data.split_cache`).
         synthetic_train_size: Number of synthetic training images.
         synthetic_test_size: Number of synthetic test images.
 
@@ -52,8 +55,7 @@ def load_dataset(
     if name not in DATASET_NAMES:
         raise ValueError(f"unknown dataset {name!r}; allowed values: {', '.join(DATASET_NAMES)}")
     if name == "synthetic":
-        train_set, test_set = make_synthetic(seed, synthetic_train_size, synthetic_test_size)
-        return train_set if train else test_set
+        return synthetic_split(seed, synthetic_train_size, synthetic_test_size, train)
     if name == "digits":
         if root is not None or download:
             raise ValueError("--dataset digits reads no files: drop --data-root and --download (they are for cifar*)")
@@ -63,7 +65,7 @@ def load_dataset(
             f"dataset {name!r} needs a data directory: pass --data-root DIR "
             "(or use --dataset synthetic, which needs no files)"
         )
-    return load_cifar(root, name, train, download=download)
+    return cifar_split(root, name, train, download=download)
 
 
 def load_config_split(config: SimulationConfig, train: bool) -> ImageDataset:

@@ -47,6 +47,10 @@ COLOUR_SPREAD: float = 15.0
 MAX_FREQUENCY: int = 2
 """Highest spatial frequency (cycles per image) in a prototype pattern."""
 
+GENERATOR_VERSION: int = 1
+"""Raised whenever a change here changes the images a seed gives: it names the entries of the on-disk cache
+(:mod:`devsim.data.synthetic_cache`), so that no run reads images of an older generator."""
+
 _CHUNK: int = 64
 """Samples generated per vectorised chunk (keeps temporaries cache-sized)."""
 
