@@ -30,6 +30,7 @@ from devsim.population.faults import FaultInjector
 from devsim.privacy.device import DevicePrivacy
 from devsim.privacy.noise import noised_norm_bound, with_gaussian
 from devsim.resources.collection import PeriodicCollector
+from devsim.resources.cuda_warmup import warmup_parts
 from devsim.resources.leaf_plan import LeafPlan, devices_at_once, expected_group_sizes, plan_leaf
 from devsim.resources.precision import apply_cudnn_benchmark, apply_tf32
 from devsim.shared_arrays import ExchangeClosed, received_weights, reply_in_file
@@ -142,6 +143,7 @@ class LeafNode:
             "process_to_setup": started - process_at,
             "process_started_at": process_at,
             "setup_done_at": time.time(),
+            **warmup_parts(),
         }
 
     def _plan(self, worker) -> LeafPlan:

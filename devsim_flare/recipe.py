@@ -21,6 +21,7 @@ from devsim.observe.checkpoint import CARRIED_RUN_FOLDER
 from devsim.observe.results import RECORDS_LOG
 from devsim.observe.round_timeout import RoundTimeout
 from devsim.tasks.contract import SHIPPED_FOLDER, source_file
+from devsim_flare.launch.cuda_warmup import CudaWarmup
 from devsim_flare.leaf import LeafNode
 from devsim_flare.runtime_defaults import runtime_defaults_enabled
 
@@ -35,6 +36,8 @@ DEAD_CLIENT_GRACE_SECONDS = 1e9
 """NVFlare's ``dead_client_grace_period`` for the job's server: seconds after a client's death is reported before
 its controller counts the client disconnected and aborts the job when fewer than the job's ``min_clients`` (every
 leaf) remain (60 s by default). The run's own rule, ``--min-leaves``, decides about lost leaves instead."""
+CUDA_WARMUP_ID = "devsim_cuda_warmup"
+"""The component id of :class:`~devsim_flare.launch.cuda_warmup.CudaWarmup` in the server's and each leaf's app."""
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -66,6 +69,9 @@ class DevsimRecipe(CollabRecipe):
         job.to_server({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}})
         job.to_server({"dead_client_grace_period": DEAD_CLIENT_GRACE_SECONDS})
         targets = self.configured_sites() or [ALL_SITES]
+        job.to_server(CudaWarmup(), id=CUDA_WARMUP_ID)  # CUDA's start while NVFlare starts the other processes
+        for target in targets:
+            job.to(CudaWarmup(), target, id=CUDA_WARMUP_ID)
         if self.app_params:
             job.to_server(dict(self.app_params))
             for target in targets:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from devsim_flare.recipe import DEAD_CLIENT_GRACE_SECONDS, TASK_REQUEST_INTERVAL
+from devsim_flare.recipe import CUDA_WARMUP_ID, DEAD_CLIENT_GRACE_SECONDS, TASK_REQUEST_INTERVAL
 from tests.conftest import SMALL_RUN, find_results, isolated_env, refused_job, run_job
 
 CHANCE = 0.10
@@ -114,6 +114,9 @@ def test_exported_job_runs_in_nvflare_simulator(tmp_path):
     client_config = json.loads((job_dir / "app" / "config" / "config_fed_client.json").read_text())
     assert server_config["np_download_chunk_size"] == client_config["np_download_chunk_size"] == 0  # inline arrays
     assert server_config["dead_client_grace_period"] == DEAD_CLIENT_GRACE_SECONDS  # --min-leaves decides, not NVFlare
+    for config in (server_config, client_config):  # CUDA starts while NVFlare starts the other processes
+        warmups = [c for c in config["components"] if c["id"] == CUDA_WARMUP_ID]
+        assert [c["path"] for c in warmups] == ["devsim_flare.launch.cuda_warmup.CudaWarmup"]
     sim = subprocess.run(
         [
             os.path.join(os.path.dirname(sys.executable), "nvflare"),

@@ -44,6 +44,7 @@ STAGES = (
     ("ready_to_first_round", "server_ready", "first_round_started"),
     ("first_round", "first_round_started", "first_round_finished"),
     ("command_to_first_round", "command_started", "first_round_started"),
+    ("server_cuda_warmup", "cuda_warmup_started", "cuda_warmup_done"),
 )
 
 
@@ -174,6 +175,11 @@ class StartupClock:
     def mark(self, name: str) -> None:
         """Stamp ``name`` now unless it was stamped before."""
         self.stamps.setdefault(name, time.time())
+
+    def add_stamps(self, stamps: dict[str, float]) -> None:
+        """Take stamps made elsewhere in this process (the CUDA warm-up's), unless stamped before."""
+        for name, at in stamps.items():
+            self.stamps.setdefault(name, at)
 
     def round_finished(self, at: float) -> None:
         """A round (sync) or evaluation window (async) ended at ``at``: the first one's end and the latest."""

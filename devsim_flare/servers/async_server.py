@@ -45,6 +45,7 @@ from devsim.population.dropout import DropoutModel
 from devsim.population.faults import FaultInjector
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.resources.collection import PeriodicCollector
+from devsim.resources.cuda_warmup import warmup_stamps
 from devsim.shared_arrays import open_exchange
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
@@ -228,6 +229,7 @@ class AsyncServer(AsyncCheckpoints, AsyncLeafTraffic):
         self.cpu = CpuLedger()
         self.stall.reset()
         startup.mark("server_ready")
+        startup.add_stamps(warmup_stamps())  # when the CUDA warm-up started and ended (none without CUDA)
         startup.mark("first_round_started")
         self.checkpoints = CheckpointWriter(background=background_pays(self.leaves_on_host))
         try:

@@ -41,6 +41,7 @@ from devsim.population.dropout import min_devices_check
 from devsim.population.heterogeneity import SESSION_END, build_population_model, job_work
 from devsim.privacy.sampling import poisson_select
 from devsim.resources.collection import PeriodicCollector
+from devsim.resources.cuda_warmup import warmup_stamps
 from devsim.shared_arrays import open_exchange, reply_arrays_taken, shared_or_inline, weights_for_call
 from devsim.training.evaluation import EvalResult
 from devsim_flare.leaf import DEFAULT_PROCESSOR
@@ -227,6 +228,7 @@ class SyncServer:
         collector = PeriodicCollector().start()
         cpu = CpuLedger()
         startup.mark("server_ready")
+        startup.add_stamps(warmup_stamps())  # when the CUDA warm-up started and ended (none without CUDA)
         previous_end: float | None = None  # the last round's end (evaluation done), for its bookkeeping's seconds
         self.checkpoints = CheckpointWriter(background=background_pays(self.leaves_on_host))
         try:
