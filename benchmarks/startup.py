@@ -1,16 +1,17 @@
 """Where a short run's start-up goes, with and without this project's start-up cuts, measured side by side.
 
 Runs the job ``--runs`` times per arm, the arms in turn (``harness.alternate``), each arm in its own temporary
-workspace and cache folder after one uncounted warm-up run (the shared digits file, the probe's verdict and the warm
-parent, as a user's first run leaves them; every warm parent is stopped at the end). Jobs (``--job``): ``digits``
-(the demo), ``penguins`` (``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
+workspace and cache folder after one uncounted warm-up run (the shared digits file, the cached dataset splits, the
+probe's verdict and the warm parent, as a user's first run leaves them; every warm parent is stopped at the end).
+Jobs (``--job``): ``default`` (``jobs/pt_job_fedavg.py`` as it is: synthetic images), ``digits`` (the demo),
+``penguins`` (``examples/penguins_task.py``, FedAvg, 20 rounds), ``fedbuff`` (``jobs/pt_job_fedbuff.py
 --dataset digits``), ``api`` (the penguins run from a script through the Python API, ``benchmarks/tasks/api_run.py``;
 ``spawned`` is then the API without fork servers). Arms (``--arms``): ``project`` (this checkout), ``cold``
 (``DEVSIM_WARM=0``: no warm parent, every command imports PyTorch and NVFlare itself), ``spawned``
 (``DEVSIM_FORK_SERVER=0``), ``probe-off``
 (``DEVSIM_CACHE_DIR=off``: no cache folder, so no warm parent either), ``nvflare-waits``
 (``DEVSIM_RUNTIME_ENV_DEFAULTS=0``: NVFlare's polls, sleeps and streaming defaults kept), and ``baseline``
-(``--baseline-commit REV``: the job from a temporary worktree).
+(``--baseline-commit REV``: the job from a temporary worktree, in the environment of ``--baseline-arm``).
 
 Prints per arm the medians (seconds) of results.json's ``startup`` stages and of the command's wall, each arm's
 command -> first round against ``project``'s, and every run's final metrics (the same in every arm); ``cpu_s`` is the
@@ -52,6 +53,7 @@ from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 JOBS = {
+    "default": ["jobs/pt_job_fedavg.py"],  # synthetic images, CNN: what the GPU suite's fedavg_e2e starts
     "digits": ["jobs/pt_job_fedavg.py", "--dataset", "digits"],
     "penguins": [
         *("jobs/pt_job_fedavg.py", "--task", PENGUINS),
@@ -72,6 +74,7 @@ STAGES = ("command_to_server_process", "server_process_to_run", "run_to_ready")
 STAGES += ("command_to_first_round", "last_round_to_exit")
 FIGURE = "{job} start-up: command -> first round / last round -> exit"
 LABELS = {
+    "default": "default job (synthetic images, CNN)",
     "digits": "digits demo",
     "penguins": "tabular task (penguins)",
     "fedbuff": "digits FedBuff",
@@ -101,13 +104,15 @@ def run_once(tree: str, workspace: str, env: dict[str, str], job: list[str]) -> 
     return {**{stage: float(seconds[stage]) for stage in STAGES}, "command_s": wall, "cpu_s": cpu, "final": final}
 
 
-def arms(names: list[str], baseline_tree: str | None) -> dict[str, tuple[str, dict[str, str]]]:
-    """Arm name -> (checkout to run the job from, environment)."""
+def arms(
+    names: list[str], baseline_tree: str | None, baseline_arm: str = "project"
+) -> dict[str, tuple[str, dict[str, str]]]:
+    """Arm name -> (checkout to run the job from, environment); the baseline runs with ``baseline_arm``'s."""
     set_by_arms = {name for values in ARMS.values() for name in values} | {"DEVSIM_DIGITS_FILE"}
     base = {k: v for k, v in os.environ.items() if k not in set_by_arms}
     chosen = {name: (REPO, {**base, **ARMS[name]}) for name in names}
     if baseline_tree:
-        chosen["baseline"] = (os.path.abspath(baseline_tree), base)
+        chosen["baseline"] = (os.path.abspath(baseline_tree), {**base, **ARMS[baseline_arm]})
     return chosen
 
 
@@ -138,6 +143,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="counted runs per arm (default 5)")
     parser.add_argument("--arms", default="project,cold", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--baseline-commit", help="a commit whose job script (in a temporary worktree) is one more arm")
+    parser.add_argument("--baseline-arm", choices=tuple(ARMS), default="project", help="the baseline's environment")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be >= 1, got {args.runs}")
@@ -149,7 +155,7 @@ def main() -> int:
     with baseline(parser, args.baseline_commit) as (base_commit, baseline_tree):
         if baseline_tree and not os.path.isfile(os.path.join(baseline_tree, job[0])):
             parser.error(f"--baseline-commit: {base_commit} has no {job[0]}")
-        chosen = arms(names, baseline_tree)
+        chosen = arms(names, baseline_tree, args.baseline_arm)
         samples = measure(chosen, job, args.runs)
     numbers = (*STAGES, "command_s", "cpu_s")
     medians = {name: {k: statistics.median(s[k] for s in runs) for k in numbers} for name, runs in samples.items()}
@@ -173,7 +179,8 @@ def main() -> int:
         first, exit_s = p["command_to_first_round"], p["last_round_to_exit"]
         value = f"{first:.1f} s / {exit_s:.1f} s, whole command {p['command_s']:.1f} s (median of {args.runs}; "
         figures = [session.figure(FIGURE.format(job=LABELS[args.job]), value + f"{others})", TARGET)]
-        payload = dict(job=job, runs=args.runs, arms={name: ARMS.get(name, {}) for name in chosen})
+        env = {name: ARMS.get(args.baseline_arm if name == "baseline" else name, {}) for name in chosen}
+        payload = dict(job=job, runs=args.runs, arms=env)
         payload.update(baseline_commit=base_commit, samples=samples, medians=medians, final_metrics=finals)
         session.write(payload, figures)
     return 0
