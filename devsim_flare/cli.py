@@ -238,6 +238,7 @@ def run_job(
     a simulation run here starts NVFlare's simulator processes from a fork server holding PyTorch and NVFlare
     (:mod:`devsim_flare.launch.fork_server`), forked before the checks below; with ``check_fork`` as well (a process
     that may have run PyTorch: the Python API) only after a forked child has shown that it can still compute."""
+    from devsim_flare.launch.early_fork import take_early
     from devsim_flare.launch.fork_server import start_fork_server
 
     check_env_args(parser, args)
@@ -256,7 +257,12 @@ def run_job(
     gpu_ids = gpu_ids_from_args(parser, args)
     simulated_here = args.env == "sim" and not exporting
     forking = fork_server and simulated_here and not getattr(args, "check", False)
-    server = start_fork_server(leaves=config.num_leaf_nodes, check_children=check_fork) if forking else None
+    early = take_early()  # forked by the job script right after PyTorch's import
+    if early is not None and not forking:
+        early.close()
+        early = None
+    leaves = config.num_leaf_nodes
+    server = start_fork_server(leaves=leaves, check_children=check_fork, forked=early) if forking else None
     if server is not None:
         from devsim.observe.startup import stamp_command
 

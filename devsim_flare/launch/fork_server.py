@@ -21,6 +21,9 @@ unchanged; only the interpreter start and the imports are skipped.
 The fork server reaps its children and reports each exit status over the request's connection. It ends when the
 job command closes it (:meth:`ForkServer.close`), when the command's end of its pipe closes (the command died), or on
 SIGTERM, after its children have exited (at most :data:`CHILD_EXIT_WAIT_SECONDS`).
+
+The module is longer than 400 lines: the command's handle, the fork, the serving loop and its children's reaping
+share the socket protocol and the lifeline, and split apart they would each need the others' internals.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ def start_fork_server(
     leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS,
     leaves: int | None = None,
     check_children: bool = False,
+    forked: ForkServer | None = None,
 ) -> ForkServer | None:
     """Fork the fork servers from this process: one for the simulator's server process, importing ``server_imports``,
     and one for the leaves' workers, importing ``leaf_imports`` (None: the first one starts the leaves too) until it
@@ -145,7 +149,10 @@ def start_fork_server(
     ``DEVSIM_FORK_SERVER=0``, when this process runs other Python threads (a fork would copy their locks mid-use),
     when the platform cannot fork, or, with ``check_children`` (a process that may have run PyTorch already, such as
     a script calling ``recipe.execute()``), when a forked child of this process cannot run PyTorch's parallel code
-    (:func:`forked_children_compute`)."""
+    (:func:`forked_children_compute`). ``forked``: fork servers this command forked earlier
+    (:func:`fork_servers`, from :mod:`devsim_flare.launch.early_fork`), taken instead of forking."""
+    if forked is not None:
+        return _route_to(forked)
     if not fork_server_enabled() or threading.active_count() > 1 or not hasattr(os, "fork"):
         return None
     if check_children and not forked_children_compute():
@@ -156,10 +163,25 @@ def start_fork_server(
             flush=True,
         )
         return None
+    return _route_to(fork_servers(server_imports, leaf_imports, leaves))
+
+
+def fork_servers(
+    server_imports: tuple[str, ...] = SERVER_IMPORTS,
+    leaf_imports: tuple[str, ...] | None = LEAF_IMPORTS,
+    leaves: int | None = None,
+) -> ForkServer:
+    """Fork the server's fork server and (unless ``leaf_imports`` is None) the leaves' from this process now; the
+    handle holds both. Nothing is routed to them yet (:func:`start_fork_server` does that)."""
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
     leaf_server = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports, requests=leaves)
-    server = _fork_one(folder, "server", server_imports, leaf_server, requests=None if leaf_server is None else 1)
-    os.environ[SOCKET_ENV] = (leaf_server or server).socket_path
+    return _fork_one(folder, "server", server_imports, leaf_server, requests=None if leaf_server is None else 1)
+
+
+def _route_to(server: ForkServer) -> ForkServer:
+    """Name the leaves' socket for the processes this one starts and route this process's start of the simulator to
+    the server's fork server."""
+    os.environ[SOCKET_ENV] = (server.leaves or server).socket_path
     importlib.import_module(JOB_CONFIG_MODULE)
     route_popen(JOB_CONFIG_MODULE, server.socket_path)  # the simulator's server process, started by this command
     return server
