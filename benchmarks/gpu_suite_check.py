@@ -133,8 +133,14 @@ def extras(report: dict) -> list[str]:
         parts = startup.get("leaf_parts_max", {})
         if parts:
             lines.append("  slowest leaf's set-up, s: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+        usual = report["sections"]["fedavg_e2e"].get("cnn_cold_usual_fork")
+        if usual:
+            lines.append(f"  first launch with the fork servers forked late: {usual['first_round_seconds']:.1f} s")
     except (KeyError, TypeError):
         lines.append("startup: missing")
+    host = report.get("machine", {}).get("host_seconds")
+    if host:
+        lines.append("host, s in a new interpreter: " + ", ".join(f"{k} {v}" for k, v in host.items()))
     try:
         for section in ("tf32", "cudnn_benchmark"):
             for model, row in report["sections"].get(section, {}).items():
