@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -101,3 +104,24 @@ def test_prune_keeps_the_most_recently_read_entries_and_removes_dead_writes(tmp_
     os.utime(tmp_path / "y.tmp2")  # a write in progress
     prune(str(tmp_path), keep=2, spare="e3")  # e3: just written, whatever its time
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e0", "e3", "y.tmp2"]
+
+
+RACE = """
+import hashlib, sys
+sys.path.insert(0, {repo!r})
+from devsim.data.split_cache import synthetic_split
+split = synthetic_split(9, {train}, {test}, train=True)
+print(hashlib.sha256(split.images.tobytes() + split.labels.tobytes()).hexdigest())
+"""
+
+
+def test_processes_racing_on_an_empty_cache_all_get_the_split_and_leave_one_whole_entry(cache, tmp_path):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = RACE.format(repo=repo, train=TRAIN, test=TEST)
+    env = dict(os.environ, DEVSIM_CACHE_DIR=str(tmp_path / "cache"))
+    racers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env) for _ in range(4)]
+    digests = {proc.communicate(timeout=120)[0].strip() for proc in racers}
+    assert all(proc.returncode == 0 for proc in racers)
+    made = make_synthetic(9, TRAIN, TEST)[0]
+    assert digests == {hashlib.sha256(made.images.tobytes() + made.labels.tobytes()).hexdigest().encode()}
+    assert sorted(p.name for p in cache.iterdir()) == sorted(synthetic_key(9, TRAIN, TEST, 10, s) for s in (1, 0))
