@@ -108,3 +108,19 @@ def test_a_job_started_with_early_fork_servers_gives_the_same_run(tmp_path):
         return {key: found[key] for key in ("final_loss", "final_metrics")}
 
     assert summary("early", {SWITCH_ENV: "1"}) == summary("usual", {SWITCH_ENV: "0"})
+
+
+def test_without_a_leaf_count_the_leaves_fork_server_stops_importing_once_a_leaf_runs(monkeypatch, tmp_path):
+    from devsim_flare.launch import fork_server
+
+    calls = []
+
+    def record(folder, name, imports, leaves=None, requests=None, beside_children=True):
+        calls.append((name, requests, beside_children))
+        return fork_server.ForkServer(0, str(tmp_path), "", -1, leaves)
+
+    monkeypatch.setattr(fork_server, "_fork_one", record)
+    monkeypatch.setattr(fork_server.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    fork_server.fork_servers(leaves=None)  # the early fork: the leaf count is not known yet
+    fork_server.fork_servers(leaves=3)
+    assert calls == [("leaves", None, False), ("server", 1, True), ("leaves", 3, True), ("server", 1, True)]

@@ -172,9 +172,16 @@ def fork_servers(
     leaves: int | None = None,
 ) -> ForkServer:
     """Fork the server's fork server and (unless ``leaf_imports`` is None) the leaves' from this process now; the
-    handle holds both. Nothing is routed to them yet (:func:`start_fork_server` does that)."""
+    handle holds both. Nothing is routed to them yet (:func:`start_fork_server` does that). With ``leaves`` unknown
+    (None) the leaves' fork server imports only until its first leaf runs: the leaves are asked for together, and
+    an import after a child's fork would serve none of them, only take CPU from their set-up."""
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
-    leaf_server = None if leaf_imports is None else _fork_one(folder, "leaves", leaf_imports, requests=leaves)
+    beside = leaves is not None
+    leaf_server = (
+        None
+        if leaf_imports is None
+        else _fork_one(folder, "leaves", leaf_imports, requests=leaves, beside_children=beside)
+    )
     return _fork_one(folder, "server", server_imports, leaf_server, requests=None if leaf_server is None else 1)
 
 
@@ -216,11 +223,16 @@ def forked_children_compute(timeout: float = CHILD_CHECK_SECONDS) -> bool:
 
 
 def _fork_one(
-    folder: str, name: str, imports: tuple[str, ...], leaves: ForkServer | None = None, requests: int | None = None
+    folder: str,
+    name: str,
+    imports: tuple[str, ...],
+    leaves: ForkServer | None = None,
+    requests: int | None = None,
+    beside_children: bool = True,
 ) -> ForkServer:
     """Fork one fork server, listening on ``<folder>/<name>.sock``, that imports ``imports`` between requests until
-    it has served ``requests`` of them (None: no limit); ``leaves``: the fork server forked before it, whose lifeline
-    it must not hold."""
+    it has served ``requests`` of them (None: no limit), and, without ``beside_children``, only while none of its
+    children runs; ``leaves``: the fork server forked before it, whose lifeline it must not hold."""
     path = os.path.join(folder, f"{name}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -235,7 +247,7 @@ def _fork_one(
             os.close(write_end)
             if leaves is not None:  # its end of the other server's lifeline would keep that one from seeing EOF
                 os.close(leaves._lifeline)
-            code = _serve(listener, read_end, imports, requests)
+            code = _serve(listener, read_end, imports, requests, import_beside_children=beside_children)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # also when the command died without closing it
             os._exit(code)
