@@ -65,8 +65,8 @@ early_fork.usable_cores = lambda: 64
 forked = early_fork.fork_early([])
 imported_before = "torch" in sys.modules
 taken = early_fork.take_early()
-server = start_fork_server(forked=taken)
-routed = os.environ[SOCKET_ENV] == server.leaves.socket_path
+server = start_fork_server(forked=taken) if {route!r} else taken
+routed = os.environ.get(SOCKET_ENV) == server.leaves.socket_path
 pids = (server.pid, server.leaves.pid)
 alive = all(os.path.exists(f"/proc/{{pid}}") for pid in pids)
 if {close!r}:
@@ -76,14 +76,17 @@ print(json.dumps({{"same": forked is taken is server, "torch": imported_before, 
 """
 
 
-@pytest.mark.parametrize("close", [True, False])
-def test_early_fork_servers_are_taken_once_and_end_with_the_command(close):
-    script = textwrap.dedent(DRIVER.format(repo=REPO, close=close))
+@pytest.mark.parametrize(("route", "close"), [(True, True), (True, False), (False, True)])
+def test_early_fork_servers_are_taken_once_and_end_with_the_command(route, close):
+    """Taken by a simulation (routed) and closed with it, left to the command's exit, or closed unused (a run that
+    turned out not to simulate here)."""
+    script = textwrap.dedent(DRIVER.format(repo=REPO, route=route, close=close))
     env = {k: v for k, v in os.environ.items() if k not in (SWITCH_ENV, early_fork.CHILD_ENV, "DEVSIM_FORK_SERVER")}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["same"] and result["torch"] and result["routed"] and result["alive"] and result["again"]
+    assert result["same"] and result["torch"] and result["alive"] and result["again"]
+    assert result["routed"] is route
     # closed, or left open: the command's exit closes their lifeline and they end
     deadline = time.monotonic() + 15
     while any(os.path.exists(f"/proc/{pid}") for pid in result["pids"]):
