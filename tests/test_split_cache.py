@@ -125,3 +125,25 @@ def test_processes_racing_on_an_empty_cache_all_get_the_split_and_leave_one_whol
     made = make_synthetic(9, TRAIN, TEST)[0]
     assert digests == {hashlib.sha256(made.images.tobytes() + made.labels.tobytes()).hexdigest().encode()}
     assert sorted(p.name for p in cache.iterdir()) == sorted(synthetic_key(9, TRAIN, TEST, 10, s) for s in (1, 0))
+
+
+PINNED_IMAGES = {
+    "numpy": "2.4.6",
+    "generator": 1,
+    "sha256": "9ca50048b574d7a44143e4c9e6367ab480bf5f9595a8b49f842ff4091d2bf7d2",
+}
+"""The digest of ``make_synthetic(0, 64, 16)``'s arrays under one NumPy version and generator version."""
+
+
+def test_a_change_to_the_generated_images_comes_with_a_new_generator_version():
+    """Cached splits are named by GENERATOR_VERSION: images that change under the same version would let a run read
+    an older generator's images. When this fails after a change to devsim/data/synthetic.py, raise
+    GENERATOR_VERSION and pin the new digest here."""
+    from devsim.data.synthetic import GENERATOR_VERSION
+
+    if np.__version__ != PINNED_IMAGES["numpy"]:
+        pytest.skip(f"digest taken with NumPy {PINNED_IMAGES['numpy']}; entries are named by NumPy's version too")
+    train, test = make_synthetic(0, 64, 16)
+    arrays = (train.images, train.labels, test.images, test.labels)
+    digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
+    assert (GENERATOR_VERSION, digest) == (PINNED_IMAGES["generator"], PINNED_IMAGES["sha256"])
