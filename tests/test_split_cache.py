@@ -81,6 +81,14 @@ def test_nothing_is_kept_with_the_cache_off_or_for_a_small_split(tmp_path, monke
     assert [p.name for p in (tmp_path / FOLDER).iterdir()] == [synthetic_key(2, TRAIN, CACHE_MIN_IMAGES - 1, 10, True)]
 
 
+def test_the_large_split_is_not_written_again_when_the_small_one_is_made(cache, monkeypatch) -> None:
+    small = CACHE_MIN_IMAGES - 1
+    synthetic_split(8, TRAIN, small, train=False)  # generated: the train split is written
+    assert (cache / synthetic_key(8, TRAIN, small, 10, True) / "images.npy").is_file()
+    monkeypatch.setattr(np, "save", lambda *_a, **_k: pytest.fail("wrote a whole entry again"))
+    synthetic_split(8, TRAIN, small, train=False)  # generated again (too small to keep); the train entry stays
+
+
 def test_a_broken_entry_is_made_and_written_again(cache) -> None:
     synthetic_split(3, TRAIN, TEST, train=True)
     images = cache / synthetic_key(3, TRAIN, TEST, 10, True) / "images.npy"

@@ -141,7 +141,10 @@ def read_entry(entry: str) -> ImageDataset | None:
 
 def write_entry(entry: str, dataset: ImageDataset) -> None:
     """Write ``dataset`` into a temporary folder beside ``entry``, renamed into place; a write that fails (a full
-    disk, a read-only cache) leaves nothing behind, and a whole entry another process wrote first is kept."""
+    disk, a read-only cache) leaves nothing behind, and a whole entry already there (another process's, or the large
+    split of a set whose small split is made every time) is kept without writing."""
+    if read_entry(entry) is not None:
+        return
     partial = f"{entry}.tmp{os.getpid()}"
     try:
         os.makedirs(partial, exist_ok=True)
@@ -157,7 +160,7 @@ def write_entry(entry: str, dataset: ImageDataset) -> None:
         with open(os.path.join(partial, _META_FILE), "w", encoding="utf-8") as stream:
             json.dump(meta, stream)
         if os.path.isdir(entry) and read_entry(entry) is None:
-            shutil.rmtree(entry, ignore_errors=True)  # a broken entry: replaced
+            shutil.rmtree(entry, ignore_errors=True)  # a broken entry (or none): replaced
         os.rename(partial, entry)
     except OSError:
         pass  # another process's entry is in place, or nothing can be written: the next reader loads it again

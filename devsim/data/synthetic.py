@@ -49,7 +49,7 @@ MAX_FREQUENCY: int = 2
 
 GENERATOR_VERSION: int = 1
 """Raised whenever a change here changes the images a seed gives: it names the entries of the on-disk cache
-(:mod:`devsim.data.synthetic_cache`), so that no run reads images of an older generator."""
+(:mod:`devsim.data.split_cache`), so that no run reads images of an older generator."""
 
 _CHUNK: int = 64
 """Samples generated per vectorised chunk (keeps temporaries cache-sized)."""
