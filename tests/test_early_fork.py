@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from devsim.resources import workers
 from devsim_flare.launch import early_fork
 from devsim_flare.launch.early_fork import SWITCH_ENV, simulates_here
 from tests.conftest import SMALL_RUN, isolated_env
@@ -39,10 +40,10 @@ def test_only_command_lines_that_may_simulate_here_fork_early(argv, expected):
 
 def test_nothing_is_forked_below_the_cores_or_when_switched_off_or_in_a_warm_child(monkeypatch):
     monkeypatch.setattr(early_fork, "fork_servers", lambda: pytest.fail("forked"))
-    monkeypatch.setattr(early_fork, "usable_cores", lambda: early_fork.MIN_CORES - 1)
+    monkeypatch.setattr(workers, "usable_cpu_cores", lambda: early_fork.MIN_CORES - 1)
     monkeypatch.delenv(SWITCH_ENV, raising=False)
     assert early_fork.fork_early([]) is None
-    monkeypatch.setattr(early_fork, "usable_cores", lambda: 64)
+    monkeypatch.setattr(workers, "usable_cpu_cores", lambda: 64)
     monkeypatch.setenv(SWITCH_ENV, "0")
     assert early_fork.fork_early([]) is None
     monkeypatch.setenv(SWITCH_ENV, "1")
@@ -57,11 +58,13 @@ def test_nothing_is_forked_below_the_cores_or_when_switched_off_or_in_a_warm_chi
 DRIVER = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
+from devsim.resources import workers
 from devsim_flare.launch import early_fork
 from devsim_flare.launch.fork_server import start_fork_server
 from devsim_flare.launch.forked_process import SOCKET_ENV
 
-early_fork.usable_cores = lambda: 64
+import devsim.resources.workers
+devsim.resources.workers.usable_cpu_cores = lambda: 64
 forked = early_fork.fork_early([])
 imported_before = "torch" in sys.modules
 taken = early_fork.take_early()

@@ -58,8 +58,13 @@ def fork_early(argv: list[str]) -> ForkServer | None:
     if _early or os.environ.get(CHILD_ENV) or not simulates_here(argv) or not fork_server_enabled():
         return None  # in a command a warm parent forked, everything is imported: forking now gains nothing
     switch = os.environ.get(SWITCH_ENV, "").strip()
-    if switch == "0" or (switch != "1" and usable_cores() < MIN_CORES):
+    if switch == "0":
         return None
+    if switch != "1":
+        from devsim.resources.workers import usable_cpu_cores  # imports PyTorch: after the warm parent's turn
+
+        if usable_cpu_cores() < MIN_CORES:
+            return None
     if threading.active_count() > 1 or not hasattr(os, "fork"):
         return None
     import numpy  # noqa: F401  (what the fork servers' children share with this command)
@@ -67,11 +72,6 @@ def fork_early(argv: list[str]) -> ForkServer | None:
 
     _early.append(fork_servers())
     return _early[0]
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity where the platform says it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def take_early() -> ForkServer | None:
