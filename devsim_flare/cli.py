@@ -208,9 +208,11 @@ def gpu_ids_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 def job_main(description: str, server_cls: type, defaults: SimulationConfig, argv: list[str] | None = None) -> int:
     """The whole of a job script: flags -> validated config -> data check -> recipe -> export or run."""
     from devsim.observe.startup import stamp_command, stamp_command_start
+    from devsim.resources.collection import resume_after_imports
 
     stamp_command_start()
     stamp_command("command_imports_done")
+    resume_after_imports()  # the job script paused garbage collection for its imports
     parser = build_parser(description, defaults)
     args = parser.parse_args(argv)
     if args.preset:

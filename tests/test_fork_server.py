@@ -30,7 +30,7 @@ print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2], "marker": os.environ.get("PROBE_MARKER"),
     "project_loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("devsim", "devsim_flare")),
     "own_session": os.getsid(0) == os.getpid(), "main": __name__, "name": open("/proc/self/comm").read().strip(),
-    "frozen": gc.get_freeze_count() > 0,
+    "frozen": gc.get_freeze_count() > 0, "collecting": gc.isenabled(),
 }), flush=True)
 sys.exit(3)
 """
@@ -75,6 +75,7 @@ def test_a_forked_module_runs_as_python_dash_m_would_and_reports_its_exit(tmp_pa
     )  # 15 bytes at most
     assert child["project_loaded"] == []  # the job's copies of the project are imported afresh
     assert child["frozen"]  # what the fork server imported stays out of the child's garbage collections
+    assert child["collecting"]  # the fork server imports without automatic collection; its children collect
     assert summary == {"code": 3, "first_poll": None, "stopped": -15, "folder_left": False, "server_alive": False}
 
 
@@ -209,14 +210,15 @@ def test_the_warm_comm_drivers_are_the_modules_nvflare_loads():
 def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_path):
     """The leaves' fork server stops its imports after the last leaf: what is left would only compete with the leaves'
     timed set-up. A child forked after that has not got them. A module the fork server imported runs as
-    ``python -m`` would run it, without runpy's warning that it was imported already."""
+    ``python -m`` would run it, without runpy's warning that it was imported already, and with garbage collection on
+    (the fork server imports with it off)."""
     (tmp_path / "slow_first.py").write_text("import time\ntime.sleep(1.0)\n")
     (tmp_path / "slow_second.py").write_text("import time\ntime.sleep(1.0)\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "probe.py").write_text(
-        "import json, sys\nif __name__ == '__main__':\n"
-        "    print(json.dumps(sorted(n for n in sys.modules if n.startswith('slow_'))), flush=True)\n"
+        "import gc, json, sys\nif __name__ == '__main__':\n"
+        "    print(json.dumps([sorted(n for n in sys.modules if n.startswith('slow_')), gc.isenabled()]), flush=True)\n"
     )
     script = textwrap.dedent(
         f"""
@@ -236,7 +238,8 @@ def test_a_fork_server_stops_importing_once_it_has_started_its_processes(tmp_pat
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert [json.loads(line) for line in done.stdout.splitlines()] == [["slow_first"], ["slow_first"]]
+    # both children collect garbage, although the first was forked while the fork server imported without
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [[["slow_first"], True], [["slow_first"], True]]
     assert "RuntimeWarning" not in done.stderr  # the module the fork server imported runs afresh as __main__
 
 

@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from devsim.resources.collection import PeriodicCollector
+from devsim.resources.collection import PeriodicCollector, pause_for_imports, resume_after_imports
 
 
 def test_periodic_collector_collects_only_after_its_interval():
@@ -51,3 +51,45 @@ def test_collector_still_frees_cycles_made_during_the_loop():
         assert ref() is None
     finally:
         collector.stop()
+
+
+def test_imports_pause_automatic_collection_and_its_end_freezes_what_they_left():
+    assert gc.isenabled()
+    gc.unfreeze()
+    try:
+        pause_for_imports()
+        assert not gc.isenabled()
+        pause_for_imports()  # a second pause changes nothing
+        resume_after_imports()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        resume_after_imports()  # no pause left: nothing happens
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_a_process_that_had_collection_off_keeps_it_off():
+    gc.disable()
+    try:
+        pause_for_imports()
+        resume_after_imports()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_a_job_command_collects_again_once_it_reads_its_flags(tmp_path, monkeypatch, capsys):
+    from devsim_flare.api import FedAvgRecipe
+
+    monkeypatch.chdir(tmp_path)
+    gc.unfreeze()
+    pause_for_imports()  # as the job script does before its imports
+    try:
+        assert FedAvgRecipe.command_line(["--check", "--dataset", "digits", "--workspace", "ws"]) == 0
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("check: the flags, the task and the data pass")

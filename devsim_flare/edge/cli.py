@@ -14,6 +14,7 @@ import time
 
 from devsim.config import DATASETS, PARTITIONS, ConfigError, SimulationConfig
 from devsim.observe.progress import format_metrics
+from devsim.resources.collection import resume_after_imports
 from devsim_flare.edge.job import MODES, RUNNERS, DevsimEdgeRecipe, find_results, load_results
 from devsim_flare.flags import SHORT_USAGE, JobArgumentParser, add_check_flag, add_config_flags, checked_line
 from devsim_flare.launch.warm_parent import note_job_accepted
@@ -320,6 +321,7 @@ def run_prod(recipe: DevsimEdgeRecipe, args: argparse.Namespace, output_dir: str
 
 
 def main(argv: list[str] | None = None) -> int:
+    resume_after_imports()  # the job script paused garbage collection for its imports
     parser = build_parser()
     args = parser.parse_args(argv)
     check_task_args(parser, args)

@@ -8,7 +8,8 @@ NVFlare again before it reaches the job, about 1-2 s of CPU a process. :func:`st
 socket and imports, while the command goes on validating the run, what its processes need: the server's fork server
 NVFlare's simulator modules and communication drivers (:data:`SERVER_IMPORTS`), the leaves' fork server
 ``torch._dynamo`` and NVFlare's client side (:data:`LEAF_IMPORTS`), each on a core of its own. Before each fork
-the fork server freezes its objects (``gc.freeze``), so a child's garbage collections skip what was imported.
+the fork server freezes its objects (``gc.freeze``), so a child's garbage collections skip what was imported. It
+imports without automatic garbage collection (:func:`devsim.resources.collection.pause_for_imports`).
 For every request (:class:`devsim_flare.launch.forked_process.ForkedProcess`) it forks a child that becomes what
 ``python -m <module> <args>`` would have been: the requester's stdin/stdout/stderr, environment, working folder
 and session (``setsid``), ``sys.path`` rebuilt from ``PYTHONPATH`` as a new interpreter builds it, this project's
@@ -43,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from devsim.resources.collection import pause_for_imports, resume_after_imports
 from devsim_flare.launch.forked_child import become
 from devsim_flare.launch.forked_process import (
     JOB_CONFIG_MODULE,
@@ -294,11 +296,14 @@ def _serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job command handles Ctrl-C for the whole run
     signal.signal(signal.SIGTERM, on_sigterm)
     atexit._clear()
+    pause_for_imports()  # no collections of its growing heap while it imports (its children collect again)
     pending, served = list(imports), 0
     closed_at = None
     idle_since = time.monotonic()
     watched = [listener] if lifeline is None else [listener, lifeline]
     while True:
+        if not pending:
+            resume_after_imports()
         _reap(children)
         if children:
             idle_since = time.monotonic()

@@ -2,10 +2,10 @@
 
 :func:`become` turns the forked child into ``python -m <module> <args>`` (a simulator process NVFlare asked for) or
 ``python <script> <args>`` (a job command handed to a warm parent), as a new interpreter would have started it: the
-requester's stdin/stdout/stderr, environment, working folder, umask and session, fresh signal handlers, exit
-handlers, logging and global random seeds, ``sys.path`` rebuilt, this project's packages dropped from ``sys.modules``
-(imported again from the requester's checkout or the job's ``custom/`` folder), the glibc arena limit applied; then it
-runs the module or script as ``__main__`` and returns its exit code.
+requester's stdin/stdout/stderr, environment, working folder, umask and session, fresh signal handlers, garbage
+collection on, exit handlers, logging and global random seeds, ``sys.path`` rebuilt, this project's packages dropped
+from ``sys.modules`` (imported again from the requester's checkout or the job's ``custom/`` folder), the glibc arena
+limit applied; then it runs the module or script as ``__main__`` and returns its exit code.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -50,6 +51,7 @@ def become(request: dict, fds: list[int]) -> int:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    gc.enable()  # its fork server or warm parent imported without automatic collection
     _limit_arenas(env.get("MALLOC_ARENA_MAX"))
     _reseed_global_generators()
     script, module = request.get("script"), request.get("module")
