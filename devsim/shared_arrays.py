@@ -151,12 +151,18 @@ def reply_arrays_taken(payload, key: str, exchange: SharedFolder | None) -> None
 
 
 def all_float32(arrays) -> bool:
-    """Whether ``arrays`` is a non-empty mapping of float32 NumPy arrays (what :func:`put_arrays` takes)."""
-    return (
-        isinstance(arrays, Mapping)
-        and bool(arrays)
-        and all(isinstance(v, np.ndarray) and v.dtype.str in _DTYPES for v in arrays.values())
-    )
+    """Whether ``arrays`` is a non-empty mapping of float32 NumPy arrays, or of non-empty lists of same-shape float32
+    arrays (each one stacked entry), which is what :func:`put_arrays` takes."""
+    return isinstance(arrays, Mapping) and bool(arrays) and all(_parts(v) is not None for v in arrays.values())
+
+
+def _parts(value) -> list[np.ndarray] | None:
+    """The float32 arrays an entry of :func:`put_arrays` is made of (one for an array, a list's arrays in order), or
+    None when it is not such an entry."""
+    parts = [value] if isinstance(value, np.ndarray) else value if isinstance(value, list) and value else None
+    if parts is None or any(not isinstance(p, np.ndarray) or p.dtype.str not in _DTYPES for p in parts):
+        return None
+    return parts if all(p.shape == parts[0].shape for p in parts) else None
 
 
 def shared_or_inline(folder: str | None, arrays, keep: bool = False) -> dict | None:
@@ -184,16 +190,21 @@ def shared_or_inline(folder: str | None, arrays, keep: bool = False) -> dict | N
 _failure_reported = False
 
 
-def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
+def put_arrays(folder: str, arrays: Mapping[str, np.ndarray | list[np.ndarray]]) -> dict:
     """Write ``arrays`` into a new file of ``folder`` (each entry at a 64-byte boundary); its descriptor:
-    ``{"path", "entries": [[key, dtype, shape, offset], ...]}``. Raises ValueError for a non-float32 array."""
-    entries, offset = [], 0
+    ``{"path", "entries": [[key, dtype, shape, offset], ...]}``. A list of V same-shape arrays is written as one
+    ``(V, *shape)`` entry, what ``np.stack`` of them would be, without that copy. Raises ValueError for an entry
+    that is neither a float32 array nor a non-empty list of same-shape float32 arrays."""
+    entries, offset, stacked = [], 0, []
     for key, value in arrays.items():
-        if not isinstance(value, np.ndarray) or value.dtype.str not in _DTYPES:
+        parts = _parts(value)
+        if parts is None:
             kind = getattr(value, "dtype", type(value).__name__)
-            raise ValueError(f"shared arrays must be float32 NumPy arrays; {key} is {kind}")
-        entries.append([str(key), value.dtype.str, [int(n) for n in value.shape], offset])
-        offset += -(-value.nbytes // _ALIGN) * _ALIGN
+            raise ValueError(f"shared arrays must be float32 NumPy arrays or lists of same-shape ones; {key} is {kind}")
+        shape = [int(n) for n in parts[0].shape]
+        entries.append([str(key), parts[0].dtype.str, shape if parts[0] is value else [len(parts), *shape], offset])
+        stacked.append(parts)
+        offset += -(-sum(p.nbytes for p in parts) // _ALIGN) * _ALIGN
     path = os.path.join(folder, _new_name())
     try:
         if _claim_free(folder, path, offset):
@@ -201,9 +212,11 @@ def put_arrays(folder: str, arrays: Mapping[str, np.ndarray]) -> dict:
         else:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            for (_, _, _, start), value in zip(entries, arrays.values(), strict=True):
-                if value.size:
-                    _write_at(fd, memoryview(np.ascontiguousarray(value).reshape(-1)).cast("B"), start)
+            for (_, _, _, start), parts in zip(entries, stacked, strict=True):
+                for part in parts:
+                    if part.size:
+                        _write_at(fd, memoryview(np.ascontiguousarray(part).reshape(-1)).cast("B"), start)
+                    start += part.nbytes
             os.ftruncate(fd, offset)
         finally:
             os.close(fd)

@@ -59,6 +59,24 @@ def test_arrays_come_back_bit_for_bit_and_the_file_is_taken_once(tmp_path):
     assert not os.path.exists(folder.path)
 
 
+def test_a_list_of_arrays_is_put_as_their_stack(tmp_path):
+    folder = SharedFolder.create(str(tmp_path))
+    rng = np.random.default_rng(0)
+    versions = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3)]
+    odd = rng.standard_normal(7).astype(np.float32)  # a size that is no multiple of the 64-byte alignment
+    sent = {"w": versions, "one": [odd], "plain": odd[::2]}
+    received = folder.take(put_arrays(folder.path, sent))
+    assert received["w"].tobytes() == np.stack(versions).tobytes() and received["w"].shape == (3, 3, 5)
+    assert received["one"].shape == (1, 7) and received["one"].tobytes() == odd.tobytes()
+    assert received["plain"].tobytes() == np.ascontiguousarray(odd[::2]).tobytes()
+    assert all_float32(sent)
+    for bad in ([], [versions[0], odd], [versions[0], versions[1].astype(np.float64)]):
+        assert not all_float32({"w": bad})
+        with pytest.raises(ValueError, match="same-shape"):
+            put_arrays(folder.path, {"w": bad})
+    folder.remove()
+
+
 def test_only_float32_is_put():
     assert all_float32({"a": np.zeros(3, np.float32)})
     assert not all_float32({"a": np.zeros(3, np.float64)}) and not all_float32({}) and not all_float32(None)

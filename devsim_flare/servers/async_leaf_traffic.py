@@ -74,9 +74,11 @@ class AsyncLeafTraffic:
         self.traffic.add("server_to_leaf", self.model_bytes * len(versions))
         self.traffic.add("leaf_to_device", self.model_bytes * len(jobs))
         self._in_flight.update(job_key(j) for j in jobs)
-        weights = {k: _stacked([base[k] for base in bases]) for k in bases[0]}
+        parts = {k: [base[k] for base in bases] for k in bases[0]}  # (V, *shape) each, written without a stacked copy
         folder = self.exchange.path if self.exchange is not None else None  # the leaf replies the same way
-        arrays = weights_for_call(weights, folder, shared_or_inline(folder, weights))
+        shared = shared_or_inline(folder, parts)
+        weights = {} if shared else {k: _stacked(versions) for k, versions in parts.items()}
+        arrays = weights_for_call(weights, folder, shared)
         self.calls.submit(
             leaf,
             "train_jobs",
