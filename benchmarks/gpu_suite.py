@@ -116,12 +116,13 @@ HOST_PROBES = {
     "import_torch": "import torch",
     "import_torch_again": "import torch",
     "import_dynamo": "import torch._dynamo",  # the leaves' fork server's first import; any torch.optim needs it
+    "import_dynamo_no_gc": "import gc; gc.disable(); import torch._dynamo",  # as the launch's processes import now
     "import_nvflare": "import nvflare.collab, nvflare.private.fed.app.simulator.simulator",
     "python_loop": "sum(i * i for i in range(3_000_000))",
 }
 """What the host's own speed is measured by, each in a new interpreter: wall seconds, to set the launch's imports
-against the 2-core CPU's (there: interpreter 0.02 s, torch 1.0-1.1 s, torch._dynamo with torch 2.2-2.4 s, NVFlare
-0.2 s, the loop 0.11 s)."""
+against the 2-core CPU's (there: interpreter 0.02 s, torch 1.0-1.1 s, torch._dynamo with torch 2.2-2.8 s, the same
+without automatic garbage collection 2.0-2.2 s, NVFlare 0.2 s, the loop 0.11 s)."""
 
 
 def host_seconds() -> dict[str, float | None]:
