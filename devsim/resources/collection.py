@@ -20,9 +20,9 @@ A process that starts by importing NVFlare and PyTorch (a job command, a fork se
 nothing to a few hundred thousand objects, and Python runs a full collection each time the long-lived objects have
 grown by a quarter: five or six collections of a growing heap, 0.15-0.5 s of CPU a process on the 2-core CPU, that
 found 0-25 objects to free. :func:`pause_for_imports` turns automatic collection off for that phase and
-:func:`resume_after_imports` freezes what it imported and turns collection back on; a fork server or warm parent
-never turns it back on (its children do, as a new interpreter would:
-:func:`devsim_flare.launch.forked_child.become`).
+:func:`resume_after_imports` freezes what it imported and turns collection back on: a job command once it reads its
+flags, a fork server or warm parent once its imports are taken. A child forked before that turns it on itself, as a
+new interpreter would (:func:`devsim_flare.launch.forked_child.become`).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class AsyncLeafTraffic:
         parts = {k: [base[k] for base in bases] for k in bases[0]}  # (V, *shape) each, written without a stacked copy
         folder = self.exchange.path if self.exchange is not None else None  # the leaf replies the same way
         shared = shared_or_inline(folder, parts)
-        weights = {} if shared else {k: _stacked(versions) for k, versions in parts.items()}
+        weights = {} if shared else {k: _stacked(stack) for k, stack in parts.items()}
         arrays = weights_for_call(weights, folder, shared)
         self.calls.submit(
             leaf,
