@@ -157,10 +157,16 @@ def extras(report: dict) -> list[str]:
 
 
 def profile_lines(report: dict) -> list[str]:
-    """One line per profiled leaf run (``profile`` section): round ms, GPU busy share, launches and top CUDA op."""
+    """One line per profiled leaf run (``profile`` section, and ``cudnn_benchmark``'s with the search on): round ms,
+    GPU busy share, launches, top CUDA op and cuDNN's layout transposes among the top ops."""
     try:
-        runs = _s(report, "profile")
+        runs = dict(_s(report, "profile"))
     except KeyError:
+        runs = {}
+    for model, row in report.get("sections", {}).get("cudnn_benchmark", {}).items():
+        if isinstance(row, dict) and isinstance(row.get("profile_on"), dict):
+            runs[f"{model} with cuDNN's search"] = row["profile_on"]
+    if not runs:
         return ["profile: missing"]
     lines = []
     for name, run in runs.items():
@@ -174,6 +180,8 @@ def profile_lines(report: dict) -> list[str]:
         if top:
             unit, label = ("self_cuda_ms", "CUDA") if cuda else ("self_cpu_ms", "CPU")
             line += f", top {label} op {top[0]['name'][:60]} {top[0][unit]:.1f} ms ({top[0]['calls']} calls)"
+        if cuda and (moves := [r for r in top if "Transpose" in r["name"]]):
+            line += f", layout transposes {sum(r[unit] for r in moves):.1f} ms ({sum(r['calls'] for r in moves)} calls)"
         lines.append(line)
     return lines
 

@@ -74,12 +74,14 @@ def test_in_process_sections_write_consistent_figures(dry_run):
     assert tf32["max_relative_difference"] < 1e-5  # no TF32 on the CPU: the same float32 run twice
     search = report["sections"]["cudnn_benchmark"]["cnn"]  # no cuDNN on the CPU either: the same run twice
     assert search["max_relative_difference"] < 1e-5 and search["leaf_first_round_seconds_on"] > 0
+    assert search["profile_on"]["round_ms"] > 0 and search["profile_on"]["top_self_cuda"] is None  # no CUDA here
     from benchmarks.gpu_suite import SECTIONS
 
     assert list(report["section_seconds"]) == list(SECTIONS) and report["suite_seconds"] > 0
     check = subprocess.run([sys.executable, SUITE, "check", path], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
     assert "one leaf, 64 devices, CNN" in check.stdout and "launch to the first finished round" in check.stdout
+    assert "profile cnn with cuDNN's search" in check.stdout
 
 
 @pytest.mark.slow
@@ -224,6 +226,14 @@ def test_check_prints_one_line_per_profiled_run():
         "top CUDA op void sgemm_kernel<128> 4.5 ms (30 calls)"
     ]
     assert profile_lines({"sections": {}}) == ["profile: missing"]
+    transpose = "void cudnn::engines_precompiled::genericTranspose_kernel<float>"
+    moves = [{"name": transpose, "calls": 96, "self_cuda_ms": 2.0}]
+    searched = dict(run, top_self_cuda=top + moves + [dict(moves[0], calls=4, self_cuda_ms=0.5)])
+    lines = profile_lines({"sections": {"cudnn_benchmark": {"resnet18": {"leaf_gain": 1.1, "profile_on": searched}}}})
+    assert lines == [
+        "profile resnet18 with cuDNN's search (compile=off: eager batched step): round 12.3 ms, GPU busy 38%, "
+        "launches/round 812, top CUDA op void sgemm_kernel<128> 4.5 ms (30 calls), layout transposes 2.5 ms (100 calls)"
+    ]
 
 
 def test_a_childs_job_runs_end_before_the_child_is_stopped():
