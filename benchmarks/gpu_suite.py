@@ -42,7 +42,12 @@ from benchmarks.gpu_suite_jobs import (  # noqa: E402
     section_fedrevive,
     warm_parent_facts,
 )
-from benchmarks.gpu_suite_profile import profile_leaf, section_compiled_step, synchronize  # noqa: E402
+from benchmarks.gpu_suite_profile import (  # noqa: E402
+    graph_launch_costs,
+    profile_leaf,
+    section_compiled_step,
+    synchronize,
+)
 from benchmarks.harness import short_commit  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
 from devsim.models import build_model  # noqa: E402
@@ -108,6 +113,10 @@ def machine_facts(device: str) -> dict:
         facts["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
     facts["git_commit"] = short_commit() or None
     facts["host_seconds"] = host_seconds()
+    try:
+        facts["graph_launch"] = graph_launch_costs(device)  # None on the CPU
+    except Exception as error:  # noqa: BLE001 - a probe that fails here must not cost the suite its figures
+        facts["graph_launch"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
     return facts
 
 

@@ -141,6 +141,12 @@ def extras(report: dict) -> list[str]:
     host = report.get("machine", {}).get("host_seconds")
     if host:
         lines.append("host, s in a new interpreter: " + ", ".join(f"{k} {v}" for k, v in host.items()))
+    launches = report.get("machine", {}).get("graph_launch")
+    if launches and "error" in launches:
+        lines.append(f"a CUDA graph's replay: {launches['error']}")
+    elif launches:
+        costs = ", ".join(f"{k} kernels {v['host_us']:.0f} / {v['wall_us']:.0f}" for k, v in launches.items())
+        lines.append(f"a CUDA graph's replay, us on the host / until the GPU has run it: {costs}")
     try:
         for section in ("tf32", "cudnn_benchmark"):
             for model, row in report["sections"].get(section, {}).items():

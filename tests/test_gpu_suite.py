@@ -243,3 +243,15 @@ def test_a_childs_job_runs_end_before_the_child_is_stopped():
     assert 30.0 - JOB_MARGIN - 1 < bounded.timeout <= 30.0 - JOB_MARGIN and bounded.device == "cpu" and bounded.tiny
     assert ChildArgs(args, None).timeout == 100.0 and ChildArgs(args, 300.0).timeout == 100.0
     assert ChildArgs(args, 2.0).timeout == 1.0  # never zero or negative: the job still gets a second
+
+
+def test_check_prints_what_a_graph_replay_costs_and_the_cpu_has_no_figure():
+    sys.path.insert(0, REPO)
+    from benchmarks.gpu_suite_check import extras
+    from benchmarks.gpu_suite_profile import graph_launch_costs
+
+    launches = {"16": {"host_us": 12.3, "wall_us": 40.0}, "1024": {"host_us": 15.0, "wall_us": 900.4}}
+    lines = extras({"machine": {"graph_launch": launches}, "sections": {}})
+    line = "a CUDA graph's replay, us on the host / until the GPU has run it: 16 kernels 12 / 40, 1024 kernels 15 / 900"
+    assert line in lines
+    assert graph_launch_costs("cpu") is None
