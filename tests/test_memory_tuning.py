@@ -91,6 +91,7 @@ def test_a_job_command_collects_again_once_it_reads_its_flags(tmp_path, monkeypa
         assert FedAvgRecipe.command_line(["--check", "--dataset", "digits", "--workspace", "ws"]) == 0
         assert gc.isenabled()
     finally:
+        resume_after_imports()  # whatever happened above, the next test finds no pause left
         gc.enable()
         gc.unfreeze()
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("check: the flags, the task and the data pass")
