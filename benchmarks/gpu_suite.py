@@ -2,8 +2,8 @@
 
 Sections in order of importance (``BUDGETS``; the default is the first seven; each section function's docstring says
 what it measures): ``fedavg_e2e``, ``throughput``, ``profile``, ``async_throughput``, ``worker_sweep``, ``fedrevive``,
-``tf32``, ``cudnn_benchmark``, ``compiled_step``, ``async_revive``, ``async_gather``. A section starts only while half
-its budget is left of ``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own child process
+``tf32``, ``cudnn_benchmark``, ``compiled_step``, ``async_revive``. A section starts only while half its budget is left
+of ``--budget`` (default 360 s, one device call of at most 6 minutes), runs in its own child process
 (``benchmarks/gpu_suite_child.py``: a crash, a Python error or the time limit of one section is recorded under
 ``errors`` and the next section runs), its job runs are killed at twice its budget and the child at twice what is left
 of it, and the figures are written after every section. ``gpu_suite.py check FILE`` (``benchmarks/gpu_suite_check.py``)
@@ -31,22 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from benchmarks import gpu_suite_profile as profiling  # noqa: E402
 from benchmarks.gpu_suite_child import ChildArgs, child_main, run_section, section_limits  # noqa: E402
 from benchmarks.gpu_suite_jobs import (  # noqa: E402
     job_env,
     job_figures,
     run_job,
-    section_async_gather,
     section_async_revive,
     section_async_throughput,
     section_fedrevive,
     warm_parent_facts,
-)
-from benchmarks.gpu_suite_profile import (  # noqa: E402
-    graph_launch_costs,
-    profile_leaf,
-    section_compiled_step,
-    synchronize,
 )
 from benchmarks.harness import short_commit  # noqa: E402
 from devsim.codec import model_to_numpy  # noqa: E402
@@ -59,7 +53,7 @@ from devsim_flare.launch.warm_parent import stop_parents  # noqa: E402
 from processors.task_processor import TaskDeviceProcessor  # noqa: E402
 
 BUDGETS = dict(fedavg_e2e=95, throughput=50, profile=30, async_throughput=95, worker_sweep=20, fedrevive=75)
-BUDGETS.update(tf32=15, cudnn_benchmark=35, compiled_step=25, async_revive=90, async_gather=60)
+BUDGETS.update(tf32=15, cudnn_benchmark=35, compiled_step=25, async_revive=90)
 """Every section in order of importance (a run takes them in this order whatever ``--sections`` lists), with the
 seconds it is expected to take on an H100 (its job runs are killed at twice that); a section starts only while the
 suite's ``--budget`` still holds its share. The default sections' budgets add up to 360 s."""
@@ -114,7 +108,7 @@ def machine_facts(device: str) -> dict:
     facts["git_commit"] = short_commit() or None
     facts["host_seconds"] = host_seconds()
     try:
-        facts["graph_launch"] = graph_launch_costs(device)  # None on the CPU
+        facts["graph_launch"] = profiling.graph_launch_costs(device)  # None on the CPU
     except Exception as error:  # noqa: BLE001 - a probe that fails here must not cost the suite its figures
         facts["graph_launch"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
     return facts
@@ -163,10 +157,10 @@ def centralized_rate(model_name: str, device: str, batch: int, samples: int) -> 
         return seen
 
     one_pass()
-    synchronize(device)
+    profiling.synchronize(device)
     started = time.perf_counter()
     seen = one_pass()
-    synchronize(device)
+    profiling.synchronize(device)
     return seen / (time.perf_counter() - started)
 
 
@@ -205,7 +199,7 @@ def leaf_rate(model: str, device: str, devices: int, samples: int, workers: int,
         for round_num in range(3):
             started = time.perf_counter()
             result = runner.run_round(0, weights, list(range(devices)))
-            synchronize(device)
+            profiling.synchronize(device)
             if seconds is not None:
                 seconds.append(time.perf_counter() - started)
             if round_num:
@@ -270,21 +264,12 @@ def section_tf32(args, size: dict, switch=apply_tf32) -> dict:
 
 
 def section_cudnn_benchmark(args, size: dict) -> dict:
-    """``tf32``'s measurement with ``--cudnn-benchmark`` as the switch, then, time left, the last model's batched round
-    profiled with the search on (``profile_on``, as the ``profile`` section profiles it off): on the H200 a quarter of
-    ResNet-18's kernel time went to cuDNN's layout transposes (``genericTranspose_kernel``, 2,944 a round, 2026-11-28)
-    around the grouped convolutions, which another algorithm may not need."""
-    out = section_tf32(args, size, switch=apply_cudnn_benchmark)
-    model_name = size["tf32_models"][-1]
-    if time.monotonic() < args.section_deadline:
-        devices, samples = leaf_shape(size, model_name)
-        apply_cudnn_benchmark(True)
-        try:
-            out[model_name]["profile_on"] = profile_leaf(
-                leaf_settings(model_name, devices, samples), args.device, devices
-            )
-        finally:
-            apply_cudnn_benchmark(False)
+    """``tf32``'s measurement with ``--cudnn-benchmark`` as the switch; time left, the last model's round profiled with
+    the search on (``profile_on``: with it off, a quarter of ResNet-18's H200 kernel time was layout transposes)."""
+    out, model = section_tf32(args, size, switch=apply_cudnn_benchmark), size["tf32_models"][-1]
+    if time.monotonic() < args.section_deadline:  # the section's own child process: the switch ends with it
+        (devices, samples), _ = leaf_shape(size, model), apply_cudnn_benchmark(True)
+        out[model]["profile_on"] = profiling.profile_leaf(leaf_settings(model, devices, samples), args.device, devices)
     return out
 
 
@@ -368,10 +353,10 @@ def section_profile(args, size: dict) -> dict:
     farthest from its target), ``resnet_leaf_devices`` devices of 10 samples; batch 10, one epoch. (Compile off
     against on was profiled in three H200 sessions: 129-188 ms a round and 5,000-7,000 launches against 60-75 ms.)"""
     devices, samples = size["leaf_devices"], size["leaf_samples"]
-    out = {"default": profile_leaf(leaf_settings("cnn", devices, samples), args.device, devices)}
+    out = {"default": profiling.profile_leaf(leaf_settings("cnn", devices, samples), args.device, devices)}
     if time.monotonic() < args.section_deadline:
         resnet = size["resnet_leaf_devices"]
-        out["resnet18"] = profile_leaf(leaf_settings("resnet18", resnet, 10), args.device, resnet)
+        out["resnet18"] = profiling.profile_leaf(leaf_settings("resnet18", resnet, 10), args.device, resnet)
     return out
 
 
@@ -382,11 +367,10 @@ RUNNERS = {
     "fedrevive": section_fedrevive,
     "profile": section_profile,
     "async_throughput": section_async_throughput,
-    "compiled_step": section_compiled_step,
+    "compiled_step": profiling.section_compiled_step,
     "tf32": section_tf32,
     "cudnn_benchmark": section_cudnn_benchmark,
     "async_revive": section_async_revive,
-    "async_gather": section_async_gather,
 }
 
 

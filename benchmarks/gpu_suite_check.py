@@ -138,15 +138,13 @@ def extras(report: dict) -> list[str]:
             lines.append(f"  first launch with the fork servers forked late: {usual['first_round_seconds']:.1f} s")
     except (KeyError, TypeError):
         lines.append("startup: missing")
-    host = report.get("machine", {}).get("host_seconds")
-    if host:
+    if host := report.get("machine", {}).get("host_seconds"):
         lines.append("host, s in a new interpreter: " + ", ".join(f"{k} {v}" for k, v in host.items()))
-    launches = report.get("machine", {}).get("graph_launch")
-    if launches and "error" in launches:
-        lines.append(f"a CUDA graph's replay: {launches['error']}")
-    elif launches:
-        costs = ", ".join(f"{k} kernels {v['host_us']:.0f} / {v['wall_us']:.0f}" for k, v in launches.items())
-        lines.append(f"a CUDA graph's replay, us on the host / until the GPU has run it: {costs}")
+    if graph := report.get("machine", {}).get("graph_launch"):  # kernels -> costs, or a failed probe's error
+        costs = ", ".join(
+            f"{n} kernels {c['host_us']:.0f} / {c['wall_us']:.0f}" for n, c in graph.items() if n != "error"
+        )
+        lines.append("a CUDA graph's replay, us on the host / until the GPU has run it: " + graph.get("error", costs))
     try:
         for section in ("tf32", "cudnn_benchmark"):
             for model, row in report["sections"].get(section, {}).items():
@@ -165,10 +163,7 @@ def extras(report: dict) -> list[str]:
 def profile_lines(report: dict) -> list[str]:
     """One line per profiled leaf run (``profile`` section, and ``cudnn_benchmark``'s with the search on): round ms,
     GPU busy share, launches, top CUDA op and cuDNN's layout transposes among the top ops."""
-    try:
-        runs = dict(_s(report, "profile"))
-    except KeyError:
-        runs = {}
+    runs = dict(report.get("sections", {}).get("profile") or {})
     for model, row in report.get("sections", {}).get("cudnn_benchmark", {}).items():
         if isinstance(row, dict) and isinstance(row.get("profile_on"), dict):
             runs[f"{model} with cuDNN's search"] = row["profile_on"]

@@ -126,22 +126,10 @@ def section_fedrevive(args, size: dict) -> dict:
 
 
 def _async_rows(updates: int, names, timeout: float) -> dict:
-    """``async_throughput.py``'s rows ``names`` for ``updates`` device updates on digits, 2 leaves x 50 devices; a
-    name ``<row> gather N`` is that row with ``--dispatch-batch N``."""
+    """``async_throughput.py``'s rows ``names`` for ``updates`` device updates on digits, 2 leaves x 50 devices."""
     common = ["--dataset", "digits", "--num-leaf-nodes", "2", "--devices-per-leaf", "50"]
     runs = settings(updates, 2, 50)
-    runs |= {f"{n} gather {g}": (runs[n][0], [*runs[n][1], "--dispatch-batch", g]) for n in list(runs) for g in ("20",)}
     return {name: run_setting(*runs[name], common, timeout, 2) for name in names}
-
-
-def section_async_gather(args, size: dict) -> dict:
-    """FedBuff B = 10 at K = 20 gathering its default 10 jobs before a dispatch against 20 (``--dispatch-batch``),
-    in turn while the section has time: updates/s, each pair's ratio (gather 20 over the default)."""
-    pairs = []
-    while len(pairs) < size["revive_repeats"] and not (pairs and time.monotonic() > args.section_deadline):
-        pairs.append(_async_rows(size["async_updates"], ("fedbuff B=10", "fedbuff B=10 gather 20"), args.timeout))
-    ratios = [p["fedbuff B=10 gather 20"]["updates_per_s"] / p["fedbuff B=10"]["updates_per_s"] for p in pairs]
-    return dict(pairs=pairs, ratios=ratios)
 
 
 def section_async_throughput(args, size: dict) -> dict:

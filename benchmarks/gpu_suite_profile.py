@@ -38,7 +38,6 @@ TOP = 15
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 NAME_CHARS = 160
-CHANNELS_LAST_MODE = "graphs_channels_last"  # graphs with the batched path's channels-last fold (CUDA only)
 
 
 def _self_device_us(event) -> float:
@@ -117,26 +116,15 @@ def profile_leaf(settings: dict, device: str, devices: int) -> dict:
     return out | {"gpu_busy": _gpu_busy_us(prof) / 1e6 / wall}
 
 
-GRAPH_KERNELS = (16, 128, 1024)
-"""Kernels in each probe graph of :func:`graph_launch_costs`."""
-
-
-def graph_launch_costs(device: str, replays: int = 20) -> dict[str, dict[str, float]] | None:
-    """What one CUDA graph replay costs for graphs of :data:`GRAPH_KERNELS` tiny kernels (an in-place add on 256
-    floats each): ``host_us``, the median microseconds until ``replay()`` returns, the GPU idle before each (the
-    launch's CPU cost); ``wall_us``, the median microseconds until the GPU has run it. None without CUDA. Whether the
-    host cost grows with the kernels or stays per launch says if one graph for a call's steps would pay: a graphed
-    CNN step cost about 0.48 ms whatever its group size on the H200 (``compiled_step``, 2026-11-28)."""
+def graph_launch_costs(device: str, kernel_counts=(16, 128, 1024), replays: int = 20) -> dict | None:
+    """One CUDA graph replay of ``kernel_counts`` tiny kernels: median microseconds until ``replay()`` returns, the GPU
+    idle (``host_us``: the launch's CPU cost), and until the GPU has run it (``wall_us``); None without CUDA. Per launch
+    or per kernel says if one graph for a call's steps would pay (a graphed CNN step: ~0.48 ms, any group size)."""
     if not device.startswith("cuda"):
         return None
-    values = torch.zeros(256, device=device)
-    out = {}
-    for kernels in GRAPH_KERNELS:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            values.add_(1.0)  # warm-up outside the capture, as torch.cuda.graph wants
-        torch.cuda.current_stream().wait_stream(side)
+    values, out = torch.zeros(256, device=device), {}
+    values.add_(1.0)  # warm-up before any capture
+    for kernels in kernel_counts:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(kernels):
@@ -150,7 +138,6 @@ def graph_launch_costs(device: str, replays: int = 20) -> dict[str, dict[str, fl
             torch.cuda.synchronize()
             wall.append(time.perf_counter() - started)
         out[str(kernels)] = {"host_us": 1e6 * statistics.median(host[1:]), "wall_us": 1e6 * statistics.median(wall[1:])}
-        del graph
     return out
 
 
@@ -177,11 +164,10 @@ def lockstep_seconds(trainer: BatchedTrainer, pool: ShardPool, start: list[torch
 
 
 def section_compiled_step(args, size: dict) -> dict:
-    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes; on CUDA
-    also graphs with the channels-last fold (:mod:`devsim.training.channels_last`, used on the CPU only: on the H200 a
-    fifth of the graphed round's GPU time went to cuDNN's NCHW/NHWC conversions around each device's kernels). The
+    """Seconds per device of one batched group's training, eager against compiled, groups of several sizes. The
     default inductor arm runs on the CPU only: on the H200 it compiled 4.4-9.8 s per group size and replayed slower
-    than graphs (2026-11-27), and with it the section did not fit its budget."""
+    than graphs (2026-11-27), and with it the section did not fit its budget. (Graphs with the channels-last fold were
+    measured on the H200 at 3.27 / 3.31 / 1.42 ms a device against 2.38 / 1.20 / 1.11, and dropped, 2026-11-28.)"""
     device = torch.device(args.device)
     train = load_digits_split(True)
     inputs = torch.from_numpy(train.images).to(device)
@@ -190,7 +176,6 @@ def section_compiled_step(args, size: dict) -> dict:
     modes = {"eager": None, "graphs": dict(GRAPH_OPTIONS)}
     if args.device == "cuda":
         modes["reduce_overhead"] = {"mode": "reduce-overhead"}
-        modes[CHANNELS_LAST_MODE] = dict(GRAPH_OPTIONS)
     else:
         modes["compiled"] = {}
     torch.manual_seed(0)
@@ -199,8 +184,6 @@ def section_compiled_step(args, size: dict) -> dict:
         name: BatchedTrainer(copy.deepcopy(model), spec, device, compile_options=options)
         for name, options in modes.items()
     }
-    if CHANNELS_LAST_MODE in trainers:  # the CPU's fold, forced on: cuDNN converts NCHW to NHWC around every conv
-        trainers[CHANNELS_LAST_MODE].fold_channels_last = True
     state = model.state_dict()
     start = [state[key].detach().to(device) for key in trainers["eager"].keys]
     samples = size["step_samples"]

@@ -111,11 +111,6 @@ def test_async_and_compiled_step_sections_dry_run(dry_run):
     assert revive["command_ratio"] == pytest.approx(
         pair["fedrevive paper"]["command_wall"] / pair["fedbuff paper"]["command_wall"]
     )
-    (gather,) = sections["async_gather"]["pairs"]
-    assert gather["fedbuff B=10 gather 20"]["updates_per_leaf_call"] > 0
-    assert sections["async_gather"]["ratios"] == [
-        gather["fedbuff B=10 gather 20"]["updates_per_s"] / gather["fedbuff B=10"]["updates_per_s"]
-    ]
     step = sections["compiled_step"]["group_2"]
     assert set(step) == {"eager", "graphs", "compiled"} and step["eager"]["ms_per_device"] > 0
     assert step["compiled"]["speedup"] > 0 and step["compiled"]["max_delta_difference"] < 1e-4
@@ -254,4 +249,6 @@ def test_check_prints_what_a_graph_replay_costs_and_the_cpu_has_no_figure():
     lines = extras({"machine": {"graph_launch": launches}, "sections": {}})
     line = "a CUDA graph's replay, us on the host / until the GPU has run it: 16 kernels 12 / 40, 1024 kernels 15 / 900"
     assert line in lines
+    failed = extras({"machine": {"graph_launch": {"error": "RuntimeError: no graphs"}}, "sections": {}})
+    assert "a CUDA graph's replay, us on the host / until the GPU has run it: RuntimeError: no graphs" in failed
     assert graph_launch_costs("cpu") is None
