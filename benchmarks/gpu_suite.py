@@ -77,7 +77,6 @@ SIZES = {  # workload size: (the dry run's, seconds on a CPU; the real suite's)
     "sweep": ([1, 2], [1, 2, 4, 8, 16]),
     "sweep_groups": ([1], [1, 2, 4]),
     "resnet_rounds": (2, 5),
-    "tf32_models": (["cnn"], ["cnn", "resnet18"]),
     "resnet_leaf_devices": (2, 64),
     "revive_versions": (8, 30),
     "models": (["cnn"], ["cnn", "resnet18"]),
@@ -243,11 +242,11 @@ def section_throughput(args, size: dict) -> dict:
 
 def section_tf32(args, size: dict, switch=apply_tf32) -> dict:
     """One leaf's batched round and centralized batch-256 training with a process-wide ``switch`` (``--tf32``) on
-    against off (the suite's default) for each model of ``tf32_models``; the first round's seconds; the largest
+    against off (the suite's default) for each model of ``models``; the first round's seconds; the largest
     difference of the leaf's delta sum between the two, relative to its largest entry. The CPU has no TF32 (nor
     cuDNN: ``cudnn_benchmark``, the same with ``--cudnn-benchmark``): both runs are the same float32 run."""
     out = {}
-    for model_name in size["tf32_models"]:
+    for model_name in size["models"]:
         (devices, samples), row, sums = leaf_shape(size, model_name), {}, {}
         for on, name in ((False, "off"), (True, "on")):
             switch(on)
@@ -266,9 +265,10 @@ def section_tf32(args, size: dict, switch=apply_tf32) -> dict:
 def section_cudnn_benchmark(args, size: dict) -> dict:
     """``tf32``'s measurement with ``--cudnn-benchmark`` as the switch; time left, the last model's round profiled with
     the search on (``profile_on``: with it off, a quarter of ResNet-18's H200 kernel time was layout transposes)."""
-    out, model = section_tf32(args, size, switch=apply_cudnn_benchmark), size["tf32_models"][-1]
+    out, model = section_tf32(args, size, switch=apply_cudnn_benchmark), size["models"][-1]
     if time.monotonic() < args.section_deadline:  # the section's own child process: the switch ends with it
-        (devices, samples), _ = leaf_shape(size, model), apply_cudnn_benchmark(True)
+        devices, samples = leaf_shape(size, model)
+        apply_cudnn_benchmark(True)
         out[model]["profile_on"] = profiling.profile_leaf(leaf_settings(model, devices, samples), args.device, devices)
     return out
 

@@ -178,12 +178,9 @@ def fork_servers(
     (None) the leaves' fork server imports only until its first leaf runs: the leaves are asked for together, and
     an import after a child's fork would serve none of them, only take CPU from their set-up."""
     folder = tempfile.mkdtemp(prefix="devsim-fork-")
-    beside = leaves is not None
-    leaf_server = (
-        None
-        if leaf_imports is None
-        else _fork_one(folder, "leaves", leaf_imports, requests=leaves, beside_children=beside)
-    )
+    leaf_server = None
+    if leaf_imports is not None:  # with no leaf count, no imports once a leaf runs
+        leaf_server = _fork_one(folder, "leaves", leaf_imports, requests=leaves, beside_children=leaves is not None)
     return _fork_one(folder, "server", server_imports, leaf_server, requests=None if leaf_server is None else 1)
 
 
